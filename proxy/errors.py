@@ -1,0 +1,87 @@
+"""Every error radixgate answers with, and how each frontend spells it.
+
+    RadixgateError                      (500 / INTERNAL)
+    ├── BadRequest                      (400 / INVALID_ARGUMENT)   malformed JSON, wrong types, no prompt
+    │   └── PayloadTooLarge             (413 / INVALID_ARGUMENT)   body or prompt over the limit
+    ├── Unauthorized                    (401 / UNAUTHENTICATED)    missing or wrong API key
+    ├── ModelNotFound                   (404 / NOT_FOUND)          no worker serves the model
+    ├── Overloaded                      (429 / RESOURCE_EXHAUSTED) admission queue full / wait timed out / rate limit
+    ├── NoHealthyWorker                 (503 / UNAVAILABLE)        every worker down or ejected
+    ├── ShuttingDown                    (503 / UNAVAILABLE)        draining after SIGTERM
+    ├── UpstreamError                   (502 / UNAVAILABLE)        worker connect error, 5xx, died mid-stream
+    └── UpstreamTimeout                 (504 / DEADLINE_EXCEEDED)  worker or deadline timed out
+
+``cause`` is a short, bounded string used as a metric label (``errors_total{cause}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+class RadixgateError(Exception):
+    status: int = 500
+    grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    cause: str = "internal"
+    # OpenAI-style error "type" for the JSON body.
+    kind: str = "internal_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BadRequest(RadixgateError):
+    status, grpc_code, cause, kind = 400, grpc.StatusCode.INVALID_ARGUMENT, "bad_request", "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    status, cause = 413, "payload_too_large"
+
+
+class Unauthorized(RadixgateError):
+    status, grpc_code, cause, kind = 401, grpc.StatusCode.UNAUTHENTICATED, "unauthorized", "authentication_error"
+
+
+class ModelNotFound(RadixgateError):
+    status, grpc_code, cause, kind = 404, grpc.StatusCode.NOT_FOUND, "model_not_found", "invalid_request_error"
+
+
+class Overloaded(RadixgateError):
+    status, grpc_code, cause, kind = 429, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded", "rate_limit_error"
+
+
+class NoHealthyWorker(RadixgateError):
+    status, grpc_code, cause, kind = 503, grpc.StatusCode.UNAVAILABLE, "no_healthy_worker", "service_unavailable"
+
+
+class ShuttingDown(RadixgateError):
+    status, grpc_code, cause, kind = 503, grpc.StatusCode.UNAVAILABLE, "shutting_down", "service_unavailable"
+
+
+class UpstreamError(RadixgateError):
+    status, grpc_code, cause, kind = 502, grpc.StatusCode.UNAVAILABLE, "upstream_error", "upstream_error"
+
+
+class UpstreamTimeout(RadixgateError):
+    status, grpc_code, cause, kind = 504, grpc.StatusCode.DEADLINE_EXCEEDED, "upstream_timeout", "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """The caller's dialect: SGLang native and OpenAI share {"error": {...}}; OpenAI adds type/code."""
+
+    status: int
+    payload: dict[str, object]
+
+
+def to_body(err: RadixgateError, *, dialect: str) -> ErrorBody:
+    inner: dict[str, object] = {"message": err.message}
+    if dialect == "openai":
+        inner.update({"type": err.kind, "code": err.status, "param": None})
+    else:
+        inner.update({"type": err.kind, "code": err.status})
+    return ErrorBody(err.status, {"error": inner})

@@ -1,0 +1,107 @@
+"""The contract between the data path and every routing policy.
+
+A policy is pure: it reads a ``RouteRequest`` and frozen ``WorkerSnapshot``s and returns a
+``Decision``. It reads no clock, does no I/O and touches no metric; the caller records
+``Decision.branch`` as a metric label. Snapshots that are stale arrive already marked
+``saturated`` by the scraper, never as idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """What the proxy knows of one worker at decision time."""
+
+    url: str
+    healthy: bool = True
+    # Our own count of requests dispatched to this worker and not yet finished.
+    in_flight: int = 0
+    # Engine state from the last scrape (``None`` = never scraped).
+    running: int | None = None
+    queued: int | None = None
+    waiting_uncached_tokens: int | None = None
+    token_usage: float | None = None
+    cache_hit_rate: float | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    page_size: int = 1
+    # True when the scrape is too old to trust: treat as saturated.
+    stale: bool = False
+    # Bumped when the worker restarts or flushes its cache (prefix index resets on change).
+    generation: int = 0
+    models: tuple[str, ...] = ()
+
+    @property
+    def occupancy(self) -> float | None:
+        if self.running is None or not self.max_running_requests:
+            return None
+        return self.running / self.max_running_requests
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """The routing-relevant view of one request (built once by the pipeline)."""
+
+    model: str
+    # Chained block hashes of the canonical prompt, in order (see prefix_key.py).
+    block_hashes: tuple[int, ...] = ()
+    # Tokens per block used to build ``block_hashes`` (estimated when no tokenizer).
+    block_tokens: int = 16
+    # Estimated prompt length in tokens.
+    prompt_tokens: int = 0
+    # Sticky key from a session header, if any.
+    session_key: str | None = None
+    # Canonical prompt text, for policies that match characters (cache_aware baseline).
+    prompt_text: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    worker: str
+    branch: str
+    matched_blocks: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """What the pipeline tells a policy when a request it routed has finished."""
+
+    worker: str
+    request: RouteRequest
+    ok: bool
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    # Observed upstream TTFT (dispatch → first token), seconds.
+    ttft: float | None = None
+
+
+class NoWorkerAvailable(Exception):
+    """No healthy worker can take the request."""
+
+
+class Policy(Protocol):
+    name: str
+
+    def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
+        """Pick a worker among ``workers`` (healthy ones only); raise NoWorkerAvailable if none."""
+        ...
+
+    def on_complete(self, completion: Completion) -> None:
+        """Learn from a finished request (cache correction, rate estimates)."""
+        ...
+
+    def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
+        """Workers joined, left, restarted or flushed: drop state about the ones gone."""
+        ...
+
+
+def healthy(workers: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:
+    """The workers a decision may name."""
+    return [w for w in workers if w.healthy]

@@ -1,0 +1,1 @@
+"""Shared test set-up: tests run on uvloop, like the proxy."""

@@ -1,0 +1,51 @@
+"""The one request type both frontends produce and the pipeline consumes.
+
+Frontends parse the caller's body once into a ``GenerateRequest``; the pipeline routes on it and
+forwards ``body`` (the caller's own bytes, or bytes the frontend rendered for it) unchanged
+except for an added ``rid`` when the caller gave none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Dialect(StrEnum):
+    """Which upstream endpoint and error/stream format a request speaks."""
+
+    SGLANG = "sglang"  # POST /generate
+    COMPLETIONS = "completions"  # POST /v1/completions
+    CHAT = "chat"  # POST /v1/chat/completions
+
+    @property
+    def path(self) -> str:
+        return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}[
+            self.value
+        ]
+
+    @property
+    def error_style(self) -> str:
+        return "sglang" if self is Dialect.SGLANG else "openai"
+
+
+@dataclass(slots=True)
+class GenerateRequest:
+    dialect: Dialect
+    # The parsed JSON body (a dict); sampling params etc. pass through untouched.
+    payload: dict[str, Any]
+    model: str = ""
+    stream: bool = False
+    # Exactly one prompt form is set.
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    rid: str | None = None
+    session_key: str | None = None
+    priority: int = 0
+    # Frontend name for metric labels: "http" or "grpc".
+    frontend: str = "http"
+    # Seconds from now the caller will wait (gRPC deadline), if any.
+    timeout_s: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)

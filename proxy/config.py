@@ -61,6 +61,9 @@ class HealthConfig:
     recover_threshold: int = 1
     # Passive ejection: consecutive connect errors / 5xx before a worker is ejected.
     eject_after_failures: int = 3
+    # An ejected worker stays out at least this long; then one passing probe (or, with probes off,
+    # the end of the cooldown) re-admits it.
+    eject_cooldown_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class UpstreamConfig:
     idle_timeout_s: float = 60.0
     total_timeout_s: float = 1800.0
     max_connections_per_worker: int = 256
+    # Idle pooled connections are closed after this; keep it below the worker's own keep-alive
+    # (uvicorn: 5 s) so a request never lands on a connection the worker is closing.
+    keepalive_timeout_s: float = 4.0
     # Attempts on another worker while nothing has reached the client yet.
     max_retries: int = 2
 
@@ -101,6 +107,10 @@ class RoutingConfig:
 class AdmissionConfig:
     # Per-worker outstanding limit; 0 = derive from the worker's max_running_requests.
     per_worker_limit: int = 0
+    # Derived limit = ceil(max_running_requests * limit_factor); > 1 lets a little queue form on the worker.
+    limit_factor: float = 1.0
+    # Limit for a worker whose max_running_requests is not known yet (before its first scrape).
+    unknown_worker_limit: int = 256
     queue_size: int = 1024
     queue_timeout_s: float = 30.0
     priority_header: str = "x-priority"
@@ -121,9 +131,88 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class DnsDiscoveryConfig:
+    # Headless Service name (A/AAAA), e.g. "sglang.llm.svc.cluster.local"; with srv, the SRV name,
+    # e.g. "_http._tcp.sglang.llm.svc.cluster.local" (ports then come from the records).
+    name: str = ""
+    srv: bool = False
+    # "host" or "host:port" of the DNS server for SRV queries; empty = first nameserver in /etc/resolv.conf.
+    nameserver: str = ""
+    timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class KubernetesDiscoveryConfig:
+    # Empty = the pod's own namespace (service-account file), else "default".
+    namespace: str = ""
+    # "endpointslices" (discovery.k8s.io/v1) or "pods".
+    resource: str = "endpointslices"
+    # e.g. "kubernetes.io/service-name=sglang" (endpointslices) or "app=sglang" (pods).
+    label_selector: str = ""
+    # Named port on the slice / container (e.g. "http"); empty = discovery.port.
+    port_name: str = ""
+    api_server: str = "https://kubernetes.default.svc"
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    # Server-side watch timeout; the client gives up on a silent stream a little after it.
+    watch_timeout_s: int = 240
+    # Reconnect backoff doubles from interval_s up to this cap (with jitter).
+    backoff_max_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    # Where the worker set comes from: static (workers.static) | dns | kubernetes.
+    kind: str = "static"
+    # Worker port when records name none (A/AAAA records; pods / slices without port_name).
+    port: int = 30000
+    scheme: str = "http"
+    # DNS: re-resolve period; kubernetes: first reconnect backoff. 0 = resolve / list once.
+    interval_s: float = 5.0
+    dns: DnsDiscoveryConfig = field(default_factory=DnsDiscoveryConfig)
+    kubernetes: KubernetesDiscoveryConfig = field(default_factory=KubernetesDiscoveryConfig)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    # PEM files; both empty = plaintext. When set, TLS covers the public HTTP port and the gRPC port
+    # (the admin port stays plaintext on loopback).
+    cert_file: str = ""
+    key_file: str = ""
+    # PEM bundle of CAs whose client certificates are accepted; set = mutual TLS (client cert required).
+    client_ca_file: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    # Sliding window of finished requests: at most this many, none older than window_s (0 = no age bound).
+    window_requests: int = 1000
+    window_s: float = 300.0
+    # The TTFT p95 target (seconds) the verdict judges against.
+    slo_ttft_p95_s: float = 2.0
+    # Price of one GPU-hour for the cost per stage (roughly an on-demand H100/H200 hour, in dollars).
+    price_per_gpu_hour: float = 3.0
+    gpus_per_worker: int = 1
+    # Rule thresholds by name, overriding RuleParams defaults (proxy/diagnose/rules.py documents each).
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    # GPUs the NVML sampler reads (indices); empty = every visible GPU.
+    gpu_indices: tuple[int, ...] = ()
+    # NVML poll period, seconds; 0 turns GPU sampling off.
+    nvml_interval_s: float = 1.0
+    # A computed diagnosis is reused this long across /metrics and /diagnosis reads.
+    refresh_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     scrape: ScrapeConfig = field(default_factory=ScrapeConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
@@ -131,6 +220,7 @@ class Config:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -259,6 +349,11 @@ def validate(cfg: Config) -> None:
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
         (cfg.admission.queue_size >= 0, "admission.queue_size: must be >= 0"),
         (cfg.admission.queue_timeout_s >= 0, "admission.queue_timeout_s: must be >= 0"),
+        (cfg.admission.per_worker_limit >= 0, "admission.per_worker_limit: must be >= 0 (0 = derive)"),
+        (cfg.admission.limit_factor > 0, "admission.limit_factor: must be > 0"),
+        (cfg.admission.unknown_worker_limit >= 1, "admission.unknown_worker_limit: must be >= 1"),
+        (cfg.health.eject_after_failures >= 1, "health.eject_after_failures: must be >= 1"),
+        (cfg.health.eject_cooldown_s >= 0, "health.eject_cooldown_s: must be >= 0"),
         (cfg.limits.max_body_bytes > 0, "limits.max_body_bytes: must be > 0"),
         (cfg.telemetry.log_level in {"debug", "info", "warning", "error"},
          "telemetry.log_level: one of debug, info, warning, error"),
@@ -266,9 +361,71 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    _validate_discovery(cfg)
+    _validate_tls(cfg.tls)
+    _validate_diagnose(cfg.diagnose)
     for i, w in enumerate(cfg.workers.static):
         if not w.url.startswith(("http://", "https://")):
             raise ConfigError(f"workers.static[{i}].url: must start with http:// or https://, got {w.url!r}")
+
+
+def _validate_discovery(cfg: Config) -> None:
+    d = cfg.discovery
+    checks: list[tuple[bool, str]] = [
+        (d.kind in {"static", "dns", "kubernetes"}, "discovery.kind: one of static, dns, kubernetes"),
+        (d.kind == "static" or not cfg.workers.static,
+         "workers.static: must be empty when discovery.kind is not static (one source of workers)"),
+        (0 < d.port <= 65535, "discovery.port: must be 1..65535"),
+        (d.scheme in {"http", "https"}, "discovery.scheme: one of http, https"),
+        (d.interval_s >= 0, "discovery.interval_s: must be >= 0 (0 = resolve once)"),
+        (d.kind != "dns" or bool(d.dns.name), "discovery.dns.name: required when discovery.kind is dns"),
+        (d.dns.timeout_s > 0, "discovery.dns.timeout_s: must be > 0"),
+        (d.kubernetes.resource in {"endpointslices", "pods"},
+         "discovery.kubernetes.resource: one of endpointslices, pods"),
+        (d.kind != "kubernetes" or bool(d.kubernetes.label_selector),
+         "discovery.kubernetes.label_selector: required when discovery.kind is kubernetes"),
+        (d.kubernetes.api_server.startswith(("http://", "https://")),
+         "discovery.kubernetes.api_server: must start with http:// or https://"),
+        (d.kubernetes.watch_timeout_s >= 1, "discovery.kubernetes.watch_timeout_s: must be >= 1"),
+        (d.kubernetes.backoff_max_s > 0, "discovery.kubernetes.backoff_max_s: must be > 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def _validate_tls(tls: TlsConfig) -> None:
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise ConfigError("tls.key_file: tls.cert_file and tls.key_file are set together or not at all")
+    if tls.client_ca_file and not tls.cert_file:
+        raise ConfigError("tls.client_ca_file: needs tls.cert_file and tls.key_file (mutual TLS is TLS first)")
+    for name in ("cert_file", "key_file", "client_ca_file"):
+        path = getattr(tls, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"tls.{name}: no such file {path!r}")
+
+
+def _validate_diagnose(d: DiagnoseConfig) -> None:
+    from proxy.diagnose.rules import RuleParams
+
+    checks: list[tuple[bool, str]] = [
+        (d.window_requests >= 1, "diagnose.window_requests: must be >= 1"),
+        (d.window_s >= 0, "diagnose.window_s: must be >= 0 (0 = no age bound)"),
+        (d.slo_ttft_p95_s > 0, "diagnose.slo_ttft_p95_s: must be > 0"),
+        (d.price_per_gpu_hour >= 0, "diagnose.price_per_gpu_hour: must be >= 0"),
+        (d.gpus_per_worker >= 1, "diagnose.gpus_per_worker: must be >= 1"),
+        (all(i >= 0 for i in d.gpu_indices), "diagnose.gpu_indices: indices must be >= 0"),
+        (d.nvml_interval_s >= 0, "diagnose.nvml_interval_s: must be >= 0 (0 turns GPU sampling off)"),
+        (d.refresh_s >= 0, "diagnose.refresh_s: must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    for name, value in d.thresholds.items():
+        try:
+            RuleParams.from_mapping({name: value})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"diagnose.thresholds.{name}: {e}") from e
 
 
 def replace(cfg: Config, **sections: Any) -> Config:

@@ -49,3 +49,6 @@ class GenerateRequest:
     # Seconds from now the caller will wait (gRPC deadline), if any.
     timeout_s: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # The caller's raw JSON body when the frontend has it (forwarded as received); empty = the
+    # pipeline serialises ``payload``.
+    body: bytes = b""

@@ -1,0 +1,84 @@
+"""SimConfig: every knob of one simulated SGLang worker, with SGLang's defaults.
+
+Field names follow SGLang's server arguments (``--max-running-requests`` -> ``max_running_requests``)
+so a SimConfig reads like an SGLang launch. ``None`` means "auto": resolved from the performance
+profile (KV pool size, chunked prefill size, batch cap), as SGLang resolves them from GPU memory.
+
+Fault fields (``fault_*``) can be changed at runtime through ``Worker.set_faults``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+@dataclass
+class SimConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Performance profile from perf.PROFILES: model x GPU x engine constants.
+    profile: str = "llama-3.1-8b-h100"
+    # The worker runs time_scale times faster than real time; reported latencies are real wall seconds.
+    time_scale: float = 1.0
+    served_model_name: str = DEFAULT_MODEL_NAME
+    # Names the worker in the x-simworker-id header; None -> "simworker-<port>".
+    worker_id: str | None = None
+    enable_metrics: bool = False  # as SGLang: /metrics and meta_info timing fields need it
+    enable_cache_report: bool = False
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None  # KV pool in tokens
+    page_size: int = 1
+    schedule_policy: str = "fcfs"
+    chunked_prefill_size: int | None = None  # -1 turns chunking off
+    max_prefill_tokens: int = 16384
+    max_queued_requests: int | None = None
+    stream_interval: int = 1
+    incremental_streaming_output: bool = False
+    enable_mixed_chunk: bool = False
+    context_length: int | None = None
+    seed: int = 0  # seeds the fault-injection random.Random
+    # Faults (runtime-settable).
+    fault_die_after_tokens: int | None = None  # drop every connection once this many tokens were generated
+    fault_hang_before_first_token: bool = False
+    fault_error_rate: float = 0.0  # probability that a generate request answers 500
+    fault_slow_start: float = 0.0  # simulated seconds of "starting" (health 503) after start
+    fault_fail_health: bool = False
+
+    def validate(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
+        if self.stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
+        if not 0.0 <= self.fault_error_rate <= 1.0:
+            raise ValueError("fault_error_rate must be within [0, 1]")
+        for name in ("max_running_requests", "max_total_tokens", "max_queued_requests"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1")
+        from .perf import PROFILES
+
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")
+
+
+FAULT_FIELDS = tuple(f.name for f in dataclasses.fields(SimConfig) if f.name.startswith("fault_"))
+
+
+def fault_updates(**knobs: Any) -> dict[str, Any]:
+    """Normalise ``set_faults`` keywords: ``die_after_tokens=`` and ``fault_die_after_tokens=`` both work."""
+    updates: dict[str, Any] = {}
+    for key, value in knobs.items():
+        name = key if key.startswith("fault_") else f"fault_{key}"
+        if name not in FAULT_FIELDS:
+            raise TypeError(f"unknown fault knob {key!r}; known: {FAULT_FIELDS}")
+        updates[name] = value
+    return updates

@@ -1,0 +1,138 @@
+"""The simulated engine: the scheduler driven on the asyncio loop at ``time_scale`` x real time.
+
+Loop: form a step, sleep its roofline time divided by ``time_scale``, apply it, wake the requests
+it touched. Sleeps aim at a running deadline (the sum of step times), so late wake-ups of the
+event loop do not slow the simulated GPU down; a lag over ``MAX_CATCH_UP_S`` is forgiven rather
+than replayed as a burst. All timestamps are real monotonic seconds from the injected clock, so
+latencies a worker reports match what a client measures. With nothing to do the loop waits on an
+event (no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+from proxy.clock import Clock, MonotonicClock
+
+from .config import SimConfig
+from .perf import PROFILES, Profile, step_seconds
+from .radix import RadixCache
+from .scheduler import Scheduler, SchedulerLimits, SimRequest
+
+MAX_CATCH_UP_S = 0.02
+THROUGHPUT_WINDOW_S = 5.0
+
+
+class Engine:
+    def __init__(self, config: SimConfig, clock: Clock | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.profile: Profile = PROFILES[config.profile]
+        self.max_total_tokens = config.max_total_tokens or self.profile.kv_pool_tokens
+        self.context_length = config.context_length or self.profile.model.context_length
+        chunk = config.chunked_prefill_size
+        self.limits = SchedulerLimits(
+            max_running_requests=config.max_running_requests or self.profile.max_running_requests,
+            chunked_prefill_size=self.profile.chunked_prefill_size if chunk is None else chunk,
+            max_prefill_tokens=config.max_prefill_tokens,
+            max_queued_requests=config.max_queued_requests,
+            schedule_policy=config.schedule_policy,
+            enable_mixed_chunk=config.enable_mixed_chunk or self.profile.enable_mixed_chunk,
+            context_length=self.context_length,
+        )
+        self.cache = RadixCache(self.max_total_tokens, config.page_size)
+        self.scheduler = Scheduler(self.cache, self.limits)
+        self.by_rid: dict[str, SimRequest] = {}
+        self.on_tokens: Callable[[int], None] | None = None  # total generated so far, after each step
+        self.on_finish: Callable[[SimRequest], None] | None = None
+        self._throughput: deque[tuple[float, int]] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.busy_seconds = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="simworker-engine")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for req in self.scheduler.all_requests():
+            self._abort(req, "The server is shutting down.", 503)
+
+    # -- requests --------------------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request; raises scheduler.QueueFull or scheduler.InvalidRequest."""
+        if req.rid in self.by_rid:
+            raise ValueError(f"duplicate request id {req.rid!r}")
+        self.scheduler.submit(req, self.clock.now())
+        self.by_rid[req.rid] = req
+        self._wake.set()
+
+    def abort(self, rid: str, message: str = "Aborted by request.", status: int = 200) -> bool:
+        req = self.by_rid.get(rid)
+        return req is not None and self._abort(req, message, status)
+
+    def abort_all(self, message: str = "Aborted by request.") -> int:
+        return sum(self._abort(r, message, 200) for r in self.scheduler.all_requests())
+
+    def _abort(self, req: SimRequest, message: str, status: int) -> bool:
+        done = self.scheduler.abort(req, self.clock.now(), message, status)
+        if done:
+            self._finished(req)
+        return done
+
+    def _finished(self, req: SimRequest) -> None:
+        self.by_rid.pop(req.rid, None)
+        if self.on_finish is not None:
+            self.on_finish(req)
+        if req.listener is not None:
+            req.listener(req)
+
+    def flush_cache(self) -> bool:
+        return self.scheduler.flush_cache()
+
+    # -- figures ---------------------------------------------------------------------------------
+    def gen_throughput(self) -> float:
+        now = self.clock.now()
+        while self._throughput and self._throughput[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._throughput.popleft()
+        return sum(n for _, n in self._throughput) / THROUGHPUT_WINDOW_S
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        deadline: float | None = None
+        while True:
+            now = self.clock.now()
+            step = self.scheduler.next_step(now)
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = None
+                continue
+            seconds = step_seconds(self.profile, step.work)
+            self.busy_seconds += seconds
+            base = now if deadline is None else max(deadline, now - MAX_CATCH_UP_S)
+            deadline = base + seconds / self.config.time_scale
+            await asyncio.sleep(max(0.0, deadline - self.clock.now()))
+            done_at = self.clock.now()
+            before = self.scheduler.generated_tokens
+            touched = self.scheduler.finish_step(step, done_at)
+            for req in touched:
+                if req.finished:
+                    self._finished(req)
+                elif req.listener is not None:
+                    req.listener(req)
+            produced = self.scheduler.generated_tokens - before
+            if produced:
+                self._throughput.append((done_at, produced))
+                if self.on_tokens is not None:
+                    self.on_tokens(self.scheduler.generated_tokens)

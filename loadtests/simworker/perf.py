@@ -1,0 +1,147 @@
+"""Roofline time model: how long one forward step of a continuous-batching engine takes.
+
+A step runs some prefill chunks (new tokens on top of a cached/earlier context) and/or one decode
+token for each running sequence. Its time is
+
+    t = max(FLOPs / (peak_flops * mfu), bytes / (hbm_bw * bw_eff))
+        + step_overhead + seq_overhead * sequences_in_step (+ warmup on the engine's first step)
+
+FLOPs: 2 * params per new token (prefill and decode alike) plus attention, 4 * layers * q_dim per
+(query, key) pair: a prefill chunk of n tokens over a context of c earlier tokens attends to
+n*c + n*(n+1)/2 pairs, a decode token to its whole context. Cached prefix tokens therefore cost no
+linear FLOPs but are still attended. Bytes: the weights once per step, plus the KV of every
+context the step reads (decode and prefill alike), plus the KV it writes. Long prefill is
+compute-bound, decode memory-bound; a mixed step sums the work and pays one roofline. Every term
+grows with tokens and batch, so step time is monotonic in both. Constants and sources:
+loadtests/simworker/README.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TFLOPS = 1e12
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params: float  # parameter count (all weights read each step)
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context_length: int
+    dtype_bytes: int = 2  # bf16
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def attn_flops_per_pair(self) -> float:
+        # QK^T and PV: 2 matmuls x 2 FLOPs per MAC x (heads * head_dim) per layer.
+        return 4.0 * self.layers * self.heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_bf16_flops: float  # dense
+    hbm_bytes_per_s: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: ModelShape
+    gpu: GPU
+    mfu: float  # achieved fraction of peak FLOPs in compute-bound steps
+    bw_eff: float  # achieved fraction of HBM bandwidth in memory-bound steps
+    step_overhead_s: float  # scheduling + launch cost per forward step
+    seq_overhead_s: float = 0.0  # per sequence in the step (engines without CUDA graphs)
+    warmup_s: float = 0.0  # extra cost of the very first step (kernel compilation, autotuning)
+    mem_fraction_static: float = 0.88
+    graph_reserve_bytes: float = 4e9  # activations + CUDA graphs, left out of the KV pool
+    chunked_prefill_size: int = 8192
+    max_running_requests: int = 1024
+    enable_mixed_chunk: bool = False
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        usable = self.gpu.memory_bytes * self.mem_fraction_static - self.model.weight_bytes
+        usable -= self.graph_reserve_bytes
+        return max(1, int(usable // self.model.kv_bytes_per_token))
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    new_tokens: int
+    context_before: int  # tokens already in KV before this chunk (cached prefix + earlier chunks)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    prefill: Sequence[PrefillChunk] = ()
+    decode_contexts: Sequence[int] = ()  # context length of each decoding sequence
+    first_step: bool = False
+
+
+def step_seconds(profile: Profile, work: StepWork) -> float:
+    if profile.mfu <= 0:  # the `zero` profile: no physics, overhead benchmarks only
+        return 0.0
+    if not work.prefill and not work.decode_contexts:
+        return 0.0
+    m = profile.model
+    new_tokens = sum(c.new_tokens for c in work.prefill) + len(work.decode_contexts)
+    pairs = sum(c.new_tokens * c.context_before + c.new_tokens * (c.new_tokens + 1) / 2 for c in work.prefill)
+    pairs += sum(work.decode_contexts)
+    flops = 2.0 * m.params * new_tokens + m.attn_flops_per_pair * pairs
+    kv_read = sum(c.context_before for c in work.prefill) + sum(work.decode_contexts)
+    bytes_moved = m.weight_bytes + m.kv_bytes_per_token * (kv_read + new_tokens)
+    compute_s = flops / (profile.gpu.peak_bf16_flops * profile.mfu)
+    memory_s = bytes_moved / (profile.gpu.hbm_bytes_per_s * profile.bw_eff)
+    sequences = len(work.prefill) + len(work.decode_contexts)
+    t = max(compute_s, memory_s) + profile.step_overhead_s + profile.seq_overhead_s * sequences
+    return t + (profile.warmup_s if work.first_step else 0.0)
+
+
+# -- constants (sources in README.md) ---------------------------------------------------------
+LLAMA_31_8B = ModelShape(
+    "meta-llama/Llama-3.1-8B-Instruct", params=8.03e9, layers=32, hidden=4096, heads=32,
+    kv_heads=8, head_dim=128, context_length=131072,
+)
+# The calibration engine's model: Llama-3.1-8B shape with a 32,000-token vocabulary (7.24 B).
+LLAMA_SHAPE_7B = ModelShape(
+    "llama-3.1-8b-shape-vocab32k", params=7.24e9, layers=32, hidden=4096, heads=32,
+    kv_heads=8, head_dim=128, context_length=131072,
+)
+H100_SXM = GPU("NVIDIA H100 SXM5 80GB", peak_bf16_flops=989.4 * TFLOPS, hbm_bytes_per_s=3.35 * TB,
+               memory_bytes=80e9)
+H200_SXM = GPU("NVIDIA H200 SXM 141GB", peak_bf16_flops=989.4 * TFLOPS, hbm_bytes_per_s=4.8 * TB,
+               memory_bytes=141e9)
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        # SGLang with CUDA graphs + FlashInfer: decode near the bandwidth roofline.
+        Profile("llama-3.1-8b-h100", LLAMA_31_8B, H100_SXM, mfu=0.55, bw_eff=0.80,
+                step_overhead_s=0.0012),
+        Profile("llama-3.1-8b-h200", LLAMA_31_8B, H200_SXM, mfu=0.55, bw_eff=0.78,
+                step_overhead_s=0.0012),
+        # HF transformers ContinuousBatchingManager, no CUDA graphs (gpu-calibration.md).
+        Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.405, bw_eff=0.70,
+                step_overhead_s=0.037, seq_overhead_s=0.0035, warmup_s=1.45,
+                chunked_prefill_size=8192, max_running_requests=256, enable_mixed_chunk=True),
+        # No delays at all: measures the harness and proxy, not the physics.
+        Profile("zero", LLAMA_31_8B, H100_SXM, mfu=0.0, bw_eff=0.0, step_overhead_s=0.0),
+    )
+}

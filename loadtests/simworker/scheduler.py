@@ -1,0 +1,305 @@
+"""Continuous-batching scheduler, step by step, as SGLang's Scheduler + PrefillAdder (pure, no I/O).
+
+Each call to ``next_step`` forms one forward step:
+1. Prefill first (SGLang's default): the chunked request in progress continues, then waiting
+   requests are admitted in policy order (``fcfs``: arrival; ``lpm``: longest cached prefix first,
+   falling back to fcfs above 128 waiting, as SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX) while
+   - running + admitted < ``max_running_requests``,
+   - the new prompt tokens fit the step's budget: ``chunked_prefill_size`` per step (the request
+     that overflows it is chunked: it takes what is left and continues next step) and
+     ``max_prefill_tokens`` (the first request always fits),
+   - KV: free + evictable tokens, minus the output tokens every admitted request may still
+     generate, cover the new prompt tokens plus this request's ``max_new_tokens``.
+   Admission stops at the first request that does not fit (head-of-line, as SGLang).
+2. Otherwise, or also with ``enable_mixed_chunk``, one decode token for every running request.
+
+``finish_step`` applies the step: prefill chunks advance; a finished prompt is cached in the radix
+tree and yields the first output token; decodes yield one token each; requests end on
+``max_new_tokens`` or a stop string and are cached (prompt + output) and unlocked. The matched
+prefix is limited to len(prompt) - 1 so at least one token is computed, as SGLang does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import tokenizer
+from .perf import PrefillChunk, StepWork
+from .radix import Node, RadixCache
+
+LPM_MAX_WAITING = 128
+QUEUE_FULL_MESSAGE = "The request queue is full."
+
+
+class QueueFull(Exception):
+    """The waiting queue is at max_queued_requests (SGLang aborts with 503)."""
+
+
+class InvalidRequest(ValueError):
+    """The request can never run on this worker (answered with 400)."""
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    arrival: float = 0.0
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    state: str = "new"  # new | waiting | prefilling | running | finished
+    finish_reason: dict[str, Any] | None = None
+    cached_tokens: int = 0
+    prefilled: int = 0  # prompt tokens whose KV exists
+    covered: int = 0  # leading tokens held (locked) in the radix tree
+    private: int = 0  # KV tokens held outside the tree
+    lock_node: Node | None = None
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    listener: Callable[[SimRequest], None] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.seed = tokenizer.output_seed(self.input_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    @property
+    def remaining_output(self) -> int:
+        return self.max_new_tokens - len(self.output_ids)
+
+
+@dataclass
+class Step:
+    prefill: list[tuple[SimRequest, int]]
+    decode: list[SimRequest]
+    work: StepWork
+
+
+@dataclass
+class SchedulerLimits:
+    max_running_requests: int
+    chunked_prefill_size: int  # <= 0: no chunking
+    max_prefill_tokens: int
+    max_queued_requests: int | None
+    schedule_policy: str = "fcfs"
+    enable_mixed_chunk: bool = False
+    context_length: int = 131072
+
+
+class Scheduler:
+    def __init__(self, cache: RadixCache, limits: SchedulerLimits) -> None:
+        self.cache = cache
+        self.limits = limits
+        self.waiting: list[SimRequest] = []
+        self.prefilling: list[SimRequest] = []  # admitted, prompt not fully computed
+        self.running: list[SimRequest] = []  # decoding
+        self.steps_run = 0
+        self.last_batch_hit_rate = 0.0
+        self.generated_tokens = 0
+
+    # -- intake ---------------------------------------------------------------------------------
+    def submit(self, req: SimRequest, now: float) -> None:
+        prompt = len(req.input_ids)
+        if prompt == 0:
+            raise InvalidRequest("The input is empty.")
+        if req.max_new_tokens < 0:
+            raise InvalidRequest("max_new_tokens must be >= 0")
+        if prompt >= self.limits.context_length:
+            raise InvalidRequest(
+                f"The input ({prompt} tokens) is longer than the model's context length "
+                f"({self.limits.context_length} tokens)."
+            )
+        if prompt + req.max_new_tokens > self.cache.capacity:
+            raise InvalidRequest(
+                f"The request needs {prompt + req.max_new_tokens} KV tokens; the pool holds {self.cache.capacity}."
+            )
+        cap = self.limits.max_queued_requests
+        if cap is not None and len(self.waiting) + 1 > cap:
+            raise QueueFull(QUEUE_FULL_MESSAGE)
+        req.arrival = now
+        req.state = "waiting"
+        self.waiting.append(req)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + len(self.prefilling)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    # -- forming a step -------------------------------------------------------------------------
+    def next_step(self, now: float) -> Step | None:
+        prefill = self._form_prefill(now)
+        decode = list(self.running) if (not prefill or self.limits.enable_mixed_chunk) else []
+        if not prefill and not decode:
+            return None
+        work = StepWork(
+            prefill=[PrefillChunk(n, req.prefilled) for req, n in prefill],
+            decode_contexts=[len(r.input_ids) + len(r.output_ids) for r in decode],
+            first_step=self.steps_run == 0,
+        )
+        self.steps_run += 1
+        return Step(prefill, decode, work)
+
+    def _order(self) -> list[SimRequest]:
+        if self.limits.schedule_policy == "lpm" and len(self.waiting) <= LPM_MAX_WAITING:
+            lengths = {id(r): self.cache.peek_prefix_len(r.input_ids[:-1]) for r in self.waiting}
+            return sorted(self.waiting, key=lambda r: -lengths[id(r)])
+        return list(self.waiting)
+
+    def _form_prefill(self, now: float) -> list[tuple[SimRequest, int]]:
+        lim, ps = self.limits, self.cache.page_size
+        chunk_left = lim.chunked_prefill_size if lim.chunked_prefill_size > 0 else 1 << 62
+        input_left = lim.max_prefill_tokens
+        entries: list[tuple[SimRequest, int]] = []
+        for req in self.prefilling:  # the chunked request in progress goes first
+            n = self._chunk(req, chunk_left)
+            if n > 0:
+                entries.append((req, n))
+                chunk_left -= n
+                input_left -= n
+        if any(n < len(r.input_ids) - r.prefilled for r, n in entries):
+            return entries  # still chunking: the budget is spent
+        reserved = sum(r.remaining_output for r in self.running) + sum(
+            r.remaining_output for r in self.prefilling
+        )
+        hit = new = 0
+        for req in self._order():
+            if self.num_running >= lim.max_running_requests or chunk_left < ps:
+                break
+            if entries and input_left <= 0:
+                break
+            match = self.cache.match_prefix(req.input_ids[:-1])
+            self.cache.inc_lock(match.node)
+            extend = len(req.input_ids) - match.length
+            headroom = self.cache.available_tokens + self.cache.evictable_tokens - reserved
+            if extend + req.max_new_tokens > headroom or (entries and extend > input_left):
+                self.cache.dec_lock(match.node)
+                break
+            self.cache.alloc(extend)
+            self.waiting.remove(req)
+            req.state, req.admitted_at, req.lock_node = "prefilling", now, match.node
+            req.cached_tokens = req.prefilled = req.covered = match.length
+            req.private = extend
+            reserved += req.max_new_tokens
+            self.prefilling.append(req)
+            n = self._chunk(req, chunk_left)
+            entries.append((req, n))
+            chunk_left -= n
+            input_left -= n
+            hit, new = hit + match.length, new + extend
+            if n < extend:
+                break  # this request is the chunked one
+        if hit + new:
+            self.last_batch_hit_rate = hit / (hit + new)
+        return entries
+
+    def _chunk(self, req: SimRequest, chunk_left: int) -> int:
+        todo = len(req.input_ids) - req.prefilled
+        if todo <= chunk_left:
+            return todo
+        return chunk_left - chunk_left % self.cache.page_size
+
+    # -- applying a step ------------------------------------------------------------------------
+    def finish_step(self, step: Step, now: float) -> list[SimRequest]:
+        touched: list[SimRequest] = []
+        for req, n in step.prefill:
+            if req.finished:
+                continue  # aborted while the step ran
+            req.prefilled += n
+            if req.prefilled >= len(req.input_ids):
+                self.prefilling.remove(req)
+                self._cache_prompt(req)
+                req.state = "running"
+                self.running.append(req)
+                self._emit(req, now)
+                touched.append(req)
+        for req in step.decode:
+            if req.state == "running":
+                self._emit(req, now)
+                touched.append(req)
+        return touched
+
+    def _cache_prompt(self, req: SimRequest) -> None:
+        ps = self.cache.page_size
+        aligned = len(req.input_ids) - len(req.input_ids) % ps
+        held = aligned - req.covered
+        if held <= 0:
+            return
+        self.cache.insert(req.input_ids[:aligned], held)
+        req.private -= held
+        node = self.cache.match_prefix(req.input_ids[:aligned]).node
+        self.cache.inc_lock(node)
+        assert req.lock_node is not None
+        self.cache.dec_lock(req.lock_node)
+        req.lock_node, req.covered = node, aligned
+
+    def _emit(self, req: SimRequest, now: float) -> None:
+        if req.max_new_tokens == 0:
+            self._finish(req, {"type": "length", "length": 0}, now)
+            return
+        self.cache.alloc(1)
+        req.private += 1
+        token, word = tokenizer.output_token(req.seed, len(req.output_ids))
+        before = len(req.output_text)
+        req.output_ids.append(token)
+        req.output_text = f"{req.output_text} {word}" if req.output_text else word
+        self.generated_tokens += 1
+        if req.first_token_at is None:
+            req.first_token_at = now
+        req.last_token_at = now
+        for stop in req.stop:
+            at = req.output_text.find(stop, max(0, before - len(stop)))
+            if stop and at >= 0:
+                req.output_text = req.output_text[:at]
+                self._finish(req, {"type": "stop", "matched": stop}, now)
+                return
+        if len(req.output_ids) >= req.max_new_tokens:
+            self._finish(req, {"type": "length", "length": len(req.output_ids)}, now)
+
+    # -- ending ---------------------------------------------------------------------------------
+    def _finish(self, req: SimRequest, reason: dict[str, Any], now: float) -> None:
+        if req.state in ("running", "prefilling"):
+            (self.running if req.state == "running" else self.prefilling).remove(req)
+            if reason["type"] != "abort":
+                seq = req.input_ids + req.output_ids
+                aligned = len(seq) - len(seq) % self.cache.page_size
+                held = aligned - req.covered
+                if held > 0:
+                    self.cache.insert(seq[:aligned], held)
+                    req.private -= held
+            self.cache.free(req.private)
+            req.private = 0
+            if req.lock_node is not None:
+                self.cache.dec_lock(req.lock_node)
+                req.lock_node = None
+        elif req.state == "waiting":
+            self.waiting.remove(req)
+        req.state, req.finish_reason, req.finished_at = "finished", reason, now
+
+    def abort(self, req: SimRequest, now: float, message: str = "Aborted by request.", status: int = 200) -> bool:
+        if req.finished:
+            return False
+        reason: dict[str, Any] = {"type": "abort", "message": message, "status_code": status}
+        self._finish(req, reason, now)
+        return True
+
+    def all_requests(self) -> list[SimRequest]:
+        return [*self.waiting, *self.prefilling, *self.running]
+
+    def waiting_uncached_tokens(self) -> int:
+        return sum(len(r.input_ids) - self.cache.peek_prefix_len(r.input_ids[:-1]) for r in self.waiting)
+
+    def flush_cache(self) -> bool:
+        if self.has_work():
+            return False
+        self.cache.reset()
+        return True

@@ -1,0 +1,168 @@
+"""SimWorker: one simulated SGLang worker served over HTTP with aiohttp (AppRunner + TCPSite).
+
+Endpoints follow SGLang 0.5.23 (shared/reference/sglang-protocol.md §1): /generate (POST, PUT),
+/v1/completions, /v1/chat/completions, /v1/models, /health, /health_generate, /ready,
+/get_server_info, /get_model_info, /v1/loads, /get_load, /flush_cache, /abort_request and, with
+enable_metrics, /metrics. Every reply carries ``x-simworker-id``. A client that disconnects has its
+request aborted (aiohttp handler cancellation), which frees its batch slot and KV.
+
+Faults: slow start (health 503 and generate 503 while "starting"), failing health, an error rate
+(500 before any work), hanging before the first token, and dying after N generated tokens (every
+open connection is dropped and the listener closes; the CLI process exits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from proxy.clock import Clock, MonotonicClock
+
+from . import admin, streaming
+from .config import SimConfig, fault_updates
+from .engine import Engine
+from .metrics import SimMetrics
+from .protocol import BadRequest, openai_error, parse_generate, parse_openai
+from .scheduler import InvalidRequest, QueueFull, SimRequest
+
+
+class SimWorker:
+    def __init__(self, config: SimConfig, clock: Clock | None = None,
+                 on_die: Callable[[], None] | None = None) -> None:
+        config.validate()
+        self.config = dataclasses.replace(config)
+        self.clock = clock or MonotonicClock()
+        self.engine = Engine(self.config, self.clock)
+        self.metrics = SimMetrics(self.engine, config.served_model_name) if config.enable_metrics else None
+        self.engine.on_tokens = self._check_die
+        self.rng = random.Random(config.seed)
+        self.on_die = on_die
+        self.port = config.port
+        self.started_at = 0.0
+        self.wall_offset = time.time() - self.clock.now()
+        self.dead = False
+        self._runner: web.AppRunner | None = None
+        self._active: set[asyncio.Transport] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id or f"simworker-{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.on_response_prepare.append(self._stamp_header)
+        streaming.add_routes(app, self)
+        admin.add_routes(app, self)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        self.started_at = self.clock.now()
+        self.engine.start()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        for task in list(self._background):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def set_faults(self, **knobs: Any) -> None:
+        for name, value in fault_updates(**knobs).items():
+            setattr(self.config, name, value)
+
+    async def _stamp_header(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-simworker-id"] = self.worker_id
+
+    # -- faults ----------------------------------------------------------------------------------
+    def starting(self) -> bool:
+        return self.clock.now() < self.started_at + self.config.fault_slow_start / self.config.time_scale
+
+    def _check_die(self, total_tokens: int) -> None:
+        limit = self.config.fault_die_after_tokens
+        if limit is not None and total_tokens >= limit and not self.dead:
+            self.dead = True
+            for transport in list(self._active):
+                transport.abort()
+            task = asyncio.get_running_loop().create_task(self._die())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _die(self) -> None:
+        await self.engine.stop()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if self.on_die is not None:
+            self.on_die()
+
+    def gate(self) -> tuple[str, int] | None:
+        """The fault checks every generate request passes before it reaches the engine."""
+        if self.starting():
+            return "The server is starting.", 503
+        rate = self.config.fault_error_rate
+        if rate > 0 and self.rng.random() < rate:
+            return "Simulated internal error (fault_error_rate).", 500
+        return None
+
+    async def hang_if_faulted(self) -> None:
+        if self.config.fault_hang_before_first_token:
+            await asyncio.Event().wait()  # until the client gives up (handler cancellation)
+
+    # -- shared request path ---------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> tuple[str, int] | None:
+        """Queue a request; returns (message, HTTP status) when the engine refuses it."""
+        try:
+            self.engine.submit(req)
+        except QueueFull as e:
+            self._count_abort()
+            return str(e), 503
+        except (InvalidRequest, ValueError) as e:
+            return str(e), 400
+        return None
+
+    def _count_abort(self) -> None:
+        if self.metrics is not None:
+            self.metrics.aborted.labels(**self.metrics.tok).inc()
+
+    def track(self, request: web.Request) -> None:
+        if request.transport is not None:
+            self._active.add(request.transport)
+
+    def untrack(self, request: web.Request, req: SimRequest | None) -> None:
+        if request.transport is not None:
+            self._active.discard(request.transport)
+        if req is not None and not req.finished and self.engine.abort(req.rid, "The client disconnected.", 499):
+            self._count_abort()
+
+
+def error_response(message: str, status: int, openai: bool = False) -> web.Response:
+    body = openai_error(message, status) if openai else {"error": {"message": message}}
+    return web.json_response(body, status=status)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as e:
+        raise BadRequest(f"invalid JSON body: {e}") from e
+
+
+__all__ = ["SimWorker", "error_response", "parse_generate", "parse_openai", "read_json"]

@@ -1,0 +1,160 @@
+"""Generation endpoints: /generate (native) and /v1/completions, /v1/chat/completions (OpenAI).
+
+Each handler parses the body, passes the fault gate, submits to the engine and then either waits
+for the end (non-stream) or relays updates as SSE ``data: {json}\\n\\n`` lines ending with
+``data: [DONE]\\n\\n``. Native chunks carry cumulative text/ids unless
+``incremental_streaming_output``; a chunk goes out on the first token, then every
+``stream_interval`` tokens, and at the end. Queue-full answers 503 before any byte is streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from . import protocol
+from .protocol import BadRequest
+from .scheduler import SimRequest
+
+if TYPE_CHECKING:
+    from .server import SimWorker
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class Watch:
+    """Wakes a handler whenever the engine touches its request; feeds the inter-token histogram."""
+
+    def __init__(self, worker: SimWorker, req: SimRequest) -> None:
+        self.worker = worker
+        self.event = asyncio.Event()
+        self.tokens = 0
+        self.last_token_at: float | None = None
+        req.listener = self._update
+
+    def _update(self, req: SimRequest) -> None:
+        n = len(req.output_ids)
+        metrics = self.worker.metrics
+        if n > self.tokens and req.last_token_at is not None:
+            if metrics is not None and self.last_token_at is not None:
+                metrics.observe_inter_token((req.last_token_at - self.last_token_at) / (n - self.tokens))
+            self.tokens, self.last_token_at = n, req.last_token_at
+        self.event.set()
+
+    async def changed(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def add_routes(app: web.Application, worker: SimWorker) -> None:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        return await _serve(worker, request, dialect="generate")
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await _serve(worker, request, dialect="completions")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await _serve(worker, request, dialect="chat")
+
+    app.router.add_post("/generate", generate)
+    app.router.add_put("/generate", generate)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+
+
+async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.StreamResponse:
+    from .server import error_response, read_json
+
+    openai = dialect != "generate"
+    worker.track(request)
+    submitted: SimRequest | None = None
+    try:
+        try:
+            body = await read_json(request)
+            if openai:
+                req, stream, include_usage = protocol.parse_openai(body, chat=dialect == "chat")
+            else:
+                req, stream = protocol.parse_generate(body)
+                include_usage = False
+        except BadRequest as e:
+            return error_response(str(e), 400, openai)
+        refused = worker.gate()
+        if refused is None:
+            await worker.hang_if_faulted()
+            watch = Watch(worker, req)
+            refused = worker.submit(req)
+        if refused is not None:
+            return error_response(*refused, openai=openai)
+        submitted = req
+        if stream:
+            try:
+                return await _stream(worker, request, req, watch, dialect, include_usage)
+            except ConnectionResetError:  # the client (or a die fault) closed the connection
+                return web.Response(status=499)
+        while not req.finished:
+            await watch.changed()
+        _observe(worker, req, streaming=False)
+        return web.json_response(_final_body(worker, req, dialect))
+    finally:
+        worker.untrack(request, submitted)
+
+
+def _observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:
+    if worker.metrics is not None:
+        worker.metrics.observe_finished(req, streaming)
+
+
+def _final_body(worker: SimWorker, req: SimRequest, dialect: str) -> dict[str, Any]:
+    cfg = worker.config
+    if dialect == "generate":
+        meta = protocol.meta_info(req, final=True, metrics=cfg.enable_metrics, wall_offset=worker.wall_offset)
+        return protocol.generate_payload(req, req.output_text, list(req.output_ids), meta)
+    return protocol.openai_response(req, cfg.served_model_name, dialect == "chat", cfg.enable_cache_report)
+
+
+async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watch: Watch,
+                  dialect: str, include_usage: bool) -> web.StreamResponse:
+    cfg = worker.config
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    sent_tokens, sent_text = 0, 0
+    first = True
+    while True:
+        await watch.changed()
+        n = len(req.output_ids)
+        due = n > sent_tokens and (sent_tokens == 0 or n - sent_tokens >= cfg.stream_interval)
+        if not (due or req.finished):
+            continue
+        text = req.output_text
+        if dialect == "generate":
+            meta = protocol.meta_info(req, final=req.finished, metrics=cfg.enable_metrics,
+                                      wall_offset=worker.wall_offset)
+            if cfg.incremental_streaming_output:
+                payload = protocol.generate_payload(req, text[sent_text:], req.output_ids[sent_tokens:n], meta)
+            else:
+                payload = protocol.generate_payload(req, text, list(req.output_ids[:n]), meta)
+        else:
+            payload = protocol.openai_chunk(req, cfg.served_model_name, dialect == "chat",
+                                            text[sent_text:], first=first)
+        first = False
+        await response.write(sse(payload))
+        sent_tokens, sent_text = n, len(text)
+        if req.finished:
+            break
+    if include_usage:
+        await response.write(sse(protocol.openai_usage_chunk(req, cfg.served_model_name, dialect == "chat",
+                                                             cfg.enable_cache_report)))
+    await response.write(DONE)
+    _observe(worker, req, streaming=True)
+    await response.write_eof()
+    return response

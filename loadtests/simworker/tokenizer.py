@@ -1,0 +1,70 @@
+"""A deterministic stand-in tokenizer and a deterministic "model" output.
+
+Rule: text is split on whitespace; every word is cut into pieces of at most 4 characters; each
+piece is one token whose id is ``xxh32(piece) % VOCAB_SIZE`` (ids below ``BOS_ID``). Whitespace
+itself makes no token, so token counts depend only on the words (English prose averages ~1.3
+tokens per word, close to Llama-3's BPE). Text input gets a BOS token in front, as Llama's
+tokenizer adds ``<|begin_of_text|>``.
+
+Output: the k-th generated token of a request is a word from a fixed list of short words, chosen
+by ``xxh32(seed, k)`` where the seed is a hash of the prompt's token ids. The same prompt always
+yields the same output; every output word is one token, so re-tokenizing an answer that a client
+sends back (a multi-turn chat) reproduces the generated ids and hits the prefix cache.
+"""
+
+from __future__ import annotations
+
+import xxhash
+
+VOCAB_SIZE = 128_000  # Llama-3 has 128,256 ids; the top 256 are special tokens
+BOS_ID = 128_000
+PIECE_CHARS = 4
+
+OUTPUT_WORDS = (
+    "the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be",
+    "at", "by", "this", "from", "or", "an", "are", "not", "but", "all", "can", "one", "has",
+    "more", "will", "so", "out", "up", "into", "time", "data", "cat", "run", "fast", "node",
+    "tree", "page", "gpu", "load", "path", "word", "list", "ok", "yes", "sun", "sky", "sea",
+)
+
+
+def _piece_id(piece: str) -> int:
+    return xxhash.xxh32_intdigest(piece.encode()) % VOCAB_SIZE
+
+
+_WORD_BY_ID = {_piece_id(w): w for w in OUTPUT_WORDS}
+assert len(_WORD_BY_ID) == len(OUTPUT_WORDS), "output words must have distinct ids"
+
+
+def pieces(text: str) -> list[str]:
+    out: list[str] = []
+    for word in text.split():
+        out.extend(word[i : i + PIECE_CHARS] for i in range(0, len(word), PIECE_CHARS))
+    return out
+
+
+def encode(text: str, add_bos: bool = True) -> list[int]:
+    ids = [_piece_id(p) for p in pieces(text)]
+    return [BOS_ID, *ids] if add_bos else ids
+
+
+def output_seed(prompt_ids: list[int]) -> int:
+    h = xxhash.xxh64()
+    for token in prompt_ids:
+        h.update(token.to_bytes(4, "little"))
+    return h.intdigest()
+
+
+def output_word(seed: int, index: int) -> str:
+    key = seed.to_bytes(8, "little") + index.to_bytes(4, "little")
+    return OUTPUT_WORDS[xxhash.xxh32_intdigest(key) % len(OUTPUT_WORDS)]
+
+
+def output_token(seed: int, index: int) -> tuple[int, str]:
+    word = output_word(seed, index)
+    return _piece_id(word), word
+
+
+def decode_output(ids: list[int]) -> str:
+    """Text of generated ids (words joined by single spaces); unknown ids render as ``<id>``."""
+    return " ".join(_WORD_BY_ID.get(i, f"<{i}>") for i in ids)

@@ -1,0 +1,218 @@
+"""Composition root: build every part from one ``Config``, start them in order, drain on stop.
+
+    app = App(cfg)                     # builds; a bad policy name / param fails here
+    await app.start()                  # workers known, one probe + scrape round, ports bound
+    app.http_port, app.admin_port      # real ports (config port 0 → picked by the OS)
+    await app.stop()                   # drain: refuse new work, let in-flight finish, close
+
+Start order: worker set from the source → one health probe round and one scrape round (so the
+first request is routed on real state) → background loops (membership, probes, scrapes) → admin
+port → public port → gRPC port. Stop order is the reverse, after draining for
+``server.drain_grace_s``.
+
+Extension points: ``add_admin_route`` (before ``start``) for admin endpoints such as
+``/diagnosis``; ``pipeline.observers`` for anything that wants every finished request; the gRPC
+frontend is ``proxy.frontends.grpc.GrpcFrontend(app)`` with ``async start() -> port`` and
+``async stop(grace_s)``, started when ``server.grpc_port`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.admission import Admission
+from proxy.clock import Clock, MonotonicClock
+from proxy.config import Config
+from proxy.frontends.http import build_admin_app, build_public_app
+from proxy.pipeline import Pipeline
+from proxy.routing.base import WorkerSnapshot
+from proxy.routing.registry import build_policy
+from proxy.telemetry.logging import RequestLogger
+from proxy.telemetry.metrics import Metrics
+from proxy.workers.health import HealthChecker
+from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource
+from proxy.workers.scrape import Scraper
+from proxy.workers.upstream import UpstreamPool
+
+log = logging.getLogger("radixgate")
+
+# How long start() waits for a dynamic source's first worker set before serving without workers.
+FIRST_MEMBERSHIP_TIMEOUT_S = 10.0
+
+
+class _Frontend(Protocol):
+    async def start(self) -> int: ...
+
+    async def stop(self, grace_s: float) -> None: ...
+
+
+def source_for(config: Config) -> WorkerSource:
+    """``workers.static`` for ``discovery.kind: static``, else the DNS / Kubernetes source."""
+    from proxy.workers.discovery import build_discovery_source
+
+    dynamic = build_discovery_source(config)
+    if dynamic is not None:
+        return dynamic
+    return StaticSource(w.url for w in config.workers.static)
+
+
+class App:
+    def __init__(self, config: Config, *, clock: Clock | None = None,
+                 registry: CollectorRegistry | None = None, rng: random.Random | None = None,
+                 source: WorkerSource | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        self.rng = rng or random.Random()
+        self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        self.policy = build_policy(config.routing, rng=self.rng)
+        self.source = source if source is not None else source_for(config)
+        self.upstream = UpstreamPool(config.upstream)
+        self.admission = Admission(config.admission, self.clock)
+        self.workers = WorkerRegistry(
+            health=config.health, scrape=config.scrape, clock=self.clock,
+            static_models={w.url: w.model for w in config.workers.static if w.model})
+        self.scraper = Scraper(
+            interval_s=config.scrape.interval_s, timeout_s=config.scrape.timeout_s, fetch=self.upstream.get,
+            publish=self.workers.report_scrape,
+            on_failure=lambda url: self.metrics.inc(self.metrics.scrape_failures, url, worker=url))
+        self.health = HealthChecker(config.health, probe=self.upstream.probe, report=self._on_probe,
+                                    urls=self.workers.urls)
+        self.pipeline = Pipeline(
+            config=config, clock=self.clock, registry=self.workers, admission=self.admission,
+            policy=self.policy, upstream=self.upstream, metrics=self.metrics,
+            request_log=RequestLogger(enabled=config.telemetry.log_requests,
+                                      log_prompts=config.telemetry.log_prompts))
+        self._wire()
+        self.public_app = build_public_app(config, self.pipeline, self.ready)
+        self.admin_app = build_admin_app(self.pipeline)
+        self.http_port = 0
+        self.admin_port = 0
+        self.grpc_port = 0
+        self.draining = False
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._grpc: _Frontend | None = None
+
+    def _wire(self) -> None:
+        w, m = self.workers, self.metrics
+        w.in_flight = self.admission.core.outstanding
+        w.on_publish.append(self.admission.update_workers)
+        w.on_change.append(self.policy.on_worker_change)
+        w.on_join.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
+        w.on_leave.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
+        w.on_leave.append(self.upstream.forget)
+        w.on_leave.append(m.forget_worker)
+        w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
+        m.attach_state(_State(self))
+
+    def _on_probe(self, url: str, ok: bool) -> None:
+        if not ok:
+            self.metrics.inc(self.metrics.health_probe_failures, url, worker=url)
+        self.workers.report_probe(url, ok)
+
+    def add_admin_route(self, method: str, path: str,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+        """Add an admin endpoint (e.g. GET /diagnosis); call before ``start()``."""
+        self.admin_app.router.add_route(method, path, handler)
+
+    def ready(self) -> bool:
+        return not self.draining and any(s.healthy for s in self.workers.published())
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        updates = self.source.watch().__aiter__()
+        try:
+            first = await asyncio.wait_for(anext(updates), FIRST_MEMBERSHIP_TIMEOUT_S)
+            self.workers.set_members(first)
+        except (TimeoutError, StopAsyncIteration):
+            log.warning("no worker set from the source yet; serving without workers")
+        self._spawn(self._follow(updates))
+        first_round: list[Coroutine[Any, Any, None]] = []
+        if cfg.health.interval_s > 0:
+            first_round.append(self.health.probe_all())
+        if cfg.scrape.interval_s > 0:
+            first_round.append(self.scraper.poll_all())
+        await asyncio.gather(*first_round)
+        self._spawn(self.health.run())
+        self._spawn(self.scraper.run())
+        self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
+        self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True)
+        if cfg.server.grpc_port:
+            from proxy.frontends import grpc as grpc_frontend  # type: ignore[attr-defined, unused-ignore]
+
+            self._grpc = grpc_frontend.GrpcFrontend(self)
+            self.grpc_port = await self._grpc.start()
+        log.info("radixgate serving http=%s admin=%s grpc=%s policy=%s workers=%s", self.http_port,
+                 self.admin_port, self.grpc_port or "-", self.policy.name, self.workers.urls())
+
+    async def _follow(self, updates: AsyncIterator[frozenset[str]]) -> None:
+        async for urls in updates:
+            self.workers.set_members(urls)
+
+    async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool) -> int:
+        ssl_context = None
+        if tls and self.config.tls.enabled:
+            from proxy.frontends.tls import http_ssl_context
+
+            ssl_context = http_ssl_context(self.config.tls)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                               shutdown_timeout=max(1.0, self.config.server.drain_grace_s))
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        await site.start()
+        return int(runner.addresses[0][1])
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain: refuse new requests, give in-flight ones ``grace_s`` to finish, then close."""
+        grace = self.config.server.drain_grace_s if grace_s is None else grace_s
+        self.draining = True
+        self.admission.begin_shutdown()
+        if not await self.pipeline.drained(grace):
+            log.warning("drain: %d requests still running after %.1f s", self.pipeline.active, grace)
+        if self._grpc is not None:
+            await self._grpc.stop(0.0)
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.upstream.close()
+
+
+class _State:
+    """What the scrape-time metric collector reads (``metrics.StateProvider``)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    def worker_snapshots(self) -> Sequence[WorkerSnapshot]:
+        return self._app.workers.snapshots()
+
+    def worker_ejected(self, url: str) -> bool:
+        return self._app.workers.ejected(url)
+
+    def worker_snapshot_age(self, url: str) -> float | None:
+        return self._app.workers.snapshot_age(url)
+
+    def admission_queue_depth(self) -> int:
+        return self._app.admission.core.snapshot().queue_depth
+
+    def admission_limits(self) -> dict[str, int]:
+        return self._app.admission.limits()

@@ -1,0 +1,421 @@
+"""Rules: pure functions from ``Signals`` to findings, and from findings to one verdict.
+
+Each rule reads a few signals, compares them with a threshold from ``RuleParams`` and, when it
+fires, returns a ``Finding`` with its evidence (signal, value, threshold), the levers to pull
+(SGLang flags or radixgate settings) and a confidence in 0..1. A rule whose evidence is unknown
+stays silent (or fires with lowered confidence where noted) — it never assumes a value.
+
+| rule | fires when | kind | levers |
+|---|---|---|---|
+| cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
+| cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
+| admission | requests queue while KV usage < kv_headroom | tune | --max-running-requests, --schedule-conservativeness |
+| idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
+| prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
+| decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share | tune | GPU profiling (kernel / memory bandwidth) |
+| proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
+| ceiling | TTFT p95 > SLO, saturated, no tune rule fired (cache as good as allowed, gaps small) | at_ceiling | model swap or hardware |
+| latency_floor | TTFT p95 > SLO without saturation or queueing, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+
+Verdict (a total function): fewer than ``min_requests`` successful requests → ``insufficient_data``;
+any tune finding → ``tune`` (levers of every tune finding, strongest first); a ceiling finding →
+``at_ceiling``; SLO met → ``healthy``; otherwise ``at_ceiling`` with low confidence (SLO missed and
+no tunable cause visible in the signals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+
+from proxy.diagnose.signals import Signals
+
+TUNE, AT_CEILING, HEALTHY, INSUFFICIENT = "tune", "at_ceiling", "healthy", "insufficient_data"
+VERDICT_KINDS = (TUNE, AT_CEILING, HEALTHY, INSUFFICIENT)
+# Policies that ignore the prompt, so they cannot keep a prefix on the worker that holds it.
+PREFIX_BLIND_POLICIES = frozenset({"round_robin", "least_load", "random", "power_of_two"})
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """Thresholds of the rules; every default is the value documented beside it."""
+
+    slo_ttft_p95_s: float = 2.0  # TTFT p95 target, seconds
+    min_requests: int = 50  # fewer successful requests in the window → insufficient data
+    min_cache_reports: int = 20  # cache rules need this many requests with cached_tokens reported
+    min_available: float = 0.10  # below this the workload offers too little reuse to chase
+    capture_gap: float = 0.15  # available - captured at least this (absolute share of prompt tokens)…
+    capture_ratio: float = 0.75  # …and captured / available at most this → captured ≪ available
+    capacity_gap: float = 0.15  # reuse ceiling - available at least this → KV pool too small
+    saturation: float = 0.85  # occupancy or KV usage at or above this = saturated
+    kv_headroom: float = 0.60  # KV usage below this while requests queue = admission holds back
+    running_at_cap: float = 0.90  # running / max_running at or above this = the batch cap binds
+    queueing_share: float = 0.25  # share of snapshot samples with a non-empty engine queue…
+    queue_wait_fraction: float = 0.25  # …or worker queue p95 ≥ this x SLO → requests queue
+    idle_gap_share: float = 0.30  # GPU idle share at or above this with demand = large gaps
+    small_idle_share: float = 0.10  # GPU idle share at or below this = gaps small
+    tail_spread: float = 3.0  # TTFT p95 / p50 at or above this = a tail
+    queue_tail_share: float = 0.50  # (worker queue + admission wait) p95 / TTFT p95 ≥ this = tail is queueing
+    flat_decode_jitter: float = 1.5  # ITL p95 / p50 at or below this = flat decode
+    jittery_decode: float = 2.0  # ITL p95 / p50 at or above this = jittery decode
+    proxy_overhead_share: float = 0.10  # our share of TTFT at or above this
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, float], base: RuleParams | None = None) -> RuleParams:
+        """Override named thresholds; an unknown name raises ValueError naming it."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs: dict[str, float | int] = {}
+        for name, value in values.items():
+            if name not in known:
+                raise ValueError(f"{name}: unknown threshold (known: {', '.join(sorted(known))})")
+            kwargs[name] = int(value) if known[name].type in ("int", int) else float(value)
+        return dataclasses.replace(base or cls(), **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    signal: str
+    value: float | None
+    op: str
+    threshold: float | None
+    holds: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Lever:
+    setting: str  # an SGLang flag, a radixgate setting, or a fleet/model action
+    where: str  # "sglang" | "radixgate" | "fleet" | "model_or_hardware" | "profiling"
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule: str
+    kind: str
+    cause: str
+    summary: str
+    confidence: float
+    evidence: tuple[Evidence, ...]
+    levers: tuple[Lever, ...]
+
+    @property
+    def confidence_label(self) -> str:
+        return confidence_label(self.confidence)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: str
+    summary: str
+    confidence: float
+    levers: tuple[Lever, ...]
+    findings: tuple[Finding, ...]
+    slo_ttft_p95_s: float
+    ttft_p95_s: float | None
+    slo_met: bool | None
+
+    @property
+    def confidence_label(self) -> str:
+        return confidence_label(self.confidence)
+
+
+def confidence_label(c: float) -> str:
+    return "high" if c >= 0.75 else "medium" if c >= 0.5 else "low"
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
+}
+
+
+def ev(signal: str, value: float | None, op: str, threshold: float | None, note: str = "") -> Evidence:
+    holds = value is not None and threshold is not None and _OPS[op](value, threshold)
+    return Evidence(signal, value, op, threshold, holds, note)
+
+
+def _strength(value: float | None, threshold: float, *, above: bool = True) -> float:
+    """0.6 at the threshold, rising to 1.0 once the value is twice as far past it."""
+    if value is None or threshold <= 0:
+        return 0.6
+    margin = (value - threshold) / threshold if above else (threshold - value) / threshold
+    return 0.6 + 0.4 * min(1.0, max(0.0, margin))
+
+
+def _data_weight(s: Signals, p: RuleParams) -> float:
+    return 0.5 + 0.5 * min(1.0, s.window.ok / max(1, 4 * p.min_requests))
+
+
+def _requests_queue(s: Signals, p: RuleParams) -> tuple[bool, list[Evidence]]:
+    share = ev("occupancy.queueing_share", s.occupancy.queueing_share, ">=", p.queueing_share)
+    wait = ev("latency.worker_queue.p95_s", s.latency.worker_queue.p95, ">=",
+              p.queue_wait_fraction * p.slo_ttft_p95_s)
+    return share.holds or wait.holds, [share, wait]
+
+
+def _saturation(s: Signals) -> float | None:
+    known = [v for v in (s.occupancy.occupancy_mean, s.occupancy.token_usage_mean) if v is not None]
+    return max(known) if known else None
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+
+def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
+    c = s.cache
+    if c.captured is None or c.available is None or c.reporting_requests < p.min_cache_reports:
+        return None
+    gap = c.available - c.captured
+    evidence = [
+        ev("cache.available", c.available, ">=", p.min_available),
+        ev("cache.available - cache.captured", gap, ">=", p.capture_gap),
+        ev("cache.captured / cache.available", c.captured / c.available if c.available else None,
+           "<=", p.capture_ratio),
+    ]
+    if not all(e.holds for e in evidence):
+        return None
+    mismatched = [ps for ps in s.page_sizes if ps > 1 and any(bt % ps for bt in s.block_tokens)]
+    blind = [pol for pol in s.policies if pol in PREFIX_BLIND_POLICIES]
+    kv_full = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, ">=", p.saturation)
+    evidence.append(kv_full)
+    head = f"workers captured {c.captured:.0%} of prompt tokens from cache against {c.available:.0%} available"
+    levers: list[Lever] = []
+    if blind or not s.policies:
+        cause = "routing"
+        summary = (f"{head}: the routing policy ({', '.join(blind) or 'unknown'}) spreads shared prefixes "
+                   "over every worker, so each cache holds every prefix and keeps none")
+        levers.append(Lever("routing.policy", "radixgate",
+                            "switch to a prefix-affinity policy (cache_aware or the cost-based policy)"))
+    elif mismatched:
+        cause = "page_size_mismatch"
+        summary = f"{head}: the worker page size does not line up with radixgate's hash block"
+    elif kv_full.holds:
+        cause = "cache_eviction"
+        summary = f"{head} with affinity routing on and KV usage high: worker caches evict under memory pressure"
+        levers.append(Lever("--mem-fraction-static / --max-total-tokens", "sglang",
+                            "raise the KV pool so routed prefixes survive until reuse"))
+    else:
+        cause = "routing"
+        summary = (f"{head} with affinity routing ({', '.join(s.policies)}): it balances away from the "
+                   "worker that holds the prefix")
+        levers.append(Lever("routing.params (load-balance threshold, prefix index size)", "radixgate",
+                            "let affinity win more often; size the prefix index to the worker KV pool"))
+    if mismatched:
+        levers.append(Lever("--page-size / radixgate hash block size", "sglang",
+                            f"make the hash block ({', '.join(map(str, s.block_tokens))} tokens) a multiple "
+                            f"of the worker page size ({', '.join(map(str, mismatched))})"))
+        evidence.append(Evidence("worker page_size", float(mismatched[0]), "does not divide",
+                                 float(s.block_tokens[0]), True, "hash block tokens"))
+    conf = _data_weight(s, p) * _strength(c.captured / c.available, p.capture_ratio, above=False)
+    return Finding("cache_routing", TUNE, cause, summary, conf, tuple(evidence), tuple(levers))
+
+
+def rule_cache_capacity(s: Signals, p: RuleParams) -> Finding | None:
+    c = s.cache
+    if c.capacity_tokens is None or c.available is None or c.reuse_ceiling is None:
+        return None
+    if c.reporting_requests < p.min_cache_reports:
+        return None
+    evidence = [
+        ev("cache.reuse_ceiling", c.reuse_ceiling, ">=", p.min_available),
+        ev("cache.reuse_ceiling - cache.available", c.reuse_ceiling - c.available, ">=", p.capacity_gap,
+           note=f"fleet KV capacity {c.capacity_tokens} tokens"),
+    ]
+    if not all(e.holds for e in evidence):
+        return None
+    summary = (f"the workload reuses {c.reuse_ceiling:.0%} of its prompt tokens but a fleet cache of "
+               f"{c.capacity_tokens} tokens can hold only enough for {c.available:.0%}: the KV pool is "
+               "too small for the working set")
+    levers = (
+        Lever("--mem-fraction-static", "sglang", "raise it (more GPU memory for the KV pool)"),
+        Lever("--max-total-tokens", "sglang", "remove or raise the cap on the KV pool"),
+        Lever("replicas", "fleet", "add workers: with affinity routing total cache grows with the fleet"),
+    )
+    conf = _data_weight(s, p) * _strength(c.reuse_ceiling - c.available, p.capacity_gap)
+    return Finding("cache_capacity", TUNE, "cache_capacity", summary, conf, tuple(evidence), levers)
+
+
+def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
+    queueing, qev = _requests_queue(s, p)
+    usage = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, "<", p.kv_headroom)
+    if not (queueing and usage.holds):
+        return None
+    at_cap = ev("occupancy.occupancy_mean", s.occupancy.occupancy_mean, ">=", p.running_at_cap)
+    if at_cap.holds:
+        cause = "max_running_requests"
+        summary = (f"requests queue while the batch is full at max_running_requests and KV usage is only "
+                   f"{s.occupancy.token_usage_mean:.0%}: the batch-size cap, not memory, is the limit")
+        levers: tuple[Lever, ...] = (
+            Lever("--max-running-requests", "sglang", "raise it until KV usage nears saturation"),
+        )
+    else:
+        cause = "schedule_conservativeness"
+        summary = (f"requests queue while KV usage is {s.occupancy.token_usage_mean:.0%} and the batch has "
+                   "free slots: the scheduler admits too conservatively")
+        levers = (
+            Lever("--schedule-conservativeness", "sglang", "lower it (e.g. 0.3) while usage stays < 0.9"),
+            Lever("--max-prefill-tokens / --chunked-prefill-size", "sglang",
+                  "raise so more waiting prompts enter each prefill batch"),
+        )
+    conf = _data_weight(s, p) * _strength(s.occupancy.token_usage_mean, p.kv_headroom, above=False)
+    if s.occupancy.occupancy_mean is None:
+        conf *= 0.7
+    return Finding("admission", TUNE, cause, summary, conf, (*qev, usage, at_cap), levers)
+
+
+def rule_idle_gaps(s: Signals, p: RuleParams) -> Finding | None:
+    idle = ev("gpu.idle_share", s.gpu.idle_share, ">=", p.idle_gap_share,
+              note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
+    queueing, qev = _requests_queue(s, p)
+    busy = ev("occupancy.occupancy_mean", s.occupancy.occupancy_mean, ">=", 0.5)
+    if not (idle.holds and (queueing or busy.holds)):
+        return None
+    summary = (f"GPUs sat idle {s.gpu.idle_share:.0%} of the time while work was waiting or running: "
+               "a scheduling or data-loading stall between forward passes")
+    levers = (
+        Lever("--stream-interval", "sglang", "raise it so detokenising and streaming cost fewer host cycles"),
+        Lever("--schedule-policy", "sglang", "fcfs (lpm's prefix matching costs CPU when many wait)"),
+        Lever("host CPU / tokenizer", "profiling", "check the host is not the bottleneck (py-spy on the scheduler)"),
+    )
+    conf = _data_weight(s, p) * _strength(s.gpu.idle_share, p.idle_gap_share)
+    return Finding("idle_gaps", TUNE, "scheduling_stall", summary, conf, (idle, *qev, busy), levers)
+
+
+def rule_prefill_tail(s: Signals, p: RuleParams) -> Finding | None:
+    lat = s.latency
+    over = ev("latency.ttft.p95_s", lat.ttft.p95, ">", p.slo_ttft_p95_s)
+    spread = ev("latency.ttft.p95 / p50", lat.ttft.spread, ">=", p.tail_spread)
+    flat = ev("latency.itl.p95 / p50", lat.itl_jitter, "<=", p.flat_decode_jitter)
+    waits = [d.p95 for d in (lat.worker_queue, lat.admission_wait) if d.p95 is not None]
+    queue_p95 = sum(waits) if waits else None
+    share = ev("(worker_queue + admission_wait).p95 / ttft.p95",
+               queue_p95 / lat.ttft.p95 if queue_p95 is not None and lat.ttft.p95 else None,
+               ">=", p.queue_tail_share)
+    if not (over.holds and spread.holds and (flat.holds or lat.itl_jitter is None)):
+        return None
+    if not share.holds and queue_p95 is not None:
+        return None
+    summary = (f"TTFT p95 {lat.ttft.p95:.2f}s is {lat.ttft.spread:.1f}x its p50 while decode is flat: "
+               "the tail is requests waiting for admission behind long prefills")
+    levers = (
+        Lever("--chunked-prefill-size", "sglang", "lower it so long prompts interleave with the queue"),
+        Lever("--schedule-policy", "sglang", "lpm for shared prefixes, or shortest-prefill-first"),
+        Lever("replicas", "fleet", "add workers if the queue persists at the best chunk size"),
+    )
+    conf = _data_weight(s, p) * _strength(lat.ttft.spread, p.tail_spread)
+    if queue_p95 is None:
+        conf *= 0.6  # no queue-time report: the tail is inferred from shape alone
+    return Finding("prefill_tail", TUNE, "queue_admission_tail", summary, conf,
+                   (over, spread, flat, share), levers)
+
+
+def rule_decode_jitter(s: Signals, p: RuleParams) -> Finding | None:
+    jitter = ev("latency.itl.p95 / p50", s.latency.itl_jitter, ">=", p.jittery_decode)
+    small = ev("gpu.idle_share", s.gpu.idle_share, "<=", p.small_idle_share,
+               note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
+    if not (jitter.holds and small.holds):
+        return None
+    summary = (f"decode is jittery (ITL p95 {s.latency.itl_jitter:.1f}x p50) while the GPU is rarely idle: "
+               "kernel- or memory-bandwidth-bound steps, a GPU-profiling question")
+    levers = (
+        Lever("nsys / torch profiler on decode steps", "profiling", "find the slow kernels or HBM stalls"),
+        Lever("--attention-backend / --cuda-graph-max-bs", "sglang", "try another backend; cover the batch"),
+    )
+    conf = 0.8 * _data_weight(s, p) * _strength(s.latency.itl_jitter, p.jittery_decode)
+    return Finding("decode_jitter", TUNE, "kernel_or_bandwidth", summary, conf, (jitter, small), levers)
+
+
+def rule_proxy_overhead(s: Signals, p: RuleParams) -> Finding | None:
+    share = ev("latency.proxy_overhead_share", s.latency.proxy_overhead_share, ">=", p.proxy_overhead_share)
+    if not share.holds:
+        return None
+    summary = f"radixgate itself takes {s.latency.proxy_overhead_share:.0%} of TTFT before dispatch"
+    levers = (
+        Lever("routing.max_blocks", "radixgate", "hash fewer blocks per prompt"),
+        Lever("routing.policy", "radixgate", "a cheaper policy, or fewer workers per decision"),
+    )
+    conf = _data_weight(s, p) * _strength(s.latency.proxy_overhead_share, p.proxy_overhead_share)
+    return Finding("proxy_overhead", TUNE, "proxy_overhead", summary, conf, (share,), levers)
+
+
+TUNE_RULES = (rule_cache_routing, rule_cache_capacity, rule_admission, rule_idle_gaps,
+              rule_prefill_tail, rule_decode_jitter, rule_proxy_overhead)
+
+
+def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:
+    """At the ceiling: saturated, cache and gaps as good as they get, SLO still missed."""
+    over = ev("latency.ttft.p95_s", s.latency.ttft.p95, ">", p.slo_ttft_p95_s)
+    saturated = ev("max(occupancy_mean, token_usage_mean)", _saturation(s), ">=", p.saturation)
+    small = ev("gpu.idle_share", s.gpu.idle_share, "<=", p.small_idle_share,
+               note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
+    c = s.cache
+    cache_ok = ev("cache.available - cache.captured",
+                  None if c.available is None or c.captured is None else c.available - c.captured,
+                  "<", p.capture_gap)
+    if not (over.holds and saturated.holds):
+        return None
+    summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with the fleet "
+               "saturated, the cache capturing what the workload allows and no tunable stall: the runtime "
+               "is at its ceiling on this hardware")
+    levers = (
+        Lever("model", "model_or_hardware", "a smaller or quantized model, or speculative decoding"),
+        Lever("hardware", "model_or_hardware", "more replicas, or faster GPUs / tensor parallelism"),
+    )
+    conf = _data_weight(s, p) * _strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
+    for unknown in (small, cache_ok):
+        if unknown.value is None:
+            conf *= 0.8  # that part of the claim rests on absence of evidence
+    return Finding("ceiling", AT_CEILING, "saturated", summary, conf, (over, saturated, cache_ok, small), levers)
+
+
+def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
+    over = ev("latency.ttft.p95_s", s.latency.ttft.p95, ">", p.slo_ttft_p95_s)
+    queueing, qev = _requests_queue(s, p)
+    saturated = ev("max(occupancy_mean, token_usage_mean)", _saturation(s), "<", p.saturation)
+    if not (over.holds and not queueing and (saturated.holds or saturated.value is None)):
+        return None
+    summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with no queueing "
+               "and spare capacity: prefill of these prompts on this model and GPU is the floor")
+    levers = (
+        Lever("model", "model_or_hardware", "a smaller model, or relax the SLO"),
+        Lever("hardware", "model_or_hardware", "a faster GPU or tensor parallelism (--tp-size)"),
+    )
+    conf = 0.8 * _data_weight(s, p) * _strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
+    return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf, (over, *qev, saturated), levers)
+
+
+def evaluate(s: Signals, p: RuleParams) -> list[Finding]:
+    """Every tune finding that fires; the ceiling findings only when no tune finding fired."""
+    tune = [f for rule in TUNE_RULES if (f := rule(s, p)) is not None]
+    if tune:
+        return sorted(tune, key=lambda f: -f.confidence)
+    ceiling = rule_ceiling(s, p) or rule_latency_floor(s, p)
+    return [ceiling] if ceiling else []
+
+
+def verdict(s: Signals, p: RuleParams) -> Verdict:
+    ttft_p95 = s.latency.ttft.p95
+    slo_met = None if ttft_p95 is None else ttft_p95 <= p.slo_ttft_p95_s
+
+    def make(kind: str, summary: str, conf: float, findings: list[Finding]) -> Verdict:
+        levers: list[Lever] = []
+        for f in findings:
+            levers.extend(lv for lv in f.levers if lv not in levers)
+        return Verdict(kind, summary, round(conf, 3), tuple(levers), tuple(findings),
+                       p.slo_ttft_p95_s, ttft_p95, slo_met)
+
+    if s.window.ok < p.min_requests:
+        return make(INSUFFICIENT, f"{s.window.ok} successful requests in the window; need {p.min_requests}",
+                    1.0, [])
+    findings = evaluate(s, p)
+    if findings and findings[0].kind == TUNE:
+        causes = ", ".join(dict.fromkeys(f.cause for f in findings))
+        return make(TUNE, f"tune: {causes} — {findings[0].summary}", findings[0].confidence, findings)
+    if findings:
+        return make(AT_CEILING, findings[0].summary, findings[0].confidence, findings)
+    if slo_met is not False:
+        margin = 1.0 if ttft_p95 is None else _strength(ttft_p95, p.slo_ttft_p95_s, above=False)
+        return make(HEALTHY, "healthy: SLO met and no rule fired; nothing to change",
+                    _data_weight(s, p) * margin, [])
+    return make(AT_CEILING, "SLO missed and no tunable cause is visible in the signals", 0.3, [])

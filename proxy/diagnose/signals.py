@@ -1,0 +1,359 @@
+"""Signals: pure functions from the windows (finished requests, worker snapshots, GPU report) to numbers.
+
+**Prefix cache, captured vs available.** *Captured* is Σ cached / Σ prompt tokens as the workers
+reported them. *Available* replays the window's requests, in dispatch order, through one LRU cache
+of the whole fleet's KV capacity (Σ ``max_total_tokens``), keyed by the chained block hashes routing
+computed: a request's hit is its longest prefix of blocks already in that cache. Blocks of a request
+are touched last-to-first so parents are more recent than children and evicted after them — a radix
+tree evicts leaves first, and the cached set stays prefix-closed. The *reuse ceiling* is the same
+replay with no capacity bound: all the reuse the workload itself offers inside the window.
+Per request, available and ceiling are floored at what the worker actually reported — a hit that
+happened was by definition available (a cache warm from before the window, or a fleet that beats a
+shared LRU, cannot make available fall below captured). Block counts are converted to the worker's
+token count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per computation.
+LRU is a stack algorithm, so available grows with capacity and never exceeds the ceiling.
+
+**Occupancy**: running / max_running_requests and KV token usage per worker, averaged over the
+snapshot samples (stale snapshots skipped). **Latency split**: TTFT, worker queue time, admission
+wait and proxy overhead p50/p95 over successful requests; inter-token latency over every token gap,
+jitter = ITL p95 / p50. **Proxy overhead share** = Σ proxy overhead / Σ TTFT. **GPU idle** is passed
+through from ``telemetry.gpu`` and stays ``None`` when unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from proxy.diagnose.window import RequestRecord, SnapshotSample
+from proxy.telemetry.gpu import GpuReport
+from proxy.timing import RequestTiming
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..1); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    n: int = 0
+    p50: float | None = None
+    p95: float | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Distribution:
+        known = [v for v in values if v is not None]
+        return cls(len(known), percentile(known, 0.50), percentile(known, 0.95))
+
+    @property
+    def spread(self) -> float | None:
+        """p95 / p50: how far the tail sits from the middle."""
+        return _ratio(self.p95, self.p50)
+
+
+# -- prefix cache ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSignal:
+    captured: float | None = None
+    available: float | None = None
+    reuse_ceiling: float | None = None
+    # Fleet KV capacity the replay used; None = unknown, so available is the unbounded replay.
+    capacity_tokens: int | None = None
+    reporting_requests: int = 0
+    prompt_tokens: int = 0
+
+
+class _BlockLru:
+    """LRU of block hashes bounded by tokens (each block weighs its block size)."""
+
+    def __init__(self, capacity_tokens: int | None) -> None:
+        self.capacity = capacity_tokens
+        self.blocks: OrderedDict[int, int] = OrderedDict()
+        self.used = 0
+
+    def matched(self, hashes: Sequence[int]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def touch(self, hashes: Sequence[int], block_tokens: int) -> None:
+        for h in reversed(hashes):
+            if h in self.blocks:
+                self.blocks.move_to_end(h)
+            else:
+                self.blocks[h] = block_tokens
+                self.used += block_tokens
+        if self.capacity is not None:
+            while self.used > self.capacity and self.blocks:
+                _, weight = self.blocks.popitem(last=False)
+                self.used -= weight
+
+
+def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
+    """Blocks each record (in the given order) would find in one shared LRU of that capacity."""
+    lru = _BlockLru(capacity_tokens)
+    out = []
+    for r in records:
+        out.append(lru.matched(r.block_hashes))
+        lru.touch(r.block_hashes, r.block_tokens)
+    return out
+
+
+def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:
+    replayed = sorted((r for r in records if r.timing.dispatched is not None), key=lambda r: r.order_key)
+    at_capacity = replay_matched_blocks(replayed, capacity_tokens)
+    unbounded = replay_matched_blocks(replayed, None)
+    captured = available = ceiling = 0.0
+    prompt_total = reporting = 0
+    for r, m_cap, m_all in zip(replayed, at_capacity, unbounded, strict=True):
+        if r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
+            continue
+        prompt = r.prompt_tokens
+        estimated = max(r.estimated_prompt_tokens, len(r.block_hashes) * r.block_tokens, 1)
+        to_reported = prompt / estimated
+        hit = float(min(prompt, max(0, r.cached_tokens)))
+        captured += hit
+        available += max(hit, min(prompt, m_cap * r.block_tokens * to_reported))
+        ceiling += max(hit, min(prompt, m_all * r.block_tokens * to_reported))
+        prompt_total += prompt
+        reporting += 1
+    if not reporting:
+        return CacheSignal(capacity_tokens=capacity_tokens)
+    return CacheSignal(
+        captured=captured / prompt_total,
+        available=available / prompt_total,
+        reuse_ceiling=ceiling / prompt_total,
+        capacity_tokens=capacity_tokens,
+        reporting_requests=reporting,
+        prompt_tokens=prompt_total,
+    )
+
+
+def fleet_capacity_tokens(samples: Sequence[SnapshotSample]) -> int | None:
+    """Σ max_total_tokens over the workers of the latest sample; None if any is unknown."""
+    if not samples or not samples[-1].workers:
+        return None
+    sizes = [w.max_total_tokens for w in samples[-1].workers]
+    if any(s is None or s <= 0 for s in sizes):
+        return None
+    return sum(s for s in sizes if s is not None)
+
+
+# -- occupancy ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOccupancy:
+    worker: str
+    samples: int
+    occupancy_mean: float | None
+    occupancy_max: float | None
+    token_usage_mean: float | None
+    token_usage_max: float | None
+    running_mean: float | None
+    queued_mean: float | None
+    max_running_requests: int | None
+    max_total_tokens: int | None
+    page_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class OccupancySignal:
+    workers: tuple[WorkerOccupancy, ...] = ()
+    # Fleet means over worker-samples (None when no worker reported the gauge).
+    occupancy_mean: float | None = None
+    token_usage_mean: float | None = None
+    queued_mean: float | None = None
+    # Share of worker-samples with a non-empty engine queue.
+    queueing_share: float | None = None
+    samples: int = 0
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def occupancy_signal(samples: Sequence[SnapshotSample]) -> OccupancySignal:
+    by_worker: dict[str, list[SnapshotSample]] = {}
+    occ_all: list[float] = []
+    usage_all: list[float] = []
+    queued_all: list[float] = []
+    per_worker: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
+    latest = {}
+    for s in samples:
+        for w in s.workers:
+            if w.stale or not w.healthy:
+                continue
+            by_worker.setdefault(w.url, []).append(s)
+            occ, usage, running, queued = per_worker.setdefault(w.url, ([], [], [], []))
+            latest[w.url] = w
+            if w.occupancy is not None:
+                occ.append(w.occupancy)
+                occ_all.append(w.occupancy)
+            if w.token_usage is not None:
+                usage.append(w.token_usage)
+                usage_all.append(w.token_usage)
+            if w.running is not None:
+                running.append(float(w.running))
+            if w.queued is not None:
+                queued.append(float(w.queued))
+                queued_all.append(float(w.queued))
+    workers = tuple(
+        WorkerOccupancy(
+            worker=url,
+            samples=len(by_worker[url]),
+            occupancy_mean=_mean(occ),
+            occupancy_max=max(occ) if occ else None,
+            token_usage_mean=_mean(usage),
+            token_usage_max=max(usage) if usage else None,
+            running_mean=_mean(running),
+            queued_mean=_mean(queued),
+            max_running_requests=latest[url].max_running_requests,
+            max_total_tokens=latest[url].max_total_tokens,
+            page_size=latest[url].page_size,
+        )
+        for url, (occ, usage, running, queued) in sorted(per_worker.items())
+    )
+    return OccupancySignal(
+        workers=workers,
+        occupancy_mean=_mean(occ_all),
+        token_usage_mean=_mean(usage_all),
+        queued_mean=_mean(queued_all),
+        queueing_share=_mean([1.0 if q > 0 else 0.0 for q in queued_all]),
+        samples=len(samples),
+    )
+
+
+# -- latency split -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LatencySignal:
+    ttft: Distribution = Distribution()
+    upstream_ttft: Distribution = Distribution()
+    worker_queue: Distribution = Distribution()
+    admission_wait: Distribution = Distribution()
+    proxy_overhead: Distribution = Distribution()
+    itl: Distribution = Distribution()
+    proxy_overhead_share: float | None = None
+    # Every stage of the request path, in path order (name, distribution), for the report.
+    stages: tuple[tuple[str, Distribution], ...] = ()
+
+    @property
+    def itl_jitter(self) -> float | None:
+        return self.itl.spread
+
+
+def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
+    ok = [r for r in records if r.ok]
+    timings = [r.timing for r in ok]
+    gaps = [g for t in timings for g in t.token_gaps]
+    overhead_pairs = [(t.proxy_overhead, t.ttft) for t in timings]
+    overhead_sum = sum(o for o, f in overhead_pairs if o is not None and f is not None)
+    ttft_sum = sum(f for o, f in overhead_pairs if o is not None and f is not None)
+    ttft = Distribution.of(t.ttft for t in timings)
+    worker_queue = Distribution.of(t.worker_queue_time for t in timings)
+    admission_wait = Distribution.of(t.admission_wait for t in timings)
+    proxy_overhead = Distribution.of(t.proxy_overhead for t in timings)
+    itl = Distribution.of(gaps)
+    stages = (
+        ("admission_wait", admission_wait),
+        ("proxy_overhead", proxy_overhead),
+        ("worker_queue", worker_queue),
+        ("prefill", Distribution.of(_prefill(t) for t in timings)),
+        ("ttft", ttft),
+        ("itl", itl),
+        ("decode", Distribution.of(t.decode for t in timings)),
+        ("e2e", Distribution.of(t.e2e for t in timings)),
+    )
+    return LatencySignal(
+        ttft=ttft,
+        upstream_ttft=Distribution.of(t.upstream_ttft for t in timings),
+        worker_queue=worker_queue,
+        admission_wait=admission_wait,
+        proxy_overhead=proxy_overhead,
+        itl=itl,
+        proxy_overhead_share=_ratio(overhead_sum, ttft_sum),
+        stages=stages,
+    )
+
+
+def _prefill(t: RequestTiming) -> float | None:
+    """Dispatch → first token, less the worker's own queue time (prefill compute + transport)."""
+    upstream = t.upstream_ttft
+    if upstream is None:
+        return None
+    return max(0.0, upstream - (t.worker_queue_time or 0.0))
+
+
+# -- everything together -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WindowInfo:
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    # Seconds from the first request received to the last one done.
+    span_s: float = 0.0
+    snapshot_samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    window: WindowInfo = WindowInfo()
+    cache: CacheSignal = CacheSignal()
+    occupancy: OccupancySignal = OccupancySignal()
+    latency: LatencySignal = LatencySignal()
+    gpu: GpuReport = field(default_factory=lambda: GpuReport.unavailable("not sampled"))
+    block_tokens: tuple[int, ...] = ()
+    page_sizes: tuple[int, ...] = ()
+    policies: tuple[str, ...] = ()
+
+
+def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSample]) -> WindowInfo:
+    if not records:
+        return WindowInfo(snapshot_samples=len(samples))
+    start = min(r.timing.received for r in records)
+    end = max((r.timing.done or r.timing.received) for r in records)
+    ok = sum(1 for r in records if r.ok)
+    return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples))
+
+
+def compute_signals(
+    records: Sequence[RequestRecord],
+    samples: Sequence[SnapshotSample],
+    gpu: GpuReport | None = None,
+    *,
+    capacity_tokens: int | None = None,
+) -> Signals:
+    """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
+    capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
+    occupancy = occupancy_signal(samples)
+    return Signals(
+        window=window_info(records, samples),
+        cache=cache_signal(records, capacity),
+        occupancy=occupancy,
+        latency=latency_signal(records),
+        gpu=gpu if gpu is not None else GpuReport.unavailable("no GPU sampler"),
+        block_tokens=tuple(sorted({r.block_tokens for r in records if r.block_hashes})),
+        page_sizes=tuple(sorted({w.page_size for w in occupancy.workers})),
+        policies=tuple(sorted({r.policy for r in records if r.policy})),
+    )

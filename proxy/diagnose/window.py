@@ -1,0 +1,165 @@
+"""Sliding windows of finished requests and of worker snapshots, the raw material of a diagnosis.
+
+A window keeps the newest items, bounded two ways at once: by count (``max_items``) and by age
+(``max_age_s`` seconds on the injected ``Clock``; 0 = no age bound). Trimming happens on every
+``add`` and every read, so a quiet proxy forgets old traffic even when nothing new arrives.
+Adding is O(1) amortised; reading copies the live items.
+
+``RequestRecord`` is the one typed record per finished request that the diagnosis reads: the
+request's ``RequestTiming`` plus where it went, how it ended, the token counts the worker reported,
+and the chained block hashes routing computed (so the fleet-wide cache can be replayed later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from proxy.clock import Clock
+from proxy.routing.base import RouteRequest, WorkerSnapshot
+from proxy.timing import RequestTiming
+
+T = TypeVar("T")
+
+OUTCOME_OK = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request as the diagnosis sees it.
+
+    ``timing`` must no longer change once the record exists (the pipeline records at ``done``).
+    Token counts are what the worker reported (``None`` = not reported); ``estimated_prompt_tokens``
+    is the proxy's own estimate that sized ``block_hashes``.
+    """
+
+    timing: RequestTiming
+    worker: str
+    outcome: str = OUTCOME_OK
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    block_hashes: tuple[int, ...] = ()
+    block_tokens: int = 16
+    estimated_prompt_tokens: int = 0
+    policy: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        timing: RequestTiming,
+        *,
+        worker: str,
+        outcome: str = OUTCOME_OK,
+        route: RouteRequest | None = None,
+        policy: str = "",
+    ) -> RequestRecord:
+        """Build a record from the pipeline's objects; token counts come from ``timing``."""
+        return cls(
+            timing=timing,
+            worker=worker,
+            outcome=outcome,
+            prompt_tokens=timing.prompt_tokens,
+            cached_tokens=timing.cached_tokens,
+            completion_tokens=timing.completion_tokens,
+            block_hashes=route.block_hashes if route else (),
+            block_tokens=route.block_tokens if route else 16,
+            estimated_prompt_tokens=route.prompt_tokens if route else 0,
+            policy=policy,
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == OUTCOME_OK
+
+    @property
+    def order_key(self) -> float:
+        """When the request reached a worker's cache (dispatch), else when it arrived."""
+        t = self.timing
+        return t.dispatched if t.dispatched is not None else t.received
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSample:
+    """The fleet's worker snapshots as they stood at one moment (clock seconds)."""
+
+    at: float
+    workers: tuple[WorkerSnapshot, ...]
+
+
+class SlidingWindow(Generic[T]):
+    """The newest items, at most ``max_items`` of them and none older than ``max_age_s``."""
+
+    def __init__(self, clock: Clock, *, max_items: int, max_age_s: float = 0.0) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be >= 1")
+        if max_age_s < 0:
+            raise ValueError("max_age_s must be >= 0 (0 = no age bound)")
+        self._clock = clock
+        self._max_age_s = max_age_s
+        self._entries: deque[tuple[float, T]] = deque(maxlen=max_items)
+
+    @property
+    def max_items(self) -> int:
+        return self._entries.maxlen or 0
+
+    @property
+    def max_age_s(self) -> float:
+        return self._max_age_s
+
+    def add(self, item: T) -> None:
+        now = self._clock.now()
+        self._entries.append((now, item))
+        self._trim(now)
+
+    def items(self) -> list[T]:
+        self._trim(self._clock.now())
+        return [item for _, item in self._entries]
+
+    def stamped(self) -> list[tuple[float, T]]:
+        """Items with the clock time each was added."""
+        self._trim(self._clock.now())
+        return list(self._entries)
+
+    def __len__(self) -> int:
+        self._trim(self._clock.now())
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def _trim(self, now: float) -> None:
+        if self._max_age_s <= 0:
+            return
+        oldest_allowed = now - self._max_age_s
+        while self._entries and self._entries[0][0] < oldest_allowed:
+            self._entries.popleft()
+
+
+class DiagnosisWindows:
+    """The two windows a diagnosis reads: finished requests and worker snapshots over time."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        max_requests: int = 1000,
+        max_age_s: float = 300.0,
+        max_snapshot_samples: int = 600,
+    ) -> None:
+        self._clock = clock
+        self.requests: SlidingWindow[RequestRecord] = SlidingWindow(
+            clock, max_items=max_requests, max_age_s=max_age_s
+        )
+        self.snapshots: SlidingWindow[SnapshotSample] = SlidingWindow(
+            clock, max_items=max_snapshot_samples, max_age_s=max_age_s
+        )
+
+    def record(self, record: RequestRecord) -> None:
+        self.requests.add(record)
+
+    def observe(self, workers: Sequence[WorkerSnapshot]) -> None:
+        """Keep one sample of the fleet's snapshots (call once per scrape)."""
+        self.snapshots.add(SnapshotSample(at=self._clock.now(), workers=tuple(workers)))

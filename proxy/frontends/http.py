@@ -1,0 +1,189 @@
+"""The HTTP frontend (aiohttp): SGLang native and OpenAI endpoints, and the admin endpoints.
+
+Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and
+non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /health`` (the proxy is up),
+``GET /ready`` (at least one healthy worker, not draining).
+Admin port (loopback by default): ``GET /metrics``, ``GET /workers``; other admin routes (e.g.
+``/diagnosis``) are added by their owners through ``App.add_admin_route``.
+
+The body is parsed once into a ``GenerateRequest`` (the raw bytes ride along and are forwarded as
+received); everything after that is the shared ``Pipeline``. Streams are relayed chunk by chunk.
+Errors answer in the caller's dialect (``errors.to_body``), with ``Retry-After`` where it helps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proxy.config import Config
+from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, to_body
+from proxy.pipeline import Pipeline
+from proxy.request import Dialect, GenerateRequest
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+FRONTEND = "http"
+
+
+def error_response(err: RadixgateError, dialect: Dialect | None) -> web.Response:
+    body = to_body(err, dialect=dialect.error_style if dialect else "openai")
+    headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after else None
+    return web.json_response(body.payload, status=body.status, headers=headers)
+
+
+def _prompt_size(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_prompt_size(v) for v in value) if value and not isinstance(value[0], int) else len(value)
+    return 0
+
+
+def _first(value: Any) -> Any:
+    """A batch's first prompt: routing keys on it (SGLang routes a batch as one request too)."""
+    if isinstance(value, list) and value and isinstance(value[0], str | list):
+        return value[0]
+    return value
+
+
+def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> GenerateRequest:
+    """The caller's bytes → a ``GenerateRequest``; ``BadRequest`` / ``PayloadTooLarge`` name the field."""
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON body: {e}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest("the body must be a JSON object")
+    model = payload.get("model", "")
+    if not isinstance(model, str):
+        raise BadRequest("model: must be a string")
+    stream = payload.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream: must be true or false")
+    rid = payload.get("rid")
+    text: str | None = None
+    ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    if dialect is Dialect.CHAT:
+        msgs = payload.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise BadRequest("messages: required, a non-empty list of message objects")
+        messages, size = msgs, len(raw)
+    else:
+        names = ("text", "input_ids") if dialect is Dialect.SGLANG else ("prompt",)
+        given = [n for n in names if payload.get(n) is not None]
+        if dialect is Dialect.SGLANG and payload.get("input_embeds") is not None:
+            given.append("input_embeds")
+        if len(given) != 1:
+            raise BadRequest(f"{' or '.join(names)}: exactly one prompt field is required")
+        value = payload[given[0]]
+        if not isinstance(value, str | list) or (isinstance(value, list) and not value):
+            raise BadRequest(f"{given[0]}: must be a string, a list of token ids, or a non-empty list of those")
+        size = _prompt_size(value)
+        head = _first(value)
+        if isinstance(head, str):
+            text = head
+        elif isinstance(head, list) and all(isinstance(i, int) for i in head):
+            ids = head
+        elif given[0] != "input_embeds":
+            raise BadRequest(f"{given[0]}: must be text or token ids")
+    if size > cfg.limits.max_prompt_chars:
+        raise PayloadTooLarge(f"prompt: {size} characters is over the limit of {cfg.limits.max_prompt_chars}")
+    priority_raw = headers.get(cfg.admission.priority_header)
+    try:
+        priority = int(priority_raw) if priority_raw is not None else 0
+    except ValueError:
+        raise BadRequest(f"{cfg.admission.priority_header}: header must be an integer") from None
+    fwd = {"authorization": headers["Authorization"]} if "Authorization" in headers else {}
+    return GenerateRequest(
+        dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,
+        messages=messages, rid=rid if isinstance(rid, str) and rid else None,
+        session_key=headers.get(cfg.routing.session_header), priority=priority, frontend=FRONTEND,
+        headers=fwd, body=raw)
+
+
+def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool]) -> web.Application:
+    app = web.Application(client_max_size=cfg.limits.max_body_bytes)
+    clock = pipeline.clock
+
+    async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
+        received = clock.now()
+        try:
+            if request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
+                raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
+                                      f"{cfg.limits.max_body_bytes}")
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                raise PayloadTooLarge(f"body: over the limit of {cfg.limits.max_body_bytes} bytes") from None
+            req = parse_request(dialect, raw, request.headers, cfg)
+        except RadixgateError as e:
+            pipeline.reject(FRONTEND, dialect.value, e, received)
+            return error_response(e, dialect)
+        try:
+            async with pipeline.exchange(req, received=received) as ex:
+                if not ex.streaming:
+                    return web.Response(status=ex.status, body=ex.body, content_type=ex.content_type)
+                resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+                await resp.prepare(request)
+                async for chunk in ex.chunks():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except RadixgateError as e:
+            return error_response(e, dialect)
+
+    def route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await serve(request, dialect)
+        return handler
+
+    async def models(request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "owned_by": "radixgate"} for m in pipeline.models()]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readiness(request: web.Request) -> web.Response:
+        ok = ready()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    app.router.add_post("/generate", route(Dialect.SGLANG))
+    app.router.add_put("/generate", route(Dialect.SGLANG))
+    app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS))
+    app.router.add_post("/v1/chat/completions", route(Dialect.CHAT))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", readiness)
+    return app
+
+
+def build_admin_app(pipeline: Pipeline) -> web.Application:
+    app = web.Application()
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(pipeline.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def workers(request: web.Request) -> web.Response:
+        limits = pipeline.admission.limits()
+        described = pipeline.registry.describe()
+        for w in described:
+            w["admission_limit"] = limits.get(w["url"])
+        snap = pipeline.admission.core.snapshot()
+        return web.json_response({
+            "policy": pipeline.policy.name,
+            "admission": {"queue_depth": snap.queue_depth, "reserved": snap.reserved,
+                          "shutting_down": snap.shutting_down},
+            "workers": described,
+        })
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/workers", workers)
+    return app

@@ -1,0 +1,460 @@
+"""The one path every request takes, whichever frontend received it.
+
+    key → admit → route → forward → time → record
+
+1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16).
+2. admit: an ``Admission`` lease — waits at the proxy until a worker slot is free.
+3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
+   serve the model.
+4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
+   first byte of the answer reaches the client, a connect error, a 5xx or a 503 (queue full /
+   starting) moves the request to another worker, at most ``upstream.max_retries`` times. A
+   stream is handed to the frontend only once its first complete event arrived, so a failed
+   attempt costs the client nothing but time.
+5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
+   token-bearing chunk, done.
+6. record: metrics, one JSON log line, ``policy.on_complete``, and ``observers`` (diagnosis).
+
+Two ways to consume an ``Exchange`` (``async with pipeline.exchange(req) as ex``):
+* ``ex.chunks()`` — complete SSE events as raw bytes, relayed as they come (HTTP frontend);
+* ``ex.events()`` — typed ``TextDelta`` / ``ErrorEvent`` and a final ``Finished`` (gRPC frontend).
+A non-stream answer is ``ex.status`` / ``ex.body``. If the worker dies mid-stream the stream ends
+with an error event and ``[DONE]``. If the consumer leaves early (client disconnect), leaving the
+``async with`` closes the upstream connection and sends ``/abort_request`` for the ``rid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from proxy.admission import Admission, Lease
+from proxy.clock import Clock
+from proxy.config import Config
+from proxy.errors import (
+    ModelNotFound,
+    NoHealthyWorker,
+    Overloaded,
+    RadixgateError,
+    UpstreamError,
+    UpstreamTimeout,
+)
+from proxy.request import GenerateRequest
+from proxy.routing.base import Completion, Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.prefix_key import block_tokens_for, build_route_request
+from proxy.sse import DONE_EVENT, ErrorEvent, EventDecoder, FinalMeta, StreamAccountant, TextDelta, meta_from
+from proxy.telemetry.logging import RequestLogger
+from proxy.telemetry.metrics import Metrics
+from proxy.timing import RequestTiming
+from proxy.workers.health import Change
+from proxy.workers.registry import WorkerRegistry
+from proxy.workers.upstream import CONNECT_ERRORS, UpstreamPool
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedRequest:
+    """One finished request, as metrics, the log line and observers see it."""
+
+    rid: str
+    frontend: str
+    dialect: str
+    stream: bool
+    worker: str | None
+    status: int
+    outcome: str  # ok | error | cancelled
+    cause: str | None
+    retries: int
+    policy: str
+    decision: Decision | None
+    route: RouteRequest | None
+    admission: str | None
+    admission_wait: float | None
+    timing: RequestTiming
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last item of ``Exchange.events()``."""
+
+    meta: FinalMeta
+    worker: str
+    rid: str
+    timing: RequestTiming
+
+
+class _Retry(Exception):
+    def __init__(self, cause: str, error: RadixgateError, *, sick: bool) -> None:
+        super().__init__(error.message)
+        self.cause, self.error, self.sick = cause, error, sick
+
+
+def error_event(err: RadixgateError) -> bytes:
+    body = {"error": {"message": err.message, "type": err.kind, "code": err.status}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE_EVENT
+
+
+class Pipeline:
+    def __init__(self, *, config: Config, clock: Clock, registry: WorkerRegistry, admission: Admission,
+                 policy: Policy, upstream: UpstreamPool, metrics: Metrics,
+                 request_log: RequestLogger | None = None) -> None:
+        self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
+        self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
+        self.observers: list[Callable[[CompletedRequest], None]] = []
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def exchange(self, req: GenerateRequest, *, received: float | None = None) -> Exchange:
+        return Exchange(self, req, self.clock.now() if received is None else received)
+
+    def reject(self, frontend: str, dialect: str, err: RadixgateError, received: float) -> None:
+        """Record a request refused before it entered the pipeline (malformed, too large)."""
+        timing = RequestTiming(received=received, done=self.clock.now())
+        self.metrics.inc(self.metrics.requests_accepted, frontend)
+        self._record(CompletedRequest(
+            rid="", frontend=frontend, dialect=dialect, stream=False, worker=None, status=err.status,
+            outcome="error", cause=err.cause, retries=0, policy=self.policy.name, decision=None, route=None,
+            admission=None, admission_wait=None, timing=timing, finish_reason=None))
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for s in self.registry.published():
+            for m in s.models:
+                seen.setdefault(m, None)
+        return list(seen)
+
+    async def drained(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _record(self, done: CompletedRequest) -> None:
+        self.metrics.record(done)
+        if self.request_log is not None:
+            self.request_log.log(done)
+        for observe in self.observers:
+            observe(done)
+
+
+class Exchange:
+    def __init__(self, p: Pipeline, req: GenerateRequest, received: float) -> None:
+        self.p, self.req = p, req
+        self.timing = RequestTiming(received=received)
+        self.rid = req.rid or uuid.uuid4().hex
+        self.streaming = req.stream
+        self.status = 0
+        self.content_type = "application/json"
+        self.body = b""
+        self.worker: str | None = None
+        self.decision: Decision | None = None
+        self.route: RouteRequest | None = None
+        self.retries = 0
+        self.meta = FinalMeta()
+        self.error: RadixgateError | None = None  # set when a stream broke after relaying began
+        self._lease: Lease | None = None
+        self._resp: aiohttp.ClientResponse | None = None
+        self._first = b""
+        self._first_at = 0.0
+        self._buf = b""
+        self._acct = StreamAccountant(req.dialect)
+        self._upstream_done = False
+        self._ended = False
+        self._gen: AsyncGenerator[bytes, None] | None = None
+        total = p.config.upstream.total_timeout_s
+        if req.timeout_s is not None:
+            total = min(total, req.timeout_s)
+        self._deadline = received + total
+        p.metrics.inc(p.metrics.requests_accepted, req.frontend)
+        p.active += 1
+        p._idle.clear()
+
+    async def __aenter__(self) -> Exchange:
+        try:
+            await self._start()
+        except BaseException as e:
+            await self._end(e)
+            raise
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._end(e)
+
+    # -- admit, route, forward ----------------------------------------------------------------------
+    def _serving(self, snaps: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:
+        """Healthy workers serving the requested model; 404 when no worker (healthy or not) serves it."""
+        model = self.req.model
+        healthy = [s for s in snaps if s.healthy]
+        if not model or not any(s.models for s in snaps):
+            return healthy
+        if not any(model in s.models or not s.models for s in snaps):
+            raise ModelNotFound(f"model {model!r} is not served here (serving: {', '.join(self.p.models())})")
+        return [s for s in healthy if model in s.models or not s.models]
+
+    async def _start(self) -> None:
+        p, t = self.p, self.timing
+        cfg = p.config
+        serving = self._serving(p.registry.snapshots())
+        if not serving:
+            raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
+        self.route = build_route_request(
+            self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
+            chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks)
+        remaining = self._deadline - p.clock.now()
+        self._lease = lease = p.admission.lease(priority=self.req.priority, timeout_s=remaining)
+        await lease.__aenter__()
+        t.admitted = p.clock.now()
+        body = self._body()
+        tried: set[str] = set()
+        last: _Retry | None = None
+        while True:
+            candidates = [s for s in lease.eligible(self._serving(p.registry.snapshots())) if s.url not in tried]
+            if not candidates and last is not None:
+                raise last.error
+            try:
+                decision = p.policy.select(self.route, candidates)
+            except NoWorkerAvailable:
+                raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
+            lease.assign(decision.worker)
+            self.worker, self.decision = decision.worker, decision
+            p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
+            t.dispatched = p.clock.now()
+            try:
+                await self._attempt(decision.worker, body)
+                return
+            except _Retry as r:
+                p.metrics.inc(p.metrics.upstream_failures, decision.worker, r.cause, worker=decision.worker)
+                if r.sick:
+                    self._report_sick(decision.worker)
+                tried.add(decision.worker)
+                last = r
+                if len(tried) > cfg.upstream.max_retries:
+                    raise r.error from None
+                self.retries += 1
+                p.metrics.inc(p.metrics.retries, r.cause)
+
+    def _report_sick(self, worker: str) -> None:
+        if self.p.registry.report_request(worker, False) is Change.EJECTED:
+            self.p.metrics.inc(self.p.metrics.ejections, worker, worker=worker)
+
+    def _body(self) -> bytes:
+        req = self.req
+        raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
+        if req.rid or _is_batch(req.payload):
+            return raw
+        if req.body and "rid" not in req.payload:
+            i = raw.index(b"{") + 1  # splice: the caller's bytes stay as they were
+            return raw[:i] + b'"rid":"' + self.rid.encode() + b'",' + raw[i:]
+        return json.dumps({**req.payload, "rid": self.rid}, separators=(",", ":")).encode()
+
+    async def _attempt(self, worker: str, body: bytes) -> None:
+        p, t = self.p, self.timing
+        cfg = p.config.upstream
+        loop = asyncio.get_running_loop()
+        wait = min(cfg.first_byte_timeout_s, self._deadline - p.clock.now())
+        headers = {"Content-Type": "application/json"}
+        if "authorization" in self.req.headers:
+            headers["Authorization"] = self.req.headers["authorization"]
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout_at(loop.time() + max(0.0, wait)):
+                resp = await p.upstream.post(worker, self.req.dialect.path, body, headers)
+                t.upstream_headers = p.clock.now()
+                status = resp.status
+                if status >= 500:
+                    await resp.read()
+                    resp.release()
+                    busy = status == 503
+                    err: RadixgateError = (
+                        Overloaded(f"every worker tried is busy (last answered {status})", retry_after=1.0)
+                        if busy else UpstreamError(f"worker answered HTTP {status}"))
+                    raise _Retry("worker_busy" if busy else "http_5xx", err, sick=not busy)
+                self.status = status
+                self.content_type = resp.content_type
+                if not self.streaming or status != 200 or not resp.content_type.startswith("text/event-stream"):
+                    self.streaming = False
+                    self.body = await resp.read()
+                    t.first_byte = p.clock.now()
+                    resp.release()
+                    self._upstream_done = True
+                    if status == 200:
+                        self.meta = meta_from(self.req.dialect, json.loads(self.body))
+                    return
+                self._resp = resp
+                first = await self._next_events()
+                if not first:
+                    raise _Retry("stream_broken", UpstreamError("worker closed the stream before any output"),
+                                 sick=True)
+                self._first, self._first_at = first, p.clock.now()
+                t.first_byte = self._first_at
+        except TimeoutError:
+            self._drop(resp)
+            p.upstream.abort(worker, self.rid)  # it may be generating (or hung): free its slot
+            p.metrics.inc(p.metrics.upstream_failures, worker, "timeout", worker=worker)
+            raise UpstreamTimeout(f"worker sent nothing within {wait:.3g} s") from None
+        except CONNECT_ERRORS as e:
+            self._drop(resp)
+            raise _Retry("connect_error", UpstreamError(f"worker connection failed: {e!r}"), sick=True) from None
+        except _Retry:
+            self._drop(resp)
+            raise
+
+    def _drop(self, resp: aiohttp.ClientResponse | None) -> None:
+        if resp is not None:
+            resp.close()
+        self._resp = None
+
+    async def _next_events(self) -> bytes:
+        """The next run of complete SSE events; b"" at the end (a trailing partial event is dropped)."""
+        assert self._resp is not None
+        content = self._resp.content
+        while True:
+            data = await content.readany()
+            if not data:
+                return b""
+            if self._buf:
+                data, self._buf = self._buf + data, b""
+            cut = data.rfind(b"\n\n") + 2
+            if cut == 1:
+                self._buf = data
+                continue
+            if cut < len(data):
+                data, self._buf = data[:cut], data[cut:]
+            return data
+
+    # -- consume ------------------------------------------------------------------------------------
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Complete SSE events as raw bytes, as they arrive; ends after ``[DONE]`` or an error event."""
+        if self._gen is None:
+            self._gen = self._relay()
+        return self._gen
+
+    async def _relay(self) -> AsyncGenerator[bytes, None]:
+        p, t, acct = self.p, self.timing, self._acct
+        data, now = self._first, self._first_at
+        self._first = b""
+        err: RadixgateError
+        try:
+            while data:
+                if acct.feed(data):
+                    t.mark_token(now)
+                yield data
+                if acct.done or acct.error is not None:
+                    break
+                data = await self._next_events()
+                now = p.clock.now()
+                if now > self._deadline:
+                    raise TimeoutError
+            self._upstream_done = True
+            if acct.done or acct.error is not None:
+                self.meta = acct.final()
+                return
+            err = UpstreamError("the worker closed the stream before it finished")
+        except TimeoutError:
+            err = UpstreamTimeout("the stream went silent past its deadline")
+        except CONNECT_ERRORS as e:
+            err = UpstreamError(f"the worker connection broke mid-stream: {e!r}")
+        self._upstream_done = False
+        self.meta = acct.final()
+        self.error = err
+        assert self.worker is not None
+        p.metrics.inc(p.metrics.upstream_failures, self.worker,
+                      "timeout" if isinstance(err, UpstreamTimeout) else "stream_broken", worker=self.worker)
+        if not isinstance(err, UpstreamTimeout):
+            self._report_sick(self.worker)
+        yield error_event(err)
+
+    async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
+        """Typed events of the answer, then ``Finished`` (the gRPC frontend's view)."""
+        decoder = EventDecoder(self.req.dialect)
+        if self.streaming:
+            async for data in self.chunks():
+                for event in decoder.decode(data):
+                    yield event
+        elif self.status != 200:
+            try:
+                found = decoder.decode_object(json.loads(self.body))
+            except ValueError:
+                found = []
+            yield next((e for e in found if isinstance(e, ErrorEvent)),
+                       ErrorEvent(self.body.decode(errors="replace")[:500], self.status))
+        else:
+            for event in decoder.decode_object(json.loads(self.body)):
+                yield event
+        assert self.worker is not None
+        yield Finished(self.meta, self.worker, self.rid, self.timing)
+
+    # -- record -------------------------------------------------------------------------------------
+    async def _end(self, exc: BaseException | None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        p, t = self.p, self.timing
+        t.done = p.clock.now()
+        if self._gen is not None:
+            await self._gen.aclose()
+        left_early = not self._upstream_done and self._resp is not None
+        if self._resp is not None:
+            if left_early:
+                self._resp.close()
+            else:
+                self._resp.release()
+        if left_early and not isinstance(self.error, UpstreamError) and self.worker is not None:
+            # The client left, or the stream went silent: free the worker's slot. (A worker whose
+            # connection broke has nothing left to abort.)
+            p.upstream.abort(self.worker, self.rid)
+            p.metrics.inc(p.metrics.aborts, self.worker, worker=self.worker)
+        lease = self._lease
+        if lease is not None:
+            lease.release()
+        outcome, cause = self._outcome(exc)
+        m = self.meta
+        t.prompt_tokens, t.cached_tokens, t.completion_tokens = m.prompt_tokens, m.cached_tokens, m.completion_tokens
+        t.worker_queue_time, t.worker_first_token_latency = m.queue_time, m.first_token_latency
+        t.worker_e2e_latency = m.e2e_latency
+        if self.worker is not None and self.route is not None:
+            p.policy.on_complete(Completion(
+                self.worker, self.route, outcome == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))
+        status = exc.status if isinstance(exc, RadixgateError) else (499 if outcome == "cancelled" else self.status)
+        p._record(CompletedRequest(
+            rid=self.rid, frontend=self.req.frontend, dialect=self.req.dialect.value, stream=self.req.stream,
+            worker=self.worker, status=status, outcome=outcome, cause=cause, retries=self.retries,
+            policy=p.policy.name, decision=self.decision, route=self.route,
+            admission=lease.outcome.value if lease is not None and lease.outcome else None,
+            admission_wait=lease.wait_s if lease is not None and lease.outcome else None,
+            timing=t, finish_reason=m.finish_reason))
+        p.active -= 1
+        if p.active == 0:
+            p._idle.set()
+
+    def _outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
+        if isinstance(exc, RadixgateError):
+            return "error", exc.cause
+        if exc is not None and not isinstance(exc, GeneratorExit):
+            return "cancelled", "client_disconnect"
+        if self.error is not None:
+            return "error", self.error.cause
+        if not self._upstream_done and self.streaming:
+            return "cancelled", "client_disconnect"
+        if self.meta.error is not None:
+            return "error", "upstream_error"
+        if self.status >= 400:
+            return "error", "upstream_rejected"
+        return "ok", None
+
+
+def _is_batch(payload: dict[str, Any]) -> bool:
+    """A batch request (several prompts) takes a list of rids; we leave those alone."""
+    text, ids, prompt = payload.get("text"), payload.get("input_ids"), payload.get("prompt")
+    return (isinstance(text, list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
+            or (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)))

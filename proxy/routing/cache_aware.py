@@ -1,0 +1,245 @@
+"""cache_aware: the SGLang router's cache-aware policy, for a like-for-like baseline.
+
+Rule (sgl-router ``policies/cache_aware.rs`` with the 2025+ CLI defaults; after sglang PR
+#14650 a miss goes to the least-loaded worker):
+  1. ``load`` = our own in-flight count per worker (as the router's ``WorkerLoadGuard``).
+     The fleet is imbalanced when ``max - min > balance_abs_threshold`` and
+     ``max > min * balance_rel_threshold``; then the least-loaded healthy worker is taken
+     (branch ``balance``) and the prompt is still inserted under it.
+  2. Otherwise the prompt text is matched against one approximate character radix tree per
+     model (``"default"`` when unnamed), built only from our own decisions. ``match_rate =
+     matched chars / prompt chars``. Above ``cache_threshold`` the tenant of the deepest matched
+     node is taken (branch ``hit``; the most recently used tenant there, where the router takes
+     an arbitrary one), else the least-loaded healthy worker (branch ``miss``; ties go to the
+     first in list order, as ``min_by_key``). Either way the text is inserted under the pick.
+  3. Each tenant's character count is kept at most ``max_tree_size`` by evicting its least
+     recently used leaves. The router does this on a 120 s timer; here it happens right after
+     the insert that crosses the limit, since a policy reads no clock. Recency is a decision
+     counter, not wall time.
+  Token-id prompts carry no text, so, like the router, they always miss (rate 0).
+
+Complexity: O(prompt chars) per decision for match and insert (edges compared with slice
+equality, so the Python-level work is O(tree depth x log edge length)); memory O(distinct chars
+inserted), bounded by ``max_tree_size`` per worker.
+
+When to choose it: only as a baseline. It ignores queue depth, prompt length and KV pressure,
+and its load signal is one proxy's own counter (see sglang #21199, #14305).
+
+Params (``CacheAwareParams``, defaults = sglang-router CLI): ``cache_threshold`` 0.3,
+``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``max_tree_size`` 2**26.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.config import ConfigError
+from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.prefix_key import blocks_within
+from proxy.routing.registry import PolicySpec
+
+
+@dataclass(frozen=True)
+class CacheAwareParams:
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+    max_tree_size: int = 2**26
+
+    def validate(self) -> None:
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ConfigError("routing.params.cache_threshold: must be in [0, 1]")
+        if self.balance_abs_threshold < 0:
+            raise ConfigError("routing.params.balance_abs_threshold: must be >= 0")
+        if self.balance_rel_threshold < 1.0:
+            raise ConfigError("routing.params.balance_rel_threshold: must be >= 1.0")
+        if self.max_tree_size < 1:
+            raise ConfigError("routing.params.max_tree_size: must be >= 1")
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    """Length of the longest common prefix, by binary search over slice equality."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Node:
+    __slots__ = ("children", "parent", "tenants", "text")
+
+    def __init__(self, text: str, parent: _Node | None) -> None:
+        self.text = text
+        self.parent = parent
+        self.children: dict[str, _Node] = {}
+        # tenant -> last access (decision counter)
+        self.tenants: dict[str, int] = {}
+
+
+class CharTree:
+    """Approximate radix tree of prompt characters, with per-tenant recency and sizes."""
+
+    def __init__(self) -> None:
+        self.root = _Node("", None)
+        self.size: dict[str, int] = {}
+
+    def prefix_match(self, text: str) -> tuple[int, str | None]:
+        """(matched chars, the most recent tenant of the deepest matched node)."""
+        node, pos, tenant = self.root, 0, None
+        while pos < len(text):
+            child = node.children.get(text[pos])
+            if child is None:
+                break
+            shared = common_prefix_len(child.text, text[pos : pos + len(child.text)])
+            if shared == 0:
+                break
+            pos += shared
+            node = child
+            if shared < len(child.text):
+                break
+        if node.tenants:
+            tenant = max(node.tenants.items(), key=lambda kv: kv[1])[0]
+        return pos, tenant
+
+    def insert(self, text: str, tenant: str, now: int) -> None:
+        node, pos = self.root, 0
+        node.tenants[tenant] = now
+        while pos < len(text):
+            child = node.children.get(text[pos])
+            if child is None:
+                leaf = _Node(text[pos:], node)
+                node.children[text[pos]] = leaf
+                self._claim(leaf, tenant, now)
+                return
+            shared = common_prefix_len(child.text, text[pos : pos + len(child.text)])
+            if shared < len(child.text):
+                child = self._split(child, shared)
+            pos += shared
+            node = child
+            self._claim(node, tenant, now)
+
+    def _claim(self, node: _Node, tenant: str, now: int) -> None:
+        if tenant not in node.tenants:
+            self.size[tenant] = self.size.get(tenant, 0) + len(node.text)
+        node.tenants[tenant] = now
+
+    def _split(self, node: _Node, at: int) -> _Node:
+        """Cut ``node``'s edge after ``at`` chars; return the new upper node."""
+        parent = node.parent
+        assert parent is not None
+        upper = _Node(node.text[:at], parent)
+        upper.tenants = dict(node.tenants)
+        parent.children[upper.text[0]] = upper
+        node.text = node.text[at:]
+        node.parent = upper
+        upper.children[node.text[0]] = node
+        return upper
+
+    def evict_tenant(self, tenant: str, max_size: int) -> None:
+        """Drop the tenant's least recently used leaves until its size is at most ``max_size``."""
+        if self.size.get(tenant, 0) <= max_size:
+            return
+        heap = [(n.tenants[tenant], id(n), n) for n in self._leaves(tenant)]
+        heapq.heapify(heap)
+        while heap and self.size[tenant] > max_size:
+            _, _, node = heapq.heappop(heap)
+            del node.tenants[tenant]
+            self.size[tenant] -= len(node.text)
+            parent = node.parent
+            if not node.tenants and not node.children and parent is not None:
+                del parent.children[node.text[0]]
+            if parent is not None and parent is not self.root and tenant in parent.tenants:
+                if not any(tenant in c.tenants for c in parent.children.values()):
+                    heapq.heappush(heap, (parent.tenants[tenant], id(parent), parent))
+
+    def remove_tenant(self, tenant: str) -> None:
+        self.evict_tenant(tenant, -1)
+        self.root.tenants.pop(tenant, None)
+        self.size.pop(tenant, None)
+
+    def _leaves(self, tenant: str) -> list[_Node]:
+        out: list[_Node] = []
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            below = [c for c in node.children.values() if tenant in c.tenants]
+            if below:
+                stack.extend(below)
+            elif node is not self.root and tenant in node.tenants:
+                out.append(node)
+        return out
+
+
+class CacheAware:
+    name = "cache_aware"
+
+    def __init__(self, params: CacheAwareParams) -> None:
+        self.params = params
+        self._trees: dict[str, CharTree] = {}
+        self._decisions = 0
+
+    def tree(self, model: str) -> CharTree:
+        return self._trees.setdefault(model or "default", CharTree())
+
+    def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
+        candidates = healthy(workers)
+        if not candidates:
+            raise NoWorkerAvailable("no healthy worker")
+        self._decisions += 1
+        p = self.params
+        loads = [w.in_flight for w in candidates]
+        least = candidates[loads.index(min(loads))]
+        tree = self.tree(request.model)
+        text = request.prompt_text
+        matched, tenant = 0, None
+        if max(loads) - min(loads) > p.balance_abs_threshold and max(loads) > min(loads) * p.balance_rel_threshold:
+            chosen, branch = least, "balance"
+        else:
+            matched, tenant = tree.prefix_match(text)
+            rate = matched / len(text) if text else 0.0
+            by_url = {w.url: w for w in candidates}
+            if rate > p.cache_threshold and tenant in by_url:
+                chosen, branch = by_url[tenant], "hit"
+            else:
+                chosen, branch = least, "miss"
+        tree.insert(text, chosen.url, self._decisions)
+        tree.evict_tenant(chosen.url, p.max_tree_size)
+        # What the tree predicts the chosen worker holds, for the predicted-vs-reported metric.
+        predicted = matched if tenant == chosen.url else 0
+        return Decision(
+            chosen.url,
+            branch,
+            matched_blocks=self._matched_blocks(request, predicted),
+            reason=f"load={chosen.in_flight} match_chars={matched}",
+        )
+
+    @staticmethod
+    def _matched_blocks(request: RouteRequest, matched_chars: int) -> int:
+        if not request.prompt_text or matched_chars <= 0:
+            return 0
+        tokens = math.floor(matched_chars * request.prompt_tokens / len(request.prompt_text))
+        return blocks_within(tokens, request.block_tokens, len(request.block_hashes))
+
+    def on_complete(self, completion: Completion) -> None:
+        pass
+
+    def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
+        present = {w.url for w in workers}
+        for tree in self._trees.values():
+            for tenant in [t for t in tree.size if t not in present]:
+                tree.remove_tenant(tenant)
+
+
+def _factory(params: CacheAwareParams, rng: random.Random) -> CacheAware:
+    return CacheAware(params)
+
+
+SPEC = PolicySpec("cache_aware", CacheAwareParams, _factory)

@@ -1,0 +1,219 @@
+"""Prompt canonicalisation and chained block hashes: the routing key of a request.
+
+Rule:
+  1. Canonical prompt. Token ids are used as they are. Text is used as its UTF-8 bytes. Chat
+     messages are rendered turn by turn (``<|role|>\ncontent\n`` per message, content parts
+     flattened in order), so the rendering of turn n+1 starts with the rendering of turn n and a
+     follow-up turn shares every block of the conversation so far.
+  2. Blocks. The unit is ``block_tokens`` tokens (token ids), or ``round(block_tokens *
+     chars_per_token)`` UTF-8 bytes when there is no tokenizer (bytes, not characters: bytes per
+     token vary less across scripts than characters per token, and slicing bytes is cheapest).
+     Block boundaries sit at fixed positions, the same for every prompt, so two prompts share
+     leading blocks exactly as far as they share leading text: the first ``2 * BLOCKS_PER_DOUBLING``
+     blocks are one unit long, then each run of ``BLOCKS_PER_DOUBLING`` blocks is twice as long
+     as the run before. Resolution stays within 1/``BLOCKS_PER_DOUBLING`` of the position (3% at
+     32), every boundary is a multiple of the unit (so of the workers' page size, see
+     ``block_tokens_for``), and a 32k-token prompt takes 224 blocks instead of 2,000 — this is
+     what keeps hashing + matching + index update of a long prompt within the decision budget.
+     Only full blocks are hashed: a trailing partial block cannot be matched by an extension of
+     the prompt. ``prefix_tokens(n, block_tokens)`` converts a matched block count to tokens.
+  3. Chained hashes. ``h[0] = xxh3_64(block[0], seed=S)``, ``h[i] = xxh3_64(block[i], seed=h[i-1])``
+     with ``S = xxh3_64(domain, model, salt)``: a block's hash names the whole prefix ending with
+     it, and a different model (or salt, or text-vs-token-ids domain) changes every hash.
+  4. At most ``max_blocks`` blocks are hashed.
+
+Complexity: O(prompt length) bytes hashed, O(log(prompt length) * BLOCKS_PER_DOUBLING) Python
+steps. ``prompt_text`` (for character-matching policies) is the canonical text, or empty for
+token ids, as SGLang's router has no text for them either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import xxhash
+
+from proxy.request import GenerateRequest
+from proxy.routing.base import RouteRequest
+
+# Smallest block, in tokens: below this the per-block bookkeeping costs more than it saves.
+MIN_BLOCK_TOKENS = 16
+# Blocks per doubling of the block length (after the first 2x this many one-unit blocks).
+BLOCKS_PER_DOUBLING = 32
+
+
+def block_tokens_for(page_sizes: Iterable[int], minimum: int = MIN_BLOCK_TOKENS) -> int:
+    """Block size in tokens for these workers: the smallest multiple of every page size >= ``minimum``.
+
+    A page size <= 0 is ignored (unknown). With no page sizes the answer is ``minimum``.
+    """
+    if minimum < 1:
+        raise ValueError(f"minimum must be >= 1, got {minimum}")
+    page = 1
+    for size in page_sizes:
+        if size > 0:
+            page = math.lcm(page, size)
+    return page * max(1, math.ceil(minimum / page))
+
+
+def block_chars(block_tokens: int, chars_per_token: float) -> int:
+    """UTF-8 bytes standing in for ``block_tokens`` tokens when there is no tokenizer."""
+    return max(1, round(block_tokens * chars_per_token))
+
+
+def block_ends(unit: int, length: int, max_blocks: int) -> list[int]:
+    """End offsets of the full blocks of a ``length``-long prompt (same units as ``unit``)."""
+    ends: list[int] = []
+    pos, size, next_doubling = 0, unit, 2 * BLOCKS_PER_DOUBLING * unit
+    while pos + size <= length and len(ends) < max_blocks:
+        pos += size
+        ends.append(pos)
+        if pos >= next_doubling:
+            size *= 2
+            next_doubling *= 2
+    return ends
+
+
+def prefix_tokens(n_blocks: int, block_tokens: int) -> int:
+    """Tokens covered by the first ``n_blocks`` blocks (closed form of ``block_ends``)."""
+    if n_blocks <= 0:
+        return 0
+    first = 2 * BLOCKS_PER_DOUBLING
+    if n_blocks <= first:
+        return n_blocks * block_tokens
+    runs, rest = divmod(n_blocks - first, BLOCKS_PER_DOUBLING)
+    covered = first * block_tokens << runs
+    return covered + rest * (block_tokens << (runs + 1))
+
+
+def blocks_within(tokens: int, block_tokens: int, limit: int) -> int:
+    """Number of leading blocks (at most ``limit``) whose tokens all fit in ``tokens``."""
+    lo, hi = 0, max(0, limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if prefix_tokens(mid, block_tokens) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def render_messages(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Chat messages as one text, turn by turn, so that appending turns only appends text."""
+    return "".join(_render_message(m) for m in messages)
+
+
+def _render_message(message: Mapping[str, Any]) -> str:
+    role = str(message.get("role", ""))
+    parts = [_content_text(message.get("content"))]
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            parts.append(f"[{key}={message[key]}]")
+    if message.get("tool_calls"):
+        parts.append(_json(message["tool_calls"]))
+    return f"<|{role}|>\n{''.join(parts)}\n"
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                out.append(str(part.get("text", "")))
+            else:
+                # Images, audio, ...: their identity (URL or data) is part of the prefix.
+                out.append(_json(part))
+        return "".join(out)
+    return _json(content)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def prefix_seed(model: str, domain: str, salt: str = "") -> int:
+    """The seed of a hash chain: different model, salt or domain -> unrelated chains."""
+    seed: int = xxhash.xxh3_64_intdigest(f"{domain}\x00{model}\x00{salt}".encode())
+    return seed
+
+
+def hash_blocks(data: bytes, ends: Sequence[int], itemsize: int, seed: int) -> tuple[int, ...]:
+    """Chained xxh3_64 of ``data`` cut at ``ends`` (offsets in items of ``itemsize`` bytes)."""
+    digest = xxhash.xxh3_64_intdigest
+    hashes: list[int] = []
+    append = hashes.append
+    h, start = seed, 0
+    for end in ends:
+        stop = end * itemsize
+        h = digest(data[start:stop], h)
+        append(h)
+        start = stop
+    return tuple(hashes)
+
+
+def hash_text(text: str, *, unit: int, max_blocks: int, seed: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``text`` (``unit`` = UTF-8 bytes per unit block)."""
+    data = text.encode("utf-8", "surrogatepass")
+    return hash_blocks(data, block_ends(unit, len(data), max_blocks), 1, seed)
+
+
+def hash_token_ids(
+    token_ids: Sequence[int], *, block_tokens: int, max_blocks: int, seed: int
+) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of ``token_ids``."""
+    ends = block_ends(block_tokens, len(token_ids), max_blocks)
+    if not ends:
+        return ()
+    covered = token_ids[: ends[-1]]
+    try:
+        ids = array("I", covered)  # 4 bytes: every real vocabulary fits
+    except OverflowError:
+        ids = array("q", covered)
+    return hash_blocks(ids.tobytes(), ends, ids.itemsize, seed)
+
+
+def build_route_request(
+    req: GenerateRequest,
+    *,
+    block_tokens: int,
+    chars_per_token: float,
+    max_blocks: int,
+    salt: str = "",
+) -> RouteRequest:
+    """The routing view of ``req``: canonical prompt, chained block hashes, token estimate."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    if chars_per_token <= 0:
+        raise ValueError(f"chars_per_token must be > 0, got {chars_per_token}")
+    max_blocks = max(0, max_blocks)
+    if req.input_ids is not None:
+        ids = req.input_ids
+        hashes = hash_token_ids(
+            ids, block_tokens=block_tokens, max_blocks=max_blocks, seed=prefix_seed(req.model, "ids", salt)
+        )
+        prompt_text = ""
+        prompt_tokens = len(ids)
+    else:
+        prompt_text = render_messages(req.messages) if req.messages is not None else (req.text or "")
+        unit = block_chars(block_tokens, chars_per_token)
+        data = prompt_text.encode("utf-8", "surrogatepass")
+        ends = block_ends(unit, len(data), max_blocks)
+        hashes = hash_blocks(data, ends, 1, prefix_seed(req.model, "text", salt))
+        prompt_tokens = math.ceil(len(data) / chars_per_token)
+    return RouteRequest(
+        model=req.model,
+        block_hashes=hashes,
+        block_tokens=block_tokens,
+        prompt_tokens=prompt_tokens,
+        session_key=req.session_key,
+        prompt_text=prompt_text,
+        priority=req.priority,
+    )

@@ -1,0 +1,242 @@
+"""Reading SGLang / OpenAI responses without getting in their way (pure, no I/O).
+
+Two readers of the same bytes:
+* ``StreamAccountant`` — for relaying. It sees each run of *complete* SSE events (``data: …\\n\\n``)
+  as it is relayed and notes only what timing and accounting need: whether the run carried new
+  output (a token mark), an error event, ``[DONE]``, and the last payload (parsed once, at the
+  end, for ``meta_info`` / ``usage``). SGLang-native chunks are not JSON-parsed on the way: every
+  data event other than ``[DONE]`` or an error carries output. OpenAI chunks are parsed, because a
+  role-only or usage-only chunk carries no token.
+* ``EventDecoder`` — for frontends that re-encode (gRPC): every event becomes a typed
+  ``TextDelta`` / ``ErrorEvent``, cumulative SGLang text turned into deltas.
+
+``FinalMeta`` is what the end of a response tells us: finish reason, prompt / cached / completion
+tokens, and the worker's own timing (``queue_time``, ``first_token_latency``, ``e2e_latency``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.request import Dialect
+
+DONE = b"[DONE]"
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class FinalMeta:
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    queue_time: float | None = None
+    first_token_latency: float | None = None
+    e2e_latency: float | None = None
+    error: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+    # New output token ids, when the worker sends them (SGLang native ``output_ids``).
+    token_ids: tuple[int, ...] = ()
+    # Cumulative completion tokens so far, when reported.
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    message: str
+    code: int | None = None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _finish(v: Any) -> str | None:
+    if isinstance(v, Mapping):
+        return str(v.get("type")) if v.get("type") is not None else None
+    return str(v) if v is not None else None
+
+
+def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> FinalMeta:
+    """Fill ``into`` from one response object (non-stream body or a stream chunk)."""
+    m = into or FinalMeta()
+    if isinstance(obj, list):  # SGLang batch: sum the requests
+        for item in obj:
+            part = meta_from(dialect, item)
+            for name in ("prompt_tokens", "cached_tokens", "completion_tokens"):
+                a, b = getattr(m, name), getattr(part, name)
+                if b is not None:
+                    setattr(m, name, (a or 0) + b)
+            m.finish_reason = part.finish_reason or m.finish_reason
+        return m
+    if not isinstance(obj, Mapping):
+        return m
+    if isinstance(obj.get("error"), Mapping):
+        m.error = obj["error"]
+        return m
+    if dialect is Dialect.SGLANG:
+        info = obj.get("meta_info")
+        if isinstance(info, Mapping):
+            m.finish_reason = _finish(info.get("finish_reason")) or m.finish_reason
+            m.prompt_tokens = _int(info.get("prompt_tokens")) or m.prompt_tokens
+            m.cached_tokens = _int(info.get("cached_tokens")) if "cached_tokens" in info else m.cached_tokens
+            m.completion_tokens = _int(info.get("completion_tokens")) or m.completion_tokens
+            m.queue_time = _float(info.get("queue_time")) or m.queue_time
+            m.first_token_latency = _float(info.get("first_token_latency")) or m.first_token_latency
+            m.e2e_latency = _float(info.get("e2e_latency")) or m.e2e_latency
+        return m
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for c in choices:
+            if isinstance(c, Mapping) and c.get("finish_reason"):
+                m.finish_reason = _finish(c["finish_reason"])
+    usage = obj.get("usage")
+    if isinstance(usage, Mapping):
+        m.prompt_tokens = _int(usage.get("prompt_tokens"))
+        m.completion_tokens = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, Mapping):
+            m.cached_tokens = _int(details.get("cached_tokens"))
+    return m
+
+
+def error_of(obj: Any) -> ErrorEvent | None:
+    if isinstance(obj, Mapping) and isinstance(obj.get("error"), Mapping):
+        err = obj["error"]
+        return ErrorEvent(str(err.get("message", "")), _int(err.get("code")))
+    return None
+
+
+def iter_payloads(data: bytes) -> list[bytes]:
+    """The ``data:`` payloads of a run of complete events (comments and other fields skipped)."""
+    out = []
+    for event in data.split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip())
+    return out
+
+
+def openai_has_output(obj: Mapping[str, Any]) -> bool:
+    for c in obj.get("choices") or ():
+        if not isinstance(c, Mapping):
+            continue
+        if c.get("text"):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, Mapping) and (delta.get("content") or delta.get("reasoning_content")
+                                           or delta.get("tool_calls")):
+            return True
+    return False
+
+
+@dataclass(slots=True)
+class StreamAccountant:
+    dialect: Dialect
+    done: bool = False
+    error: Mapping[str, Any] | None = None
+    events: int = 0
+    token_events: int = 0
+    meta: FinalMeta = field(default_factory=FinalMeta)
+    _last: bytes | None = None
+
+    def feed(self, data: bytes) -> bool:
+        """Account one run of complete events; True when it carried new output."""
+        carried = False
+        native = self.dialect is Dialect.SGLANG
+        for payload in iter_payloads(data):
+            self.events += 1
+            if payload == DONE:
+                self.done = True
+            elif payload.startswith(b'{"error"'):
+                self.error = json.loads(payload).get("error") or {}
+            elif native:
+                carried = True
+                self.token_events += 1
+                self._last = payload
+            else:
+                obj = json.loads(payload)
+                if openai_has_output(obj):
+                    carried = True
+                    self.token_events += 1
+                meta_from(self.dialect, obj, self.meta)
+        return carried
+
+    def final(self) -> FinalMeta:
+        if self._last is not None:
+            meta_from(self.dialect, json.loads(self._last), self.meta)
+            self._last = None
+        if self.meta.completion_tokens is None and self.token_events:
+            self.meta.completion_tokens = self.token_events  # OpenAI stream without usage: chunks
+        if self.error is not None:
+            self.meta.error = self.error
+        return self.meta
+
+
+@dataclass(slots=True)
+class EventDecoder:
+    """Typed events from complete SSE runs; SGLang's cumulative text becomes deltas."""
+
+    dialect: Dialect
+    _text: str = ""
+    _ids_len: int = 0
+
+    def decode(self, data: bytes) -> list[TextDelta | ErrorEvent]:
+        out: list[TextDelta | ErrorEvent] = []
+        for payload in iter_payloads(data):
+            if payload == DONE:
+                continue
+            out.extend(self.decode_object(json.loads(payload)))
+        return out
+
+    def decode_object(self, obj: Any) -> list[TextDelta | ErrorEvent]:
+        err = error_of(obj)
+        if err is not None:
+            return [err]
+        if not isinstance(obj, Mapping):
+            return []
+        if self.dialect is Dialect.SGLANG:
+            raw_text, raw_ids, raw_info = obj.get("text"), obj.get("output_ids"), obj.get("meta_info")
+            text: str = raw_text if isinstance(raw_text, str) else ""
+            ids: list[Any] = raw_ids if isinstance(raw_ids, list) else []
+            info: Mapping[str, Any] = raw_info if isinstance(raw_info, Mapping) else {}
+            completion = _int(info.get("completion_tokens"))
+            # SGLang streams cumulative text by default (a chunk extends the text so far);
+            # with --incremental-streaming-output each chunk is a delta.
+            if self._text and text.startswith(self._text):
+                new_text, self._text = text[len(self._text):], text
+            else:
+                new_text = text
+                self._text += text
+            if completion is not None and len(ids) == completion and len(ids) >= self._ids_len:
+                new_ids, self._ids_len = ids[self._ids_len:], len(ids)
+            else:
+                new_ids = ids
+                self._ids_len += len(ids)
+            return [TextDelta(new_text, tuple(int(i) for i in new_ids), completion)]
+        pieces: list[str] = []
+        for c in obj.get("choices") or ():
+            if isinstance(c, Mapping):
+                delta = c.get("delta")
+                if isinstance(delta, Mapping) and isinstance(delta.get("content"), str):
+                    pieces.append(delta["content"])
+                elif isinstance(c.get("text"), str):
+                    pieces.append(c["text"])
+                elif isinstance(c.get("message"), Mapping):
+                    pieces.append(str(c["message"].get("content") or ""))
+        raw_usage = obj.get("usage")
+        usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, Mapping) else {}
+        if not pieces and not usage:
+            return []
+        return [TextDelta("".join(pieces), (), _int(usage.get("completion_tokens")))]

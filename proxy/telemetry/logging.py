@@ -1,0 +1,84 @@
+"""Process logging set-up and the one JSON line per finished request.
+
+The request line carries every stage duration (milliseconds), token counts, where the request went
+and how it ended. It never carries prompt text: the prompt is identified by its routing hash (the
+last chained block hash, which names the whole hashed prefix) and its block count. Prompts are
+logged only with ``telemetry.log_prompts: true`` and only when the frontend passes the text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.pipeline import CompletedRequest
+
+REQUEST_LOGGER = "radixgate.requests"
+
+
+def setup_logging(level: str) -> None:
+    """Plain stderr logging for the process (the request log line is JSON already)."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000.0, 3)
+
+
+def request_fields(done: CompletedRequest) -> dict[str, Any]:
+    """The request log line as a dict (tests read it; ``RequestLogger`` serialises it)."""
+    t = done.timing
+    route = done.route
+    fields: dict[str, Any] = {
+        "rid": done.rid,
+        "frontend": done.frontend,
+        "dialect": done.dialect,
+        "stream": done.stream,
+        "worker": done.worker,
+        "status": done.status,
+        "outcome": done.outcome,
+        "cause": done.cause,
+        "retries": done.retries,
+        "policy": done.policy,
+        "branch": done.decision.branch if done.decision else None,
+        "matched_blocks": done.decision.matched_blocks if done.decision else None,
+        "admission": done.admission,
+        "finish_reason": done.finish_reason,
+        "prompt_hash": f"{route.block_hashes[-1]:016x}" if route and route.block_hashes else None,
+        "prompt_blocks": len(route.block_hashes) if route else None,
+        "est_prompt_tokens": route.prompt_tokens if route else None,
+        "prompt_tokens": t.prompt_tokens,
+        "cached_tokens": t.cached_tokens,
+        "completion_tokens": t.completion_tokens,
+        "chunks": len(t.token_gaps) + (1 if t.first_token is not None else 0),
+        "upstream_ttfb_ms": _ms(t.upstream_ttfb),
+        "upstream_ttft_ms": _ms(t.upstream_ttft),
+        "worker_ttft_ms": _ms(t.worker_first_token_latency),
+        "worker_e2e_ms": _ms(t.worker_e2e_latency),
+    }
+    for name, value in t.stages().items():
+        fields[f"{name}_ms"] = _ms(value)
+    return fields
+
+
+class RequestLogger:
+    def __init__(self, *, enabled: bool, log_prompts: bool = False,
+                 logger: logging.Logger | None = None) -> None:
+        self.enabled = enabled
+        self.log_prompts = log_prompts
+        self._log = logger or logging.getLogger(REQUEST_LOGGER)
+
+    def log(self, done: CompletedRequest) -> None:
+        if not self.enabled or not self._log.isEnabledFor(logging.INFO):
+            return
+        fields = request_fields(done)
+        if self.log_prompts and done.route is not None and done.route.prompt_text:
+            fields["prompt"] = done.route.prompt_text
+        self._log.info(json.dumps(fields, separators=(",", ":")))

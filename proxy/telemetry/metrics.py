@@ -1,0 +1,344 @@
+"""Every radixgate metric, defined in one place on an injected ``CollectorRegistry``.
+
+Rules: prefix ``radixgate_``; units in names (``_seconds``, ``_total``, ``_ratio``); bucket sets are
+named and chosen for LLM latencies (sub-millisecond proxy work up to half-hour generations); labels
+are bounded: ``worker`` (configured URLs), ``frontend`` (http | grpc), ``outcome``, ``cause``,
+``policy``, ``branch``, ``stage``. Label sets of a removed worker are removed (``forget_worker``).
+
+Gauges that describe current state (worker health, scraped engine state, in-flight, queue depth)
+are read at scrape time from a ``StateProvider`` through a custom collector, so they can never go
+stale or outlive a worker. Counters and histograms are updated by the pipeline; their labelled
+children are cached here (``labels()`` is the slow part of an observation) and the cache doubles as
+the list of label sets to drop when a worker leaves.
+
+Invariant kept by the pipeline: for every frontend,
+``requests_accepted_total == requests_succeeded_total + requests_failed_total`` once requests end,
+and ``requests_failed_total == sum over cause of errors_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.routing.base import WorkerSnapshot
+
+if TYPE_CHECKING:
+    from proxy.diagnose.service import Diagnosis
+    from proxy.pipeline import CompletedRequest
+
+# -- named bucket sets (seconds) ----------------------------------------------------------------
+BUCKETS: dict[str, tuple[float, ...]] = {
+    # Work the proxy itself does, and waits that should be near zero when healthy.
+    "proxy": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    # Waiting in a queue (ours or the engine's): milliseconds to minutes.
+    "queue": (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+    # Time to first token / first byte: a few ms (cached, short) to minutes (long prefill under load).
+    "ttft": (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0,
+             30.0, 60.0, 120.0, 300.0),
+    # Gap between streamed chunks: ~1 ms (small model, H100) to seconds (preempted / overloaded).
+    "itl": (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5),
+    # Whole generations: tens of ms to half an hour.
+    "e2e": (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0),
+}
+
+NO_WORKER = "none"  # worker label of a request that failed before one was chosen
+
+
+class StateProvider(Protocol):
+    """What the scrape-time collector reads."""
+
+    def worker_snapshots(self) -> Sequence[WorkerSnapshot]: ...
+
+    def worker_ejected(self, url: str) -> bool: ...
+
+    def worker_snapshot_age(self, url: str) -> float | None: ...
+
+    def admission_queue_depth(self) -> int: ...
+
+    def admission_limits(self) -> dict[str, int]: ...
+
+
+class Metrics:
+    """All metrics; one instance per App, on the registry it was given."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.requests_accepted = Counter(
+            "radixgate_requests_accepted_total", "Requests a frontend accepted for processing.",
+            ["frontend"], registry=r)
+        self.requests_succeeded = Counter(
+            "radixgate_requests_succeeded_total", "Requests that ended with a complete answer.",
+            ["frontend"], registry=r)
+        self.requests_failed = Counter(
+            "radixgate_requests_failed_total", "Requests that ended with an error (see errors_total).",
+            ["frontend"], registry=r)
+        self.errors = Counter(
+            "radixgate_errors_total", "Failed requests by cause (one per failed request).",
+            ["frontend", "cause"], registry=r)
+        self.upstream_failures = Counter(
+            "radixgate_upstream_failures_total",
+            "Failed attempts on a worker (connect error, 5xx, queue full, timeout, broken stream).",
+            ["worker", "cause"], registry=r)
+        self.retries = Counter(
+            "radixgate_retries_total", "Attempts moved to another worker before anything reached the client.",
+            ["cause"], registry=r)
+        self.ejections = Counter(
+            "radixgate_worker_ejections_total", "Passive ejections of a worker after repeated failures.",
+            ["worker"], registry=r)
+        self.aborts = Counter(
+            "radixgate_upstream_aborts_total", "abort_request calls sent to a worker after the client left.",
+            ["worker"], registry=r)
+        self.decisions = Counter(
+            "radixgate_policy_decisions_total", "Routing decisions by policy and branch.",
+            ["policy", "branch"], registry=r)
+        self.admission_wait = Histogram(
+            "radixgate_admission_wait_seconds", "Time a request waited in the proxy's admission queue.",
+            ["frontend", "outcome"], buckets=BUCKETS["queue"], registry=r)
+        self.proxy_overhead = Histogram(
+            "radixgate_proxy_overhead_seconds",
+            "Proxy time before dispatch, admission wait excluded (parse, hash, route).",
+            ["frontend"], buckets=BUCKETS["proxy"], registry=r)
+        self.upstream_ttfb = Histogram(
+            "radixgate_upstream_ttfb_seconds", "Dispatch to upstream response headers.",
+            ["worker"], buckets=BUCKETS["ttft"], registry=r)
+        self.ttft = Histogram(
+            "radixgate_ttft_seconds", "Time to first token as the client sees it (received to first token).",
+            ["worker", "frontend"], buckets=BUCKETS["ttft"], registry=r)
+        self.upstream_ttft = Histogram(
+            "radixgate_upstream_ttft_seconds", "Dispatch to first token (the worker's share of TTFT).",
+            ["worker"], buckets=BUCKETS["ttft"], registry=r)
+        self.itl = Histogram(
+            "radixgate_inter_token_latency_seconds", "Gap between consecutive token-bearing chunks.",
+            ["worker"], buckets=BUCKETS["itl"], registry=r)
+        self.decode = Histogram(
+            "radixgate_decode_seconds", "First token to last token.",
+            ["worker"], buckets=BUCKETS["e2e"], registry=r)
+        self.e2e = Histogram(
+            "radixgate_e2e_seconds", "Received to done, by outcome.",
+            ["worker", "frontend", "outcome"], buckets=BUCKETS["e2e"], registry=r)
+        self.worker_queue = Histogram(
+            "radixgate_worker_queue_seconds", "The worker's own queue_time (meta_info, --enable-metrics).",
+            ["worker"], buckets=BUCKETS["queue"], registry=r)
+        self.worker_ttft = Histogram(
+            "radixgate_worker_ttft_seconds", "The worker's own first_token_latency (meta_info).",
+            ["worker"], buckets=BUCKETS["ttft"], registry=r)
+        self.prompt_tokens = Counter(
+            "radixgate_prompt_tokens_total", "Prompt tokens reported by workers.", ["worker"], registry=r)
+        self.cached_tokens = Counter(
+            "radixgate_cached_tokens_total", "Prompt tokens served from the worker's prefix cache.",
+            ["worker"], registry=r)
+        self.completion_tokens = Counter(
+            "radixgate_completion_tokens_total", "Generated tokens reported by workers.", ["worker"], registry=r)
+        self.health_probe_failures = Counter(
+            "radixgate_health_probe_failures_total", "Failed active health probes.", ["worker"], registry=r)
+        self.scrape_failures = Counter(
+            "radixgate_scrape_failures_total", "Failed engine-state scrapes.", ["worker"], registry=r)
+        self.worker_restarts = Counter(
+            "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
+            ["worker"], registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], object] = {}
+        self._by_worker: dict[str, list[tuple[Counter | Histogram, tuple[str, ...]]]] = {}
+
+    # -- fast labelled access ----------------------------------------------------------------------
+    def child(self, metric: Counter | Histogram, *labels: str, worker: str | None = None) -> object:
+        """The cached child for ``labels``; remembered under ``worker`` for removal."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = metric.labels(*labels)
+            self._children[key] = found
+            if worker is not None:
+                self._by_worker.setdefault(worker, []).append((metric, labels))
+        return found
+
+    def inc(self, metric: Counter, *labels: str, amount: float = 1.0, worker: str | None = None) -> None:
+        self.child(metric, *labels, worker=worker).inc(amount)  # type: ignore[attr-defined]
+
+    def observe(self, metric: Histogram, value: float, *labels: str, worker: str | None = None) -> None:
+        self.child(metric, *labels, worker=worker).observe(value)  # type: ignore[attr-defined]
+
+    def record(self, done: CompletedRequest) -> None:
+        """Everything one finished request contributes (called once per request by the pipeline)."""
+        fe, t = done.frontend, done.timing
+        w = done.worker or NO_WORKER
+        wk = done.worker  # label sets naming a real worker are forgotten with it
+        if done.outcome == "ok":
+            self.inc(self.requests_succeeded, fe)
+        else:
+            self.inc(self.requests_failed, fe)
+            self.inc(self.errors, fe, done.cause or "unknown")
+        if done.admission is not None and done.admission_wait is not None:
+            self.observe(self.admission_wait, done.admission_wait, fe, done.admission)
+        if (v := t.proxy_overhead) is not None:
+            self.observe(self.proxy_overhead, v, fe)
+        if (v := t.e2e) is not None:
+            self.observe(self.e2e, v, w, fe, done.outcome, worker=wk)
+        if wk is None:
+            return
+        if (v := t.upstream_ttfb) is not None:
+            self.observe(self.upstream_ttfb, v, wk, worker=wk)
+        if (v := t.ttft) is not None:
+            self.observe(self.ttft, v, wk, fe, worker=wk)
+        if (v := t.upstream_ttft) is not None:
+            self.observe(self.upstream_ttft, v, wk, worker=wk)
+        if t.token_gaps:
+            itl: Any = self.child(self.itl, wk, worker=wk)
+            for gap in t.token_gaps:
+                itl.observe(gap)
+        if (v := t.decode) is not None:
+            self.observe(self.decode, v, wk, worker=wk)
+        if t.worker_queue_time is not None:
+            self.observe(self.worker_queue, t.worker_queue_time, wk, worker=wk)
+        if t.worker_first_token_latency is not None:
+            self.observe(self.worker_ttft, t.worker_first_token_latency, wk, worker=wk)
+        if t.prompt_tokens:
+            self.inc(self.prompt_tokens, wk, amount=t.prompt_tokens, worker=wk)
+        if t.cached_tokens:
+            self.inc(self.cached_tokens, wk, amount=t.cached_tokens, worker=wk)
+        if t.completion_tokens:
+            self.inc(self.completion_tokens, wk, amount=t.completion_tokens, worker=wk)
+
+    def forget_worker(self, worker: str) -> None:
+        """Drop every label set that names ``worker`` (it left the fleet)."""
+        for metric, labels in self._by_worker.pop(worker, []):
+            self._children.pop((id(metric), labels), None)
+            try:
+                metric.remove(*labels)
+            except KeyError:
+                pass
+
+    def attach_state(self, provider: StateProvider) -> None:
+        """Register the scrape-time collector for worker and admission gauges."""
+        self.registry.register(_StateCollector(provider))
+
+
+class _StateCollector(Collector):
+    def __init__(self, provider: StateProvider) -> None:
+        self._p = provider
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected lazily; avoid calling the provider at registration
+
+    def collect(self) -> Iterable[Metric]:
+        p = self._p
+        snaps = p.worker_snapshots()
+        limits = p.admission_limits()
+
+        def fam(name: str, help_: str, value_of: Callable[[WorkerSnapshot], float | None]) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, help_, labels=["worker"])
+            for s in snaps:
+                v = value_of(s)
+                if v is not None:
+                    g.add_metric([s.url], float(v))
+            return g
+
+        yield fam("radixgate_worker_healthy", "1 when the worker may receive requests (probe ok, not ejected).",
+                  lambda s: 1.0 if s.healthy else 0.0)
+        yield fam("radixgate_worker_ejected", "1 while the worker is passively ejected.",
+                  lambda s: 1.0 if p.worker_ejected(s.url) else 0.0)
+        yield fam("radixgate_worker_in_flight_requests", "Requests this proxy has outstanding on the worker.",
+                  lambda s: s.in_flight)
+        yield fam("radixgate_worker_admission_limit", "Outstanding requests the proxy allows on the worker.",
+                  lambda s: limits.get(s.url))
+        yield fam("radixgate_worker_running_requests", "Scraped: requests running on the engine.",
+                  lambda s: s.running)
+        yield fam("radixgate_worker_queued_requests", "Scraped: requests waiting in the engine's queue.",
+                  lambda s: s.queued)
+        yield fam("radixgate_worker_occupancy_ratio", "Scraped: running / max_running_requests.",
+                  lambda s: s.occupancy)
+        yield fam("radixgate_worker_token_usage_ratio", "Scraped: KV cache token usage (0..1).",
+                  lambda s: s.token_usage)
+        yield fam("radixgate_worker_cache_hit_ratio", "Scraped: the engine's prefix cache hit rate (0..1).",
+                  lambda s: s.cache_hit_rate)
+        yield fam("radixgate_worker_max_running_requests", "Scraped: the engine's max_running_requests.",
+                  lambda s: s.max_running_requests)
+        yield fam("radixgate_worker_snapshot_age_seconds", "Seconds since the last successful scrape.",
+                  lambda s: p.worker_snapshot_age(s.url))
+        yield fam("radixgate_worker_stale", "1 when the scrape is too old and the worker counts as saturated.",
+                  lambda s: 1.0 if s.stale else 0.0)
+        yield fam("radixgate_worker_generation", "Restart / cache-flush generation of the worker.",
+                  lambda s: s.generation)
+        q = GaugeMetricFamily("radixgate_admission_queue_depth", "Requests waiting in the proxy's admission queue.")
+        q.add_metric([], float(p.admission_queue_depth()))
+        yield q
+        n = GaugeMetricFamily("radixgate_workers", "Workers known to the proxy, by health.", labels=["state"])
+        n.add_metric(["healthy"], float(sum(1 for s in snaps if s.healthy)))
+        n.add_metric(["unhealthy"], float(sum(1 for s in snaps if not s.healthy)))
+        yield n
+
+
+
+# -- diagnosis gauges (owned by the diagnosis: proxy/diagnose) ---------------------------------
+# Read at scrape time from the Diagnoser (which reuses a result for diagnose.refresh_s), so the
+# gauges always describe the current window. Unknown values (no GPU, no cache reports) are omitted,
+# never exported as 0. Labels are bounded: kind / quantile / stage / rule / cause are fixed sets.
+
+
+def attach_diagnosis(registry: CollectorRegistry, current: Callable[[], Diagnosis]) -> None:
+    """Register the diagnosis gauges; ``current`` returns the latest Diagnosis."""
+    registry.register(_DiagnosisCollector(current))
+
+
+class _DiagnosisCollector(Collector):
+    def __init__(self, current: Callable[[], Diagnosis]) -> None:
+        self._current = current
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        from proxy.diagnose.rules import VERDICT_KINDS
+
+        d = self._current()
+        s, v, c = d.signals, d.verdict, d.cost
+
+        def gauge(name: str, help_: str, values: Iterable[tuple[list[str], float | None]],
+                  labels: Sequence[str] = ()) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, help_, labels=list(labels))
+            for label_values, value in values:
+                if value is not None:
+                    g.add_metric(label_values, float(value))
+            return g
+
+        yield gauge("radixgate_diagnosis_window_requests", "Finished requests in the diagnosis window.",
+                    [([], s.window.requests)])
+        yield gauge("radixgate_diagnosis_cache_hit_ratio",
+                    "Prefix cache hit rate: captured (workers reported), available (one fleet-wide LRU of "
+                    "the fleet's KV capacity), reuse_ceiling (unbounded cache).",
+                    [(["captured"], s.cache.captured), (["available"], s.cache.available),
+                     (["reuse_ceiling"], s.cache.reuse_ceiling)], ["kind"])
+        yield gauge("radixgate_diagnosis_occupancy_ratio", "Mean running / max_running_requests over the window.",
+                    [([], s.occupancy.occupancy_mean)])
+        yield gauge("radixgate_diagnosis_kv_token_usage_ratio", "Mean KV token usage over the window.",
+                    [([], s.occupancy.token_usage_mean)])
+        lat = s.latency
+        for name, dist, help_ in (("ttft", lat.ttft, "Time to first token"),
+                                  ("worker_queue", lat.worker_queue, "Worker-reported queue time"),
+                                  ("itl", lat.itl, "Inter-token latency")):
+            yield gauge(f"radixgate_diagnosis_{name}_seconds", f"{help_} over the window, by quantile.",
+                        [(["0.5"], dist.p50), (["0.95"], dist.p95)], ["quantile"])
+        yield gauge("radixgate_diagnosis_gpu_idle_ratio", "Share of time the sampled GPUs were idle (NVML).",
+                    [([], s.gpu.idle_share)])
+        yield gauge("radixgate_diagnosis_proxy_overhead_ratio", "radixgate's own share of TTFT.",
+                    [([], lat.proxy_overhead_share)])
+        yield gauge("radixgate_diagnosis_verdict", "1 for the current verdict kind, 0 for the others.",
+                    [([k], 1.0 if k == v.kind else 0.0) for k in VERDICT_KINDS], ["kind"])
+        yield gauge("radixgate_diagnosis_verdict_confidence_ratio", "Confidence of the current verdict (0..1).",
+                    [([], v.confidence)])
+        yield gauge("radixgate_diagnosis_finding", "1 per rule that fired in the current diagnosis.",
+                    [([f.rule, f.cause], 1.0) for f in v.findings], ["rule", "cause"])
+        yield gauge("radixgate_diagnosis_stage_gpu_seconds_per_request",
+                    "Mean GPU-seconds charged per request, by stage (queue, prefill, decode, idle).",
+                    [([st.stage], st.mean_per_request) for st in c.stages], ["stage"])
+        yield gauge("radixgate_diagnosis_stage_cost_per_request_dollars",
+                    "Mean cost per request by stage at diagnose.price_per_gpu_hour.",
+                    [([st.stage], st.cost_per_request) for st in c.stages], ["stage"])
+        yield gauge("radixgate_diagnosis_stage_cost_share_ratio", "Share of the window's GPU bill by stage.",
+                    [([st.stage], st.share) for st in c.stages], ["stage"])
+# -- end of diagnosis gauges -------------------------------------------------------------------

@@ -1,0 +1,234 @@
+"""The set of workers and everything known about each, published as immutable snapshots.
+
+Membership comes from a ``WorkerSource`` (``watch()`` yields the full URL set first and on every
+change; ``StaticSource`` here, DNS / Kubernetes in ``discovery*.py``). Health results, request
+results and scrapes are reported in; after each report the registry republishes a tuple of frozen
+``WorkerSnapshot``s. Routing reads them (plus our live in-flight counts) per request.
+
+Listeners: ``on_publish`` after every republish (admission limits follow scraped
+``max_running_requests``); ``on_change`` when membership, health or a worker's generation changed
+(policies drop state); ``on_join`` / ``on_leave`` per worker (scraper targets, connection pools,
+metric label sets). A worker's generation bumps when the scraper sees a restart or cache flush, or
+when it comes back after being down (its cache is presumably gone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.clock import Clock
+from proxy.config import HealthConfig, ScrapeConfig
+from proxy.routing.base import WorkerSnapshot
+from proxy.workers.health import Change, HealthTracker
+from proxy.workers.scrape import EngineState, generation_change
+
+log = logging.getLogger("radixgate.workers")
+
+
+class WorkerSource(Protocol):
+    def watch(self) -> AsyncIterator[frozenset[str]]:
+        """Yield the full set of worker URLs now and after every change."""
+        ...
+
+
+def normalise_url(url: str) -> str:
+    return url.rstrip("/")
+
+
+class StaticSource:
+    """A fixed list of workers (``workers.static`` plus ``--worker`` flags)."""
+
+    def __init__(self, urls: Iterable[str]) -> None:
+        self.urls = frozenset(normalise_url(u) for u in urls)
+
+    async def watch(self) -> AsyncIterator[frozenset[str]]:
+        yield self.urls
+
+
+@dataclass(slots=True)
+class _Worker:
+    url: str
+    tracker: HealthTracker
+    joined_at: float
+    static_model: str = ""
+    engine: EngineState | None = None
+    scraped_at: float | None = None
+    generation: int = 0
+    models: tuple[str, ...] = ()
+
+
+class WorkerRegistry:
+    def __init__(self, *, health: HealthConfig, scrape: ScrapeConfig, clock: Clock,
+                 static_models: Mapping[str, str] | None = None) -> None:
+        self._health_cfg = health
+        self._scrape_cfg = scrape
+        self._clock = clock
+        self._static_models = {normalise_url(u): m for u, m in (static_models or {}).items()}
+        self._workers: dict[str, _Worker] = {}
+        self._published: tuple[WorkerSnapshot, ...] = ()
+        self.in_flight: Callable[[str], int] = lambda url: 0
+        self.on_publish: list[Callable[[Sequence[WorkerSnapshot]], None]] = []
+        self.on_change: list[Callable[[Sequence[WorkerSnapshot]], None]] = []
+        self.on_join: list[Callable[[str], None]] = []
+        self.on_leave: list[Callable[[str], None]] = []
+        self.on_health: list[Callable[[str, Change], None]] = []
+        self.on_generation: list[Callable[[str, str], None]] = []
+
+    # -- membership ------------------------------------------------------------------------------
+    async def follow(self, source: WorkerSource) -> None:
+        async for urls in source.watch():
+            self.set_members(urls)
+
+    def set_members(self, urls: Iterable[str]) -> None:
+        wanted = {normalise_url(u) for u in urls}
+        gone = [u for u in self._workers if u not in wanted]
+        new = [u for u in sorted(wanted) if u not in self._workers]
+        now = self._clock.now()
+        for url in gone:
+            del self._workers[url]
+        for url in new:
+            self._workers[url] = _Worker(url, HealthTracker(self._health_cfg), now,
+                                         self._static_models.get(url, ""))
+        for url in gone:
+            for cb in self.on_leave:
+                cb(url)
+        for url in new:
+            for cb in self.on_join:
+                cb(url)
+        if gone or new:
+            log.info("workers: +%s -%s", new, gone)
+            self._publish(changed=True)
+
+    def urls(self) -> list[str]:
+        return list(self._workers)
+
+    # -- reports ---------------------------------------------------------------------------------
+    def report_probe(self, url: str, ok: bool) -> None:
+        w = self._workers.get(url)
+        if w is None:
+            return
+        change = w.tracker.on_probe(ok, self._clock.now())
+        if change is Change.UP:
+            self._bump(w, "recovered")  # it was down: assume its cache did not survive
+        self._after(w, change)
+
+    def report_request(self, url: str, ok: bool) -> Change | None:
+        w = self._workers.get(url)
+        if w is None:
+            return None
+        change = w.tracker.on_request(ok, self._clock.now())
+        self._after(w, change)
+        return change
+
+    def report_scrape(self, url: str, state: EngineState | None, models: tuple[str, ...] | None) -> None:
+        w = self._workers.get(url)
+        if w is None:
+            return
+        changed = False
+        if state is not None:
+            reason = generation_change(w.engine, state)
+            if reason is not None:
+                self._bump(w, reason)
+                changed = True
+            w.engine = state
+            w.scraped_at = self._clock.now()
+            found = models or ((state.model,) if state.model else ())
+            if found and found != w.models:
+                w.models = found
+                changed = True
+        self._publish(changed=changed)
+
+    def _bump(self, w: _Worker, reason: str) -> None:
+        w.generation += 1
+        log.info("worker %s: %s (generation %d)", w.url, reason, w.generation)
+        for cb in self.on_generation:
+            cb(w.url, reason)
+
+    def _after(self, w: _Worker, change: Change | None) -> None:
+        if change is None:
+            return
+        log.warning("worker %s: %s", w.url, change.value)
+        for cb in self.on_health:
+            cb(w.url, change)
+        self._publish(changed=True)
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def _publish(self, *, changed: bool) -> None:
+        now = self._clock.now()
+        scraping = self._scrape_cfg.interval_s > 0
+        stale_after = self._scrape_cfg.stale_after_s
+        snaps = []
+        for w in self._workers.values():
+            e = w.engine or EngineState()
+            seen = w.scraped_at if w.scraped_at is not None else w.joined_at
+            snaps.append(WorkerSnapshot(
+                url=w.url,
+                healthy=w.tracker.available(now),
+                running=e.running, queued=e.queued, waiting_uncached_tokens=e.waiting_uncached_tokens,
+                token_usage=e.token_usage, cache_hit_rate=e.cache_hit_rate,
+                max_running_requests=e.max_running_requests, max_total_tokens=e.max_total_tokens,
+                page_size=e.page_size or 1,
+                stale=scraping and now - seen > stale_after,
+                generation=w.generation,
+                models=(w.static_model,) if w.static_model else w.models,
+            ))
+        self._published = tuple(snaps)
+        for cb in self.on_publish:
+            cb(self._published)
+        if changed:
+            for cb in self.on_change:
+                cb(self._published)
+
+    def refresh(self) -> None:
+        """Re-evaluate time-dependent state (staleness, ejection cooldown) and republish."""
+        now = self._clock.now()
+        self._publish(changed=any(s.healthy != self._workers[s.url].tracker.available(now)
+                                  for s in self._published if s.url in self._workers))
+
+    def snapshots(self) -> list[WorkerSnapshot]:
+        """The published snapshots with live in-flight counts (one call per routing decision)."""
+        if self._health_cfg.interval_s <= 0 and any(w.tracker.ejected for w in self._workers.values()):
+            self.refresh()  # probes off: only time re-admits, and ejections are rare
+        in_flight = self.in_flight
+        out = []
+        for s in self._published:
+            n = in_flight(s.url)
+            out.append(s if n == s.in_flight else dataclasses.replace(s, in_flight=n))
+        return out
+
+    def published(self) -> tuple[WorkerSnapshot, ...]:
+        return self._published
+
+    def ejected(self, url: str) -> bool:
+        w = self._workers.get(url)
+        return bool(w and w.tracker.ejected)
+
+    def snapshot_age(self, url: str) -> float | None:
+        w = self._workers.get(url)
+        if w is None or w.scraped_at is None:
+            return None
+        return self._clock.now() - w.scraped_at
+
+    def describe(self) -> list[dict[str, Any]]:
+        """``/workers``: each worker's health, scraped engine state and in-flight count."""
+        out = []
+        for s in self.snapshots():
+            w = self._workers[s.url]
+            out.append({
+                "url": s.url,
+                "healthy": s.healthy,
+                "probe_up": w.tracker.up,
+                "ejected": w.tracker.ejected,
+                "in_flight": s.in_flight,
+                "stale": s.stale,
+                "generation": s.generation,
+                "models": list(s.models),
+                "snapshot_age_s": self.snapshot_age(s.url),
+                "occupancy": s.occupancy,
+                "engine": dataclasses.asdict(w.engine) if w.engine else None,
+            })
+        return out

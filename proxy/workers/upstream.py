@@ -1,0 +1,110 @@
+"""Connections to workers: one pooled keep-alive aiohttp session per worker.
+
+* Keep-alive: connections are reused; ``upstream.keepalive_timeout_s`` stays below SGLang's
+  (uvicorn's 5 s) so we never write into a connection the worker is about to close.
+* TCP_NODELAY: aiohttp sets it on every connection it opens (``BaseProtocol.connection_made``), for
+  our client sockets and the server sockets it accepts alike; the integration tests read the option
+  back from both ends, so a regression shows.
+* Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` between reads (aiohttp sock_read);
+  the first byte and the total deadline are enforced by the pipeline around the whole exchange.
+* Side requests (``abort``) run as tracked background tasks and are awaited on ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+
+import aiohttp
+
+from proxy.config import UpstreamConfig
+
+log = logging.getLogger("radixgate.upstream")
+
+# Connection-level failures worth trying another worker for.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientConnectionError,  # refused, reset, server disconnected
+    aiohttp.ClientPayloadError,
+    ConnectionError,
+)
+
+
+class UpstreamPool:
+    def __init__(self, cfg: UpstreamConfig) -> None:
+        self.cfg = cfg
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
+
+    def session(self, url: str) -> aiohttp.ClientSession:
+        s = self._sessions.get(url)
+        if s is None or s.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.cfg.max_connections_per_worker,
+                keepalive_timeout=self.cfg.keepalive_timeout_s,
+            )
+            s = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False)
+            self._sessions[url] = s
+        return s
+
+    async def post(self, url: str, path: str, body: bytes,
+                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """Send one request; returns once the response headers arrived (body not read)."""
+        return await self.session(url).post(url + path, data=body, headers=headers)
+
+    async def get(self, url: str, path: str, timeout_s: float) -> tuple[int, str]:
+        """A small GET (probe, scrape); aiohttp errors surface as ``OSError``."""
+        try:
+            async with self.session(url).get(
+                    url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                return resp.status, await resp.text()
+        except aiohttp.ClientError as e:
+            raise OSError(f"GET {url}{path}: {e!r}") from e
+
+    async def probe(self, url: str, path: str, timeout_s: float) -> int:
+        try:
+            async with self.session(url).get(
+                    url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return resp.status
+        except aiohttp.ClientError as e:
+            raise OSError(f"probe {url}{path}: {e!r}") from e
+
+    def abort(self, url: str, rid: str) -> None:
+        """Tell the worker to stop generating ``rid`` (the client went away); fire and forget."""
+        self._spawn(self._abort(url, rid))
+
+    async def _abort(self, url: str, rid: str) -> None:
+        body = json.dumps({"rid": rid}).encode()
+        try:
+            async with self.session(url).post(
+                    url + "/abort_request", data=body, headers={"Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=self.cfg.connect_timeout_s + 5.0)) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            log.info("abort_request %s on %s failed: %r", rid, url, e)
+
+    def forget(self, url: str) -> None:
+        """The worker left: close its pool in the background."""
+        s = self._sessions.pop(url, None)
+        if s is not None:
+            self._spawn(s.close())
+
+    def _spawn(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self, grace_s: float = 5.0) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace_s)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for s in sessions:
+            await s.close()

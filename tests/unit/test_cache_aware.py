@@ -1,0 +1,117 @@
+"""cache_aware: the SGLang router baseline (character tree, thresholds, eviction)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import ConfigError
+from proxy.routing.base import NoWorkerAvailable, RouteRequest, WorkerSnapshot
+from proxy.routing.cache_aware import CacheAware, CacheAwareParams, CharTree, common_prefix_len
+
+URLS = ["http://a", "http://b", "http://c"]
+
+
+def workers(loads: dict[str, int] | None = None, down: tuple[str, ...] = ()) -> list[WorkerSnapshot]:
+    loads = loads or {}
+    return [WorkerSnapshot(u, in_flight=loads.get(u, 0), healthy=u not in down) for u in URLS]
+
+
+def req(text: str, model: str = "m") -> RouteRequest:
+    blocks = tuple(range(len(text) // 64))
+    return RouteRequest(model=model, prompt_text=text, prompt_tokens=len(text) // 4, block_hashes=blocks)
+
+
+@pytest.mark.parametrize(("a", "b", "n"), [("", "", 0), ("abc", "abd", 2), ("abc", "abc", 3), ("abc", "x", 0), ("ab", "abcd", 2)])
+def test_common_prefix_len(a, b, n) -> None:
+    assert common_prefix_len(a, b) == n
+
+
+def test_the_tree_matches_the_longest_inserted_prefix_and_names_its_tenant() -> None:
+    tree = CharTree()
+    tree.insert("hello world", "a", 1)
+    tree.insert("hello there", "b", 2)
+    assert tree.prefix_match("hello world!") == (11, "a")
+    assert tree.prefix_match("hello th") == (8, "b")
+    assert tree.prefix_match("help") == (3, "b")  # both share "hel"; the most recent wins
+    assert tree.size == {"a": 11, "b": 11}  # a tenant counts every char on its path
+
+
+def test_eviction_drops_the_tenants_least_recent_leaves_down_to_the_limit() -> None:
+    tree = CharTree()
+    tree.insert("aaaa1111", "a", 1)
+    tree.insert("aaaa2222", "a", 2)
+    tree.evict_tenant("a", 8)
+    assert tree.size["a"] == 8
+    assert tree.prefix_match("aaaa1111")[0] == 4
+    assert tree.prefix_match("aaaa2222") == (8, "a")
+
+
+def test_a_miss_goes_to_the_least_loaded_worker_and_a_hit_returns_to_it() -> None:
+    policy = CacheAware(CacheAwareParams())
+    first = policy.select(req("x" * 100), workers({"http://a": 2, "http://b": 0, "http://c": 1}))
+    assert (first.worker, first.branch) == ("http://b", "miss")
+    again = policy.select(req("x" * 100 + "y" * 20), workers({"http://a": 0, "http://b": 3, "http://c": 0}))
+    assert (again.worker, again.branch) == ("http://b", "hit")
+    assert again.matched_blocks > 0
+
+
+def test_a_match_at_or_below_the_threshold_is_a_miss() -> None:
+    policy = CacheAware(CacheAwareParams(cache_threshold=0.5))
+    policy.select(req("p" * 50), workers({"http://a": 0, "http://b": 1, "http://c": 1}))
+    decision = policy.select(req("p" * 50 + "q" * 50), workers({"http://a": 1, "http://b": 0, "http://c": 1}))
+    assert (decision.worker, decision.branch) == ("http://b", "miss")
+
+
+def test_ties_in_load_go_to_the_first_worker_like_the_router() -> None:
+    policy = CacheAware(CacheAwareParams())
+    picks = {policy.select(req(f"unique {i} " * 20), workers()).worker for i in range(10)}
+    assert picks == {"http://a"}
+
+
+def test_an_imbalanced_fleet_takes_the_least_loaded_even_on_a_hit() -> None:
+    policy = CacheAware(CacheAwareParams(balance_abs_threshold=4, balance_rel_threshold=1.5))
+    policy.select(req("s" * 100), workers({"http://b": 1, "http://c": 1}))
+    decision = policy.select(req("s" * 100), workers({"http://a": 10, "http://b": 1, "http://c": 2}))
+    assert (decision.worker, decision.branch) == ("http://b", "balance")
+
+
+def test_a_hit_on_an_unhealthy_tenant_falls_back_to_least_load() -> None:
+    policy = CacheAware(CacheAwareParams())
+    policy.select(req("z" * 100), workers())
+    decision = policy.select(req("z" * 100), workers({"http://b": 1}, down=("http://a",)))
+    assert (decision.worker, decision.branch) == ("http://c", "miss")
+
+
+def test_token_id_prompts_without_text_always_miss() -> None:
+    policy = CacheAware(CacheAwareParams())
+    policy.select(req(""), workers())
+    assert policy.select(req(""), workers({"http://a": 1})).branch == "miss"
+
+
+def test_each_model_has_its_own_tree() -> None:
+    policy = CacheAware(CacheAwareParams())
+    policy.select(req("m" * 100, model="one"), workers({"http://b": 1, "http://c": 1}))
+    decision = policy.select(req("m" * 100, model="two"), workers({"http://a": 1, "http://c": 1}))
+    assert (decision.worker, decision.branch) == ("http://b", "miss")
+
+
+def test_workers_that_leave_are_removed_from_the_trees() -> None:
+    policy = CacheAware(CacheAwareParams())
+    policy.select(req("k" * 100), workers())
+    policy.on_worker_change(workers()[1:])
+    assert "http://a" not in policy.tree("m").size
+    assert policy.tree("m").prefix_match("k" * 100) == (0, None)
+
+
+def test_no_healthy_worker_raises() -> None:
+    with pytest.raises(NoWorkerAvailable):
+        CacheAware(CacheAwareParams()).select(req("x"), workers(down=tuple(URLS)))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("cache_threshold", 1.5), ("balance_abs_threshold", -1), ("balance_rel_threshold", 0.5), ("max_tree_size", 0)],
+)
+def test_bad_params_name_their_field(field, value) -> None:
+    with pytest.raises(ConfigError, match=f"routing.params.{field}"):
+        CacheAwareParams(**{field: value}).validate()

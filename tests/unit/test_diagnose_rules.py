@@ -1,0 +1,183 @@
+"""Each rule fires on its evidence and not otherwise; the verdict follows the findings."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from proxy.diagnose import rules
+from proxy.diagnose.rules import RuleParams
+from proxy.diagnose.signals import Signals
+from tests.unit.diagnose_builders import dist, gpu, healthy_signals
+
+
+def with_(s: Signals, **parts: dict[str, Any] | Any) -> Signals:
+    """Replace fields of the nested signal dataclasses: with_(s, cache={"captured": 0.1})."""
+    changes = {}
+    for name, value in parts.items():
+        current = getattr(s, name)
+        changes[name] = dataclasses.replace(current, **value) if isinstance(value, dict) else value
+    return dataclasses.replace(s, **changes)
+
+
+P = RuleParams()
+
+CASES = [
+    # (name, changes, rules that fire, verdict kind, cause of the first finding)
+    ("a healthy fleet fires nothing", {}, set(), rules.HEALTHY, None),
+    ("round robin leaving cache on the table is a routing problem",
+     {"cache": {"captured": 0.20, "available": 0.70}, "policies": ("round_robin",)},
+     {"cache_routing"}, rules.TUNE, "routing"),
+    ("a small capture gap is not a finding",
+     {"cache": {"captured": 0.60, "available": 0.70}, "policies": ("round_robin",)},
+     set(), rules.HEALTHY, None),
+    ("affinity routing with full KV loses its prefixes to eviction",
+     {"cache": {"captured": 0.20, "available": 0.70}, "occupancy": {"token_usage_mean": 0.92}},
+     {"cache_routing"}, rules.TUNE, "cache_eviction"),
+    ("a page size that does not divide the hash block is named",
+     {"cache": {"captured": 0.20, "available": 0.70}, "page_sizes": (64,)},
+     {"cache_routing"}, rules.TUNE, "page_size_mismatch"),
+    ("affinity routing that still misses points at its balance threshold",
+     {"cache": {"captured": 0.20, "available": 0.70}},
+     {"cache_routing"}, rules.TUNE, "routing"),
+    ("a working set larger than the fleet KV is a capacity problem",
+     {"cache": {"captured": 0.38, "available": 0.40, "reuse_ceiling": 0.80}},
+     {"cache_capacity"}, rules.TUNE, "cache_capacity"),
+    ("capacity is not judged when the fleet KV size is unknown",
+     {"cache": {"captured": 0.38, "available": 0.40, "reuse_ceiling": 0.80, "capacity_tokens": None}},
+     set(), rules.HEALTHY, None),
+    ("queueing with a full batch and empty KV means max_running_requests is too low",
+     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.2, "occupancy_mean": 1.0}},
+     {"admission"}, rules.TUNE, "max_running_requests"),
+    ("queueing with free slots and empty KV means admission is too conservative",
+     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
+     {"admission"}, rules.TUNE, "schedule_conservativeness"),
+    ("a long worker queue time alone also counts as queueing",
+     {"occupancy": {"token_usage_mean": 0.3, "occupancy_mean": 1.0}, "latency": {"worker_queue": dist(0.2, 1.0)}},
+     {"admission"}, rules.TUNE, "max_running_requests"),
+    ("queueing with full KV is not an admission problem",
+     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.9, "occupancy_mean": 0.7}},
+     set(), rules.HEALTHY, None),
+    ("a GPU idle while work runs is a scheduling stall",
+     {"gpu": gpu(0.5), "occupancy": {"occupancy_mean": 0.6}},
+     {"idle_gaps"}, rules.TUNE, "scheduling_stall"),
+    ("a GPU idle with no demand is just low load",
+     {"gpu": gpu(0.5), "occupancy": {"occupancy_mean": 0.05}},
+     set(), rules.HEALTHY, None),
+    ("a TTFT tail made of queueing with flat decode is queue admission",
+     {"latency": {"ttft": dist(0.3, 3.0), "worker_queue": dist(0.05, 2.0), "itl": dist(0.02, 0.024)},
+      "occupancy": {"token_usage_mean": 0.9}},
+     {"prefill_tail"}, rules.TUNE, "queue_admission_tail"),
+    ("a TTFT tail with jittery decode on a saturated fleet is the ceiling, not admission",
+     {"latency": {"ttft": dist(0.3, 3.0), "worker_queue": dist(0.05, 2.0), "itl": dist(0.02, 0.05)},
+      "occupancy": {"token_usage_mean": 0.9}},
+     {"ceiling"}, rules.AT_CEILING, "saturated"),
+    ("a TTFT tail inside the SLO is no finding",
+     {"latency": {"ttft": dist(0.1, 1.0), "worker_queue": dist(0.01, 0.4), "itl": dist(0.02, 0.024)}},
+     set(), rules.HEALTHY, None),
+    ("jittery decode on a busy GPU is a profiling question",
+     {"latency": {"itl": dist(0.02, 0.06)}, "gpu": gpu(0.05)},
+     {"decode_jitter"}, rules.TUNE, "kernel_or_bandwidth"),
+    ("jittery decode with unknown GPU idle is not claimed",
+     {"latency": {"itl": dist(0.02, 0.06)}},
+     set(), rules.HEALTHY, None),
+    ("a slow proxy is flagged against itself",
+     {"latency": {"proxy_overhead_share": 0.2}},
+     {"proxy_overhead"}, rules.TUNE, "proxy_overhead"),
+    ("saturated, caching well, SLO missed: at the ceiling",
+     {"latency": {"ttft": dist(2.0, 3.0)}, "occupancy": {"occupancy_mean": 0.95, "token_usage_mean": 0.9},
+      "gpu": gpu(0.05)},
+     {"ceiling"}, rules.AT_CEILING, "saturated"),
+    ("unsaturated and unqueued but over SLO: the latency floor",
+     {"latency": {"ttft": dist(2.5, 3.0)}},
+     {"latency_floor"}, rules.AT_CEILING, "latency_floor"),
+    ("too few requests: insufficient data, whatever else",
+     {"window": {"ok": 10, "requests": 10}, "cache": {"captured": 0.1, "available": 0.8},
+      "policies": ("round_robin",)},
+     set(), rules.INSUFFICIENT, None),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "fired", "kind", "cause"), CASES, ids=[c[0] for c in CASES])
+def test_rules_fire_on_their_evidence_and_not_otherwise(name, changes, fired, kind, cause) -> None:
+    s = with_(healthy_signals(), **changes)
+    v = rules.verdict(s, P)
+    assert {f.rule for f in v.findings} == fired
+    assert v.kind == kind
+    if cause is not None:
+        assert v.findings[0].cause == cause
+    for f in v.findings:
+        assert 0.0 < f.confidence <= 1.0
+        assert f.levers, "a finding names what to change"
+        assert any(e.holds for e in f.evidence), "a finding carries the evidence that made it fire"
+
+
+def test_each_tune_rule_alone_is_silent_on_a_healthy_fleet() -> None:
+    s = healthy_signals()
+    assert [r.__name__ for r in rules.TUNE_RULES if r(s, P) is not None] == []
+
+
+def test_round_robin_verdict_names_the_routing_policy_setting() -> None:
+    s = with_(healthy_signals(), cache={"captured": 0.2, "available": 0.7}, policies=("round_robin",))
+    v = rules.verdict(s, P)
+    assert v.levers[0].setting == "routing.policy"
+    assert v.levers[0].where == "radixgate"
+
+
+def test_max_running_requests_verdict_names_the_sglang_flag() -> None:
+    s = with_(healthy_signals(), occupancy={"queueing_share": 0.9, "token_usage_mean": 0.1, "occupancy_mean": 1.0})
+    v = rules.verdict(s, P)
+    assert [lv.setting for lv in v.levers] == ["--max-running-requests"]
+
+
+def test_page_size_mismatch_names_both_sizes_in_the_lever() -> None:
+    s = with_(healthy_signals(), cache={"captured": 0.2, "available": 0.7}, page_sizes=(64,))
+    lever = next(lv for lv in rules.verdict(s, P).levers if lv.setting.startswith("--page-size"))
+    assert "16" in lever.change and "64" in lever.change
+
+
+def test_tune_findings_suppress_the_ceiling() -> None:
+    s = with_(healthy_signals(), latency={"ttft": dist(2.0, 3.0)},
+              occupancy={"occupancy_mean": 0.95, "token_usage_mean": 0.9},
+              cache={"captured": 0.2, "available": 0.7}, policies=("round_robin",))
+    v = rules.verdict(s, P)
+    assert v.kind == rules.TUNE
+    assert "ceiling" not in {f.rule for f in v.findings}
+
+
+def test_ceiling_confidence_drops_when_gpu_idle_is_unknown() -> None:
+    base = with_(healthy_signals(), latency={"ttft": dist(2.0, 3.0)},
+                 occupancy={"occupancy_mean": 0.95, "token_usage_mean": 0.9})
+    known = rules.verdict(with_(base, gpu=gpu(0.05)), P)
+    unknown = rules.verdict(base, P)
+    assert known.kind == unknown.kind == rules.AT_CEILING
+    assert unknown.confidence < known.confidence
+
+
+def test_slo_is_a_parameter() -> None:
+    s = with_(healthy_signals(), latency={"ttft": dist(2.5, 3.0)})
+    assert rules.verdict(s, P).kind == rules.AT_CEILING
+    assert rules.verdict(s, RuleParams(slo_ttft_p95_s=5.0)).kind == rules.HEALTHY
+
+
+def test_slo_missed_with_no_visible_cause_is_a_low_confidence_ceiling() -> None:
+    s = with_(healthy_signals(), latency={"ttft": dist(1.5, 3.0)},
+              occupancy={"queueing_share": 0.5, "token_usage_mean": 0.7, "occupancy_mean": 0.7})
+    v = rules.verdict(s, P)
+    assert (v.kind, v.findings, v.confidence_label) == (rules.AT_CEILING, (), "low")
+
+
+def test_thresholds_override_by_name_and_unknown_names_are_refused() -> None:
+    p = RuleParams.from_mapping({"saturation": 0.9, "min_requests": 10})
+    assert (p.saturation, p.min_requests) == (0.9, 10)
+    assert isinstance(p.min_requests, int)
+    with pytest.raises(ValueError, match="bogus"):
+        RuleParams.from_mapping({"bogus": 1.0})
+
+
+def test_confidence_rises_with_the_margin_past_the_threshold() -> None:
+    near = with_(healthy_signals(), cache={"captured": 0.5, "available": 0.7}, policies=("round_robin",))
+    far = with_(healthy_signals(), cache={"captured": 0.1, "available": 0.7}, policies=("round_robin",))
+    assert rules.verdict(far, P).confidence > rules.verdict(near, P).confidence

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import pytest
+
+from proxy.diagnose import signals
+from proxy.diagnose.signals import Distribution, cache_signal, replay_matched_blocks
+from proxy.diagnose.window import SnapshotSample
+from proxy.routing.base import WorkerSnapshot
+from tests.unit.diagnose_builders import chain, record
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert signals.percentile(values, 0.5) == 50.0
+    assert signals.percentile(values, 0.95) == 95.0
+    assert signals.percentile([], 0.5) is None
+    assert Distribution.of([1.0, None, 3.0]).n == 2
+
+
+def test_spread_is_p95_over_p50_and_unknown_without_a_middle() -> None:
+    assert Distribution(10, 0.5, 2.0).spread == 4.0
+    assert Distribution(0, None, None).spread is None
+    assert Distribution(10, 0.0, 1.0).spread is None
+
+
+def test_replay_hits_what_was_seen_before_in_prefix_order() -> None:
+    recs = [record(blocks=chain(1, 4)), record(blocks=chain(1, 6)), record(blocks=chain(2, 3))]
+    assert replay_matched_blocks(recs, None) == [0, 4, 0]
+
+
+def test_replay_stops_at_the_first_missing_block() -> None:
+    first = record(blocks=(1, 2, 3))
+    diverging = record(blocks=(1, 9, 3))
+    assert replay_matched_blocks([first, diverging], None) == [0, 1]
+
+
+def test_replay_capacity_evicts_least_recently_used_chains() -> None:
+    a, b = chain(1, 4), chain(2, 4)
+    recs = [record(blocks=a), record(blocks=b), record(blocks=a)]
+    # 4 blocks of 16 tokens fit one chain: b evicts a.
+    assert replay_matched_blocks(recs, 64) == [0, 0, 0]
+    assert replay_matched_blocks(recs, 128) == [0, 0, 4]
+
+
+def test_replay_evicts_leaves_before_their_parents() -> None:
+    # A 6-block chain in a 4-block cache keeps its first blocks (parents touched last), like a radix tree.
+    recs = [record(blocks=chain(1, 6)), record(blocks=chain(1, 2))]
+    assert replay_matched_blocks(recs, 64) == [0, 2]
+
+
+def test_captured_is_what_workers_reported() -> None:
+    recs = [record(blocks=chain(1, 4), prompt=100, cached=0), record(blocks=chain(1, 4), prompt=100, cached=60)]
+    c = cache_signal(recs, None)
+    assert c.captured == pytest.approx(60 / 200)
+    assert c.reporting_requests == 2
+
+
+def test_available_counts_repeats_a_fleet_cache_would_serve() -> None:
+    # Same 64-token prompt twice; the workers missed both times (round robin on a cold pair).
+    recs = [record(blocks=chain(1, 4), received=0.0), record(blocks=chain(1, 4), received=1.0)]
+    c = cache_signal(recs, 10_000)
+    assert c.captured == 0.0
+    assert c.available == pytest.approx(64 / 128)
+    assert c.reuse_ceiling == pytest.approx(64 / 128)
+
+
+def test_available_is_floored_at_a_hit_that_happened() -> None:
+    # A cache warm from before the window: the worker hit, the replay (starting cold) cannot.
+    recs = [record(blocks=chain(1, 4), prompt=64, cached=48)]
+    c = cache_signal(recs, 10_000)
+    assert c.captured == c.available == c.reuse_ceiling == pytest.approx(48 / 64)
+
+
+def test_replay_blocks_convert_to_reported_tokens() -> None:
+    # The proxy estimated 64 tokens (4 blocks); the worker's tokenizer counted 80.
+    recs = [record(blocks=chain(1, 4), prompt=80, received=0.0), record(blocks=chain(1, 4), prompt=80, received=1.0)]
+    assert cache_signal(recs, None).available == pytest.approx(80 / 160)
+
+
+def test_a_small_fleet_cache_lowers_available_below_the_ceiling() -> None:
+    recs = [record(blocks=chain(i % 3, 4), received=float(i)) for i in range(30)]
+    small = cache_signal(recs, 64)
+    assert small.available == 0.0
+    assert small.reuse_ceiling == pytest.approx(27 / 30)
+
+
+def test_requests_without_cache_reports_leave_captured_unknown() -> None:
+    c = cache_signal([record(blocks=chain(1, 4), cached=None)], None)
+    assert c.captured is None and c.available is None and c.reporting_requests == 0
+
+
+def test_fleet_capacity_sums_the_latest_sample_or_is_unknown() -> None:
+    known = SnapshotSample(1.0, (WorkerSnapshot("a", max_total_tokens=100), WorkerSnapshot("b", max_total_tokens=50)))
+    partial = SnapshotSample(2.0, (WorkerSnapshot("a", max_total_tokens=100), WorkerSnapshot("b")))
+    assert signals.fleet_capacity_tokens([known]) == 150
+    assert signals.fleet_capacity_tokens([known, partial]) is None
+    assert signals.fleet_capacity_tokens([]) is None
+
+
+def test_occupancy_averages_per_worker_and_skips_stale_snapshots() -> None:
+    def snap(url: str, running: int, usage: float, queued: int, stale: bool = False) -> WorkerSnapshot:
+        return WorkerSnapshot(url, running=running, max_running_requests=10, token_usage=usage, queued=queued,
+                              stale=stale, max_total_tokens=1000)
+
+    samples = [
+        SnapshotSample(0.0, (snap("a", 2, 0.2, 0), snap("b", 10, 0.9, 4))),
+        SnapshotSample(1.0, (snap("a", 4, 0.4, 0), snap("b", 10, 0.1, 0, stale=True))),
+    ]
+    o = signals.occupancy_signal(samples)
+    a, b = o.workers
+    assert (a.worker, a.samples, a.occupancy_mean, a.occupancy_max) == ("a", 2, pytest.approx(0.3), 0.4)
+    assert (b.samples, b.occupancy_mean, b.queued_mean) == (1, 1.0, 4.0)
+    assert o.occupancy_mean == pytest.approx((0.2 + 1.0 + 0.4) / 3)
+    assert o.queueing_share == pytest.approx(1 / 3)
+
+
+def test_latency_split_reads_ok_requests_only() -> None:
+    recs = [record(prefill=0.1 * (i + 1), queue=0.01 * i, overhead=0.001, gaps=(0.02, 0.04)) for i in range(10)]
+    recs.append(record(prefill=100.0, outcome="error"))
+    lat = signals.latency_signal(recs)
+    assert lat.ttft.n == 10
+    assert lat.ttft.p95 == pytest.approx(1.001 + 0.09)
+    assert lat.worker_queue.p50 == pytest.approx(0.04)
+    assert (lat.itl.p50, lat.itl.p95) == (pytest.approx(0.02), pytest.approx(0.04))
+    assert lat.itl_jitter == pytest.approx(2.0)
+    total_ttft = sum(r.timing.ttft or 0 for r in recs[:10])
+    assert lat.proxy_overhead_share == pytest.approx(0.010 / total_ttft)
+    names = [name for name, _ in lat.stages]
+    assert names[:4] == ["admission_wait", "proxy_overhead", "worker_queue", "prefill"]
+    prefill = dict(lat.stages)["prefill"]
+    assert prefill.p50 == pytest.approx(0.5)
+
+
+def test_compute_signals_collects_policies_block_and_page_sizes() -> None:
+    recs = [record(blocks=chain(1, 2), policy="round_robin"), record(blocks=chain(1, 2), policy="round_robin")]
+    sample = SnapshotSample(0.0, (WorkerSnapshot("http://w0", page_size=64, max_total_tokens=4096),))
+    s = signals.compute_signals(recs, [sample])
+    assert s.policies == ("round_robin",)
+    assert s.block_tokens == (16,)
+    assert s.page_sizes == (64,)
+    assert s.cache.capacity_tokens == 4096
+    assert s.gpu.available is False and s.gpu.idle_share is None
+    assert s.window.requests == 2

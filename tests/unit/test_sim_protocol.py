@@ -1,0 +1,73 @@
+"""The simulated worker's tokenizer and payload shaping (pure parts of the SGLang protocol)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.simworker import tokenizer
+from loadtests.simworker.protocol import BadRequest, parse_generate, parse_openai, render_chat
+
+
+def test_tokenization_is_deterministic_and_counts_four_character_pieces() -> None:
+    assert tokenizer.encode("the cat") == tokenizer.encode("the   cat")
+    assert len(tokenizer.encode("a abcd abcde", add_bos=False)) == 4  # a | abcd | abcd e
+    assert tokenizer.encode("x")[0] == tokenizer.BOS_ID
+    assert all(0 <= t < tokenizer.VOCAB_SIZE for t in tokenizer.encode("hello world", add_bos=False))
+
+
+def test_output_depends_only_on_the_prompt_and_retokenizes_to_the_same_ids() -> None:
+    seed = tokenizer.output_seed([1, 2, 3])
+    ids, words = zip(*(tokenizer.output_token(seed, k) for k in range(20)), strict=True)
+    again = [tokenizer.output_token(tokenizer.output_seed([1, 2, 3]), k)[0] for k in range(20)]
+    assert list(ids) == again
+    assert tokenizer.encode(" ".join(words), add_bos=False) == list(ids)
+    assert tokenizer.decode_output(list(ids)) == " ".join(words)
+    other = [tokenizer.output_token(tokenizer.output_seed([1, 2, 4]), k)[0] for k in range(20)]
+    assert other != list(ids)
+
+
+def test_generate_accepts_text_or_input_ids_with_sglang_defaults() -> None:
+    req, stream = parse_generate({"text": "hello there"})
+    assert not stream and req.max_new_tokens == 128 and req.input_ids == tokenizer.encode("hello there")
+    req, stream = parse_generate({"input_ids": [5, 6], "stream": True, "rid": "r1",
+                                  "sampling_params": {"max_new_tokens": 3, "stop": "x", "ignore_eos": True}})
+    assert stream and req.rid == "r1" and req.input_ids == [5, 6] and req.stop == ("x",)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"text": "a", "input_ids": [1]},
+        {"text": ["a", "b"]},
+        {"input_ids": []},
+        {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+        {"text": "a", "sampling_params": {"stop": 3}},
+        [1, 2],
+    ],
+)
+def test_malformed_generate_bodies_are_rejected(body: object) -> None:
+    with pytest.raises(BadRequest):
+        parse_generate(body)
+
+
+def test_chat_turn_n_plus_one_extends_turn_n_token_for_token() -> None:
+    turn1 = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    prompt1 = tokenizer.encode(render_chat(turn1))
+    answer = " ".join(tokenizer.output_word(tokenizer.output_seed(prompt1), k) for k in range(5))
+    turn2 = [*turn1, {"role": "assistant", "content": answer}, {"role": "user", "content": "more"}]
+    prompt2 = tokenizer.encode(render_chat(turn2))
+    answer_ids = [tokenizer.output_token(tokenizer.output_seed(prompt1), k)[0] for k in range(5)]
+    assert prompt2[: len(prompt1)] == prompt1
+    assert prompt2[len(prompt1) : len(prompt1) + 5] == answer_ids
+
+
+def test_openai_defaults_and_usage_options() -> None:
+    req, stream, usage = parse_openai({"prompt": "hi"}, chat=False)
+    assert req.max_new_tokens == 16 and not stream and not usage
+    req, stream, usage = parse_openai({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                       "stream": True, "stream_options": {"include_usage": True},
+                                       "max_completion_tokens": 7}, chat=True)
+    assert req.max_new_tokens == 7 and stream and usage
+    with pytest.raises(BadRequest):
+        parse_openai({"messages": []}, chat=True)

@@ -1,0 +1,250 @@
+"""The simulated worker's continuous-batching scheduler: admission, chunked prefill, decode, KV."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.simworker.radix import RadixCache
+from loadtests.simworker.scheduler import (
+    QUEUE_FULL_MESSAGE,
+    InvalidRequest,
+    QueueFull,
+    Scheduler,
+    SchedulerLimits,
+    SimRequest,
+)
+
+
+def make(capacity: int = 10_000, page_size: int = 1, **limits: object) -> Scheduler:
+    defaults: dict[str, object] = {"max_running_requests": 8, "chunked_prefill_size": 1000,
+                                   "max_prefill_tokens": 4000, "max_queued_requests": None}
+    defaults.update(limits)
+    return Scheduler(RadixCache(capacity, page_size), SchedulerLimits(**defaults))  # type: ignore[arg-type]
+
+
+def request(rid: str, prompt: int, out: int = 4, base: int = 0, stop: tuple[str, ...] = ()) -> SimRequest:
+    return SimRequest(rid=rid, input_ids=[base + i for i in range(prompt)], max_new_tokens=out, stop=stop)
+
+
+def run_to_end(s: Scheduler, limit: int = 10_000) -> int:
+    steps = 0
+    while (step := s.next_step(float(steps))) is not None:
+        s.finish_step(step, float(steps))
+        steps += 1
+        assert steps < limit
+    return steps
+
+
+def test_admission_stops_at_max_running_requests() -> None:
+    s = make(max_running_requests=2)
+    for i in range(3):
+        s.submit(request(f"r{i}", 10, base=100 * i), 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert [r.rid for r, _ in step.prefill] == ["r0", "r1"]
+    assert [r.rid for r in s.waiting] == ["r2"]
+
+
+def test_a_long_prompt_is_chunked_by_chunked_prefill_size() -> None:
+    s = make(chunked_prefill_size=100)
+    req = request("long", 250)
+    s.submit(req, 0.0)
+    chunks = []
+    while req.state != "running":
+        step = s.next_step(0.0)
+        assert step is not None
+        chunks.append([n for _, n in step.prefill])
+        assert not step.decode
+        s.finish_step(step, 0.0)
+    assert chunks == [[100], [100], [50]]
+    assert len(req.output_ids) == 1  # the last chunk yields the first token
+
+
+def test_the_chunk_budget_is_shared_and_the_overflowing_request_is_the_chunked_one() -> None:
+    s = make(chunked_prefill_size=100)
+    s.submit(request("a", 60), 0.0)
+    s.submit(request("b", 60, base=1000), 0.0)
+    s.submit(request("c", 10, base=2000), 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert [(r.rid, n) for r, n in step.prefill] == [("a", 60), ("b", 40)]
+    s.finish_step(step, 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert [(r.rid, n) for r, n in step.prefill] == [("b", 20), ("c", 10)]
+
+
+def test_max_prefill_tokens_bounds_a_step_but_the_first_request_always_fits() -> None:
+    s = make(chunked_prefill_size=-1, max_prefill_tokens=50)
+    s.submit(request("big", 80), 0.0)
+    s.submit(request("small", 10, base=1000), 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert [(r.rid, n) for r, n in step.prefill] == [("big", 80)]
+
+
+def test_prefill_steps_come_before_decode_unless_mixed_chunk() -> None:
+    for mixed in (False, True):
+        s = make(enable_mixed_chunk=mixed)
+        s.submit(request("a", 10), 0.0)
+        step = s.next_step(0.0)
+        assert step is not None
+        s.finish_step(step, 0.0)
+        s.submit(request("b", 10, base=1000), 0.0)
+        step = s.next_step(0.0)
+        assert step is not None
+        assert [r.rid for r, _ in step.prefill] == ["b"]
+        assert [r.rid for r in step.decode] == (["a"] if mixed else [])
+
+
+def test_decode_generates_one_token_per_step_until_max_new_tokens() -> None:
+    s = make()
+    req = request("a", 10, out=5)
+    s.submit(req, 0.0)
+    steps = run_to_end(s)
+    assert steps == 5  # one prefill step (first token) + four decode steps
+    assert req.finish_reason == {"type": "length", "length": 5}
+    assert len(req.output_ids) == 5
+    assert s.cache.private_tokens == 0
+    assert s.cache.protected_tokens == 0
+
+
+def test_a_finished_request_leaves_prompt_and_output_cached_for_the_next() -> None:
+    s = make()
+    first = request("a", 100, out=8)
+    s.submit(first, 0.0)
+    run_to_end(s)
+    assert s.cache.tree_tokens == 108
+    again = SimRequest(rid="b", input_ids=first.input_ids + first.output_ids + [7, 7], max_new_tokens=1)
+    s.submit(again, 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert again.cached_tokens == 108
+    assert step.prefill == [(again, 2)]
+    assert step.work.prefill[0].context_before == 108
+
+
+def test_the_prefix_match_leaves_at_least_one_token_to_compute() -> None:
+    s = make()
+    s.submit(request("a", 20), 0.0)
+    run_to_end(s)
+    twin = request("b", 20)
+    s.submit(twin, 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert twin.cached_tokens == 19
+    assert step.prefill == [(twin, 1)]
+
+
+def test_kv_headroom_reserves_every_admitted_request_output() -> None:
+    s = make(capacity=100)
+    s.submit(request("a", 30, out=30), 0.0)
+    s.submit(request("b", 30, out=30, base=1000), 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert [r.rid for r, _ in step.prefill] == ["a"]  # b needs 60 > 100 - 60 reserved by a
+    run_to_end(s)
+    assert all(r.finished for r in (step.prefill[0][0],))
+    assert s.cache.tree_tokens + s.cache.private_tokens <= 100
+
+
+def test_a_full_pool_evicts_cached_prefixes_to_admit_new_work() -> None:
+    s = make(capacity=100)
+    s.submit(request("a", 60, out=10), 0.0)
+    run_to_end(s)
+    assert s.cache.tree_tokens == 70
+    s.submit(request("b", 60, out=10, base=1000), 0.0)
+    run_to_end(s)
+    assert s.cache.tree_tokens <= 100
+    assert s.cache.match_prefix(list(range(1000, 1060))).length == 60
+
+
+def test_queue_full_past_max_queued_requests() -> None:
+    s = make(max_queued_requests=2)
+    s.submit(request("a", 5), 0.0)
+    s.submit(request("b", 5), 0.0)
+    with pytest.raises(QueueFull, match=QUEUE_FULL_MESSAGE):
+        s.submit(request("c", 5), 0.0)
+
+
+def test_requests_that_can_never_fit_are_rejected() -> None:
+    s = make(capacity=50, context_length=40)
+    with pytest.raises(InvalidRequest):
+        s.submit(request("too-long", 45), 0.0)
+    with pytest.raises(InvalidRequest):
+        s.submit(request("too-big", 30, out=30), 0.0)
+
+
+def test_lpm_admits_the_longest_cached_prefix_first_and_fcfs_keeps_arrival_order() -> None:
+    for policy, expected in (("lpm", "hit"), ("fcfs", "miss")):
+        s = make(max_running_requests=1, schedule_policy=policy)
+        s.submit(request("seed", 50, out=1), 0.0)
+        run_to_end(s)
+        s.submit(request("miss", 50, base=5000), 0.0)
+        s.submit(request("hit", 50), 0.0)
+        step = s.next_step(0.0)
+        assert step is not None
+        assert step.prefill[0][0].rid == expected
+
+
+def test_lpm_falls_back_to_fcfs_above_128_waiting() -> None:
+    s = make(max_running_requests=1, schedule_policy="lpm")
+    s.submit(request("seed", 50, out=1), 0.0)
+    run_to_end(s)
+    for i in range(129):
+        s.submit(request(f"miss{i}", 50, base=10_000 + 100 * i), 0.0)
+    s.submit(request("hit", 50), 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    assert step.prefill[0][0].rid == "miss0"
+
+
+def test_a_stop_string_ends_the_request_and_trims_the_text() -> None:
+    s = make()
+    probe = request("probe", 10, out=6)
+    s.submit(probe, 0.0)
+    run_to_end(s)
+    third_word = probe.output_text.split(" ")[2]
+    req = request("stop", 10, out=6, stop=(third_word,))
+    s.submit(req, 0.0)
+    run_to_end(s)
+    assert req.finish_reason == {"type": "stop", "matched": third_word}
+    assert third_word not in req.output_text
+    assert len(req.output_ids) <= 3
+
+
+def test_abort_frees_the_slot_and_kv_of_running_and_waiting_requests() -> None:
+    s = make(max_running_requests=1)
+    a, b = request("a", 10, out=50), request("b", 10, out=50, base=1000)
+    s.submit(a, 0.0)
+    s.submit(b, 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    s.finish_step(step, 0.0)
+    assert s.abort(a, 1.0) and s.abort(b, 1.0)
+    assert not s.has_work()
+    assert s.cache.private_tokens == 0 and s.cache.protected_tokens == 0
+    assert a.finish_reason is not None and a.finish_reason["type"] == "abort"
+    assert not s.abort(a, 2.0)
+
+
+def test_flush_cache_refuses_while_requests_are_pending() -> None:
+    s = make()
+    s.submit(request("a", 10), 0.0)
+    assert not s.flush_cache()
+    run_to_end(s)
+    assert s.cache.tree_tokens > 0
+    assert s.flush_cache()
+    assert s.cache.tree_tokens == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_pool_accounting_balances_after_mixed_traffic(page_size: int) -> None:
+    s = make(capacity=600, page_size=page_size, max_running_requests=4, chunked_prefill_size=64)
+    for i in range(12):
+        s.submit(request(f"r{i}", 37 + 11 * i, out=9, base=(i % 3) * 1000), 0.0)
+    run_to_end(s)
+    assert s.cache.private_tokens == 0
+    assert s.cache.protected_tokens == 0
+    assert s.cache.tree_tokens <= 600
+    assert s.cache.tree_tokens % page_size == 0

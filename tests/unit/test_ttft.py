@@ -1,0 +1,195 @@
+"""ttft: the default policy's TTFT model, tie-breaks, spill, learning and index feedback."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import ConfigError
+from proxy.routing.base import Completion, NoWorkerAvailable, RouteRequest, WorkerSnapshot
+from proxy.routing.prefix_key import prefix_tokens
+from proxy.routing.ttft_cost import TtftCost, TtftParams
+
+URLS = ["http://a", "http://b", "http://c", "http://d"]
+BT = 16
+
+
+def fleet(**per_url: dict[str, object]) -> list[WorkerSnapshot]:
+    return [WorkerSnapshot(u, **per_url.get(u.removeprefix("http://"), {})) for u in URLS]  # type: ignore[arg-type]
+
+
+def prompt(tag: int, blocks: int, shared: int = 0, shared_tag: int = 999) -> RouteRequest:
+    """A prompt of ``blocks`` blocks whose first ``shared`` blocks are the shared prefix ``shared_tag``."""
+    hashes = tuple(shared_tag * 10**6 + i for i in range(shared)) + tuple(tag * 10**6 + i for i in range(shared, blocks))
+    return RouteRequest(model="m", block_hashes=hashes, block_tokens=BT, prompt_tokens=prefix_tokens(blocks, BT))
+
+
+def finish(policy: TtftCost, request: RouteRequest, worker: str, ttft: float | None = None, cached: int | None = None) -> None:
+    policy.on_complete(
+        Completion(worker=worker, request=request, ok=True, prompt_tokens=request.prompt_tokens, cached_tokens=cached, ttft=ttft)
+    )
+
+
+def test_unique_prompts_spread_evenly_at_concurrency_one() -> None:
+    policy = TtftCost(TtftParams())
+    picks = []
+    for i in range(40):
+        r = prompt(i, 40)
+        d = policy.select(r, fleet())
+        picks.append(d.worker)
+        finish(policy, r, d.worker, ttft=0.05, cached=0)
+    assert {u: picks.count(u) for u in URLS} == {u: 10 for u in URLS}
+
+
+def test_a_shared_prefix_goes_back_to_the_worker_that_holds_it() -> None:
+    policy = TtftCost(TtftParams())
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    assert first.branch == "balance"
+    second = policy.select(prompt(2, 80, shared=70), fleet())
+    assert (second.worker, second.branch) == (first.worker, "affinity")
+    assert second.matched_blocks == 70
+
+
+def test_a_long_prefill_queue_on_the_holder_spills_to_an_idle_worker() -> None:
+    policy = TtftCost(TtftParams())
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    busy = first.worker.removeprefix("http://")
+    decision = policy.select(prompt(2, 80, shared=70), fleet(**{busy: {"waiting_uncached_tokens": 200_000, "running": 5}}))
+    assert decision.worker != first.worker
+    assert decision.branch == "spill"
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        ({"stale": True}, "stale"),
+        ({"token_usage": 0.97}, "kv full"),
+        ({"running": 8, "max_running_requests": 8, "queued": 1}, "no free slot"),
+    ],
+)
+def test_a_saturated_holder_is_passed_over(state, why) -> None:
+    policy = TtftCost(TtftParams())
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    holder = first.worker.removeprefix("http://")
+    decision = policy.select(prompt(2, 80, shared=70), fleet(**{holder: state}))
+    assert decision.worker != first.worker, why
+    assert decision.branch == "spill"
+
+
+def test_when_every_worker_is_saturated_the_best_estimate_still_wins() -> None:
+    policy = TtftCost(TtftParams())
+    everyone = {u.removeprefix("http://"): {"stale": True} for u in URLS}
+    decision = policy.select(prompt(1, 10), fleet(**everyone))
+    assert decision.branch == "saturated"
+
+
+def test_own_in_flight_prefill_counts_until_the_engine_reports_it_running() -> None:
+    policy = TtftCost(TtftParams())
+    big = prompt(1, 200)
+    d = policy.select(big, fleet())
+    w = d.worker.removeprefix("http://")
+    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == big.prompt_tokens
+    assert policy.pending_prefill(fleet(**{w: {"running": 1}})[URLS.index(d.worker)]) == 0
+    # The next unique prompt avoids the worker with a queued prefill.
+    assert policy.select(prompt(2, 200), fleet()).worker != d.worker
+
+
+def test_queued_requests_without_token_counts_are_costed_at_the_mean_prefill() -> None:
+    policy = TtftCost(TtftParams())
+    assert policy.pending_prefill(WorkerSnapshot("x", queued=3)) == 3 * 1024
+
+
+def test_the_prefill_rate_is_learned_from_observed_ttft() -> None:
+    policy = TtftCost(TtftParams(rate_alpha=0.5, decode_s_per_running=0.0))
+    r = prompt(1, 200)  # 200 blocks: several thousand tokens of work
+    d = policy.select(r, fleet())
+    before = policy.seconds_per_token(d.worker)
+    finish(policy, r, d.worker, ttft=r.prompt_tokens * 1e-3, cached=0)  # 1k tokens/s: slow
+    assert policy.seconds_per_token(d.worker) > before
+    assert policy.seconds_per_token(d.worker) == pytest.approx(before + 0.5 * (1e-3 - before))
+
+
+def test_a_slower_worker_gets_less_unique_work() -> None:
+    policy = TtftCost(TtftParams(rate_alpha=1.0))
+    for i, url in enumerate(URLS):
+        r = prompt(100 + i, 100)
+        policy.select(r, fleet())
+        finish(policy, r, url, ttft=r.prompt_tokens * (1e-3 if url == "http://a" else 1e-4), cached=0)
+    picks = [policy.select(prompt(i, 100), fleet()).worker for i in range(20)]
+    assert "http://a" not in picks
+
+
+def test_small_samples_do_not_move_the_rate() -> None:
+    policy = TtftCost(TtftParams(min_sample_tokens=256))
+    r = prompt(1, 2)
+    d = policy.select(r, fleet())
+    before = policy.seconds_per_token(d.worker)
+    finish(policy, r, d.worker, ttft=5.0, cached=0)
+    assert policy.seconds_per_token(d.worker) == before
+
+
+def test_completion_confirms_the_prompt_in_the_index() -> None:
+    policy = TtftCost(TtftParams())
+    r = prompt(1, 20)
+    d = policy.select(r, fleet())
+    assert policy.index.match(d.worker, r.block_hashes).confirmed == 0
+    finish(policy, r, d.worker, ttft=0.1, cached=0)
+    assert policy.index.match(d.worker, r.block_hashes).confirmed == 20
+
+
+def test_a_confirmed_prefix_reported_missing_shrinks_the_index() -> None:
+    policy = TtftCost(TtftParams())
+    r1 = prompt(1, 20, shared=20)
+    d = policy.select(r1, fleet())
+    finish(policy, r1, d.worker, ttft=0.1, cached=0)
+    capacity = policy.index.worker(d.worker).capacity
+    r2 = prompt(2, 30, shared=20)
+    assert policy.select(r2, fleet()).worker == d.worker
+    finish(policy, r2, d.worker, ttft=0.1, cached=0)  # the worker had evicted it
+    assert policy.index.worker(d.worker).capacity < capacity
+
+
+def test_a_failed_request_teaches_nothing_and_leaves_no_pending_work() -> None:
+    policy = TtftCost(TtftParams())
+    r = prompt(1, 100)
+    d = policy.select(r, fleet())
+    policy.on_complete(Completion(worker=d.worker, request=r, ok=False))
+    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == 0
+    assert policy.index.match(d.worker, r.block_hashes).confirmed == 0
+
+
+def test_a_retried_request_is_pending_only_on_its_last_worker() -> None:
+    policy = TtftCost(TtftParams())
+    r = prompt(1, 100)
+    first = policy.select(r, fleet())
+    second = policy.select(r, [w for w in fleet() if w.url != first.worker])
+    assert policy.pending_prefill(fleet()[URLS.index(first.worker)]) == 0
+    assert policy.pending_prefill(fleet()[URLS.index(second.worker)]) == r.prompt_tokens
+
+
+def test_a_restarted_worker_loses_its_prefix_affinity() -> None:
+    policy = TtftCost(TtftParams())
+    d = policy.select(prompt(1, 80, shared=70), fleet())
+    w = d.worker.removeprefix("http://")
+    again = policy.select(prompt(2, 80, shared=70), fleet(**{w: {"generation": 1}}))
+    assert again.matched_blocks == 0
+
+
+def test_departed_workers_are_forgotten() -> None:
+    policy = TtftCost(TtftParams())
+    d = policy.select(prompt(1, 10), fleet())
+    policy.on_worker_change([w for w in fleet() if w.url != d.worker])
+    assert d.worker not in policy.index
+
+
+def test_one_healthy_worker_is_the_only_choice_and_none_raises() -> None:
+    policy = TtftCost(TtftParams())
+    sick = {u.removeprefix("http://"): {"healthy": False} for u in URLS[1:]}
+    assert policy.select(prompt(1, 5), fleet(**sick)).branch == "only"
+    with pytest.raises(NoWorkerAvailable):
+        policy.select(prompt(1, 5), [WorkerSnapshot("x", healthy=False)])
+
+
+@pytest.mark.parametrize(("field", "value"), [("rate_alpha", 0.0), ("tie_rel", -0.1), ("token_usage_limit", 1.5), ("max_in_flight", -1)])
+def test_bad_params_name_their_field(field, value) -> None:
+    with pytest.raises(ConfigError, match=f"routing.params.{field}"):
+        TtftParams(**{field: value}).validate()

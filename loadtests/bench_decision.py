@@ -28,7 +28,7 @@ from loadtests.workloads import words
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, WorkerSnapshot
 from proxy.routing.prefix_index import WorkerIndex
-from proxy.routing.prefix_key import build_route_request
+from proxy.routing.prefix_key import BLOCKS_PER_DOUBLING, build_route_request
 from proxy.routing.registry import build_named
 
 POLICIES = ("ttft", "consistent_hash", "least_load", "round_robin", "cache_aware")
@@ -75,9 +75,9 @@ def bench_index_memory(n_workers: int, kv_tokens: int, block_tokens: int = 16) -
     indexes = [WorkerIndex(kv_tokens) for _ in range(n_workers)]
     rng = random.Random(1)
     for index in indexes:
-        # Prompts of 64 one-unit blocks (1k tokens), distinct hashes, until the LRU is full.
+        # Short prompts (all one-unit blocks), distinct hashes, until the LRU is full.
         while index.tokens < kv_tokens:
-            index.record([rng.getrandbits(64) for _ in range(64)], block_tokens)
+            index.record([rng.getrandbits(64) for _ in range(2 * BLOCKS_PER_DOUBLING)], block_tokens)
     _, peak = tracemalloc.get_traced_memory()
     held = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()

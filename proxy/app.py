@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admission import Admission
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import Config
+from proxy.diagnose.wiring import DiagnosisService
 from proxy.frontends.http import build_admin_app, build_public_app
 from proxy.pipeline import Pipeline
 from proxy.routing.base import WorkerSnapshot
@@ -50,6 +51,8 @@ FIRST_MEMBERSHIP_TIMEOUT_S = 10.0
 
 class _Frontend(Protocol):
     async def start(self) -> int: ...
+
+    def begin_drain(self) -> None: ...
 
     async def stop(self, grace_s: float) -> None: ...
 
@@ -93,6 +96,7 @@ class App:
         self._wire()
         self.public_app = build_public_app(config, self.pipeline, self.ready)
         self.admin_app = build_admin_app(self.pipeline)
+        self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0
         self.admin_port = 0
         self.grpc_port = 0
@@ -129,13 +133,14 @@ class App:
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        updates = self.source.watch().__aiter__()
+        # Follow the source in its own task and only *wait* for the first set here: cancelling a
+        # pending anext() would close the source's generator, ending discovery for good.
+        first_set = asyncio.Event()
+        self._spawn(self._follow(first_set))
         try:
-            first = await asyncio.wait_for(anext(updates), FIRST_MEMBERSHIP_TIMEOUT_S)
-            self.workers.set_members(first)
-        except (TimeoutError, StopAsyncIteration):
+            await asyncio.wait_for(first_set.wait(), FIRST_MEMBERSHIP_TIMEOUT_S)
+        except TimeoutError:
             log.warning("no worker set from the source yet; serving without workers")
-        self._spawn(self._follow(updates))
         first_round: list[Coroutine[Any, Any, None]] = []
         if cfg.health.interval_s > 0:
             first_round.append(self.health.probe_all())
@@ -144,19 +149,21 @@ class App:
         await asyncio.gather(*first_round)
         self._spawn(self.health.run())
         self._spawn(self.scraper.run())
+        await self.diagnosis.start()
         self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
         self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True)
         if cfg.server.grpc_port:
-            from proxy.frontends import grpc as grpc_frontend  # type: ignore[attr-defined, unused-ignore]
+            from proxy.frontends.grpc import GrpcFrontend
 
-            self._grpc = grpc_frontend.GrpcFrontend(self)
+            self._grpc = GrpcFrontend(self)
             self.grpc_port = await self._grpc.start()
         log.info("radixgate serving http=%s admin=%s grpc=%s policy=%s workers=%s", self.http_port,
                  self.admin_port, self.grpc_port or "-", self.policy.name, self.workers.urls())
 
-    async def _follow(self, updates: AsyncIterator[frozenset[str]]) -> None:
-        async for urls in updates:
+    async def _follow(self, first_set: asyncio.Event) -> None:
+        async for urls in self.source.watch():
             self.workers.set_members(urls)
+            first_set.set()
 
     async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool) -> int:
         ssl_context = None
@@ -179,11 +186,15 @@ class App:
         """Drain: refuse new requests, give in-flight ones ``grace_s`` to finish, then close."""
         grace = self.config.server.drain_grace_s if grace_s is None else grace_s
         self.draining = True
+        if self._grpc is not None:
+            self._grpc.begin_drain()  # gRPC health NOT_SERVING now, not after the drain
         self.admission.begin_shutdown()
+        drain_started = self.clock.now()
         if not await self.pipeline.drained(grace):
             log.warning("drain: %d requests still running after %.1f s", self.pipeline.active, grace)
         if self._grpc is not None:
-            await self._grpc.stop(0.0)
+            # What is left of the grace lets drained calls send their last message and status.
+            await self._grpc.stop(max(0.0, grace - (self.clock.now() - drain_started)))
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
@@ -193,6 +204,7 @@ class App:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.diagnosis.stop()
         await self.upstream.close()
 
 

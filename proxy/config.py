@@ -34,7 +34,7 @@ class ServerConfig:
     # Admin port (/metrics, /workers, /diagnosis): loopback by default, never the public host.
     admin_host: str = "127.0.0.1"
     admin_port: int = 8001
-    # 0 disables the gRPC front.
+    # 0 disables the gRPC front; -1 binds any free port (tests; the bound port is App.grpc_port).
     grpc_port: int = 0
     # Seconds in-flight requests get to finish after SIGTERM.
     drain_grace_s: float = 30.0
@@ -336,7 +336,7 @@ def validate(cfg: Config) -> None:
     checks: list[tuple[bool, str]] = [
         (0 <= cfg.server.port <= 65535, "server.port: must be 0..65535"),
         (0 <= cfg.server.admin_port <= 65535, "server.admin_port: must be 0..65535"),
-        (0 <= cfg.server.grpc_port <= 65535, "server.grpc_port: must be 0..65535"),
+        (-1 <= cfg.server.grpc_port <= 65535, "server.grpc_port: must be 0..65535 (0 = off), or -1 (any free port)"),
         (cfg.server.drain_grace_s >= 0, "server.drain_grace_s: must be >= 0"),
         (cfg.health.interval_s >= 0, "health.interval_s: must be >= 0 (0 turns checks off)"),
         (cfg.health.timeout_s > 0, "health.timeout_s: must be > 0"),

@@ -85,3 +85,16 @@ def to_body(err: RadixgateError, *, dialect: str) -> ErrorBody:
     else:
         inner.update({"type": err.kind, "code": err.status})
     return ErrorBody(err.status, {"error": inner})
+
+
+def from_upstream_status(status: int | None, message: str) -> RadixgateError:
+    """A worker's HTTP error status → the error radixgate reports (frontends that re-encode, e.g. gRPC)."""
+    by_status: dict[int, type[RadixgateError]] = {
+        400: BadRequest, 413: PayloadTooLarge, 422: BadRequest, 404: ModelNotFound, 429: Overloaded,
+        503: Overloaded, 504: UpstreamTimeout, 408: UpstreamTimeout,
+    }
+    if status is not None and status in by_status:
+        return by_status[status](message)
+    if status is not None and 400 <= status < 500:
+        return BadRequest(message)
+    return UpstreamError(message)

@@ -248,14 +248,7 @@ class Exchange:
             self.p.metrics.inc(self.p.metrics.ejections, worker, worker=worker)
 
     def _body(self) -> bytes:
-        req = self.req
-        raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
-        if req.rid or _is_batch(req.payload):
-            return raw
-        if req.body and "rid" not in req.payload:
-            i = raw.index(b"{") + 1  # splice: the caller's bytes stay as they were
-            return raw[:i] + b'"rid":"' + self.rid.encode() + b'",' + raw[i:]
-        return json.dumps({**req.payload, "rid": self.rid}, separators=(",", ":")).encode()
+        return body_with_rid(self.req, None if self.req.rid else self.rid)
 
     async def _attempt(self, worker: str, body: bytes) -> None:
         p, t = self.p, self.timing
@@ -376,23 +369,34 @@ class Exchange:
 
     async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
         """Typed events of the answer, then ``Finished`` (the gRPC frontend's view)."""
+        async for run in self.event_runs():
+            for event in run:
+                yield event
+
+    async def event_runs(self) -> AsyncIterator[list[TextDelta | ErrorEvent | Finished]]:
+        """``events()`` grouped by what arrived together, so a frontend can send one message per group
+        (fewer writes when the worker outpaces the client, never a wait). The stream's last run comes
+        with ``Finished``, which needs no further read."""
         decoder = EventDecoder(self.req.dialect)
+        last: list[TextDelta | ErrorEvent | Finished] = []
         if self.streaming:
             async for data in self.chunks():
-                for event in decoder.decode(data):
-                    yield event
+                run: list[TextDelta | ErrorEvent | Finished] = [*decoder.decode(data)]
+                if self._acct.done or self._acct.error is not None:
+                    last = run
+                elif run:
+                    yield run
         elif self.status != 200:
             try:
                 found = decoder.decode_object(json.loads(self.body))
             except ValueError:
                 found = []
-            yield next((e for e in found if isinstance(e, ErrorEvent)),
-                       ErrorEvent(self.body.decode(errors="replace")[:500], self.status))
+            last = [next((e for e in found if isinstance(e, ErrorEvent)),
+                         ErrorEvent(self.body.decode(errors="replace")[:500], self.status))]
         else:
-            for event in decoder.decode_object(json.loads(self.body)):
-                yield event
+            last = [*decoder.decode_object(json.loads(self.body))]
         assert self.worker is not None
-        yield Finished(self.meta, self.worker, self.rid, self.timing)
+        yield [*last, Finished(self.meta, self.worker, self.rid, self.timing)]
 
     # -- record -------------------------------------------------------------------------------------
     async def _end(self, exc: BaseException | None) -> None:
@@ -451,6 +455,20 @@ class Exchange:
         if self.status >= 400:
             return "error", "upstream_rejected"
         return "ok", None
+
+
+def body_with_rid(req: GenerateRequest, rid: str | None) -> bytes:
+    """The bytes to forward: the caller's own, with ``"rid"`` spliced in when ``rid`` is given.
+
+    Batches (several prompts) take a list of rids; they are forwarded unchanged.
+    """
+    raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
+    if rid is None or _is_batch(req.payload):
+        return raw
+    if req.body and "rid" not in req.payload:
+        i = raw.index(b"{") + 1  # splice: the caller's bytes stay as they were
+        return raw[:i] + b'"rid":' + json.dumps(rid).encode() + b"," + raw[i:]
+    return json.dumps({**req.payload, "rid": rid}, separators=(",", ":")).encode()
 
 
 def _is_batch(payload: dict[str, Any]) -> bool:

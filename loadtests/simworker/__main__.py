@@ -38,6 +38,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
     p.add_argument("--max-queued-requests", type=int)
+    p.add_argument("--prefill-max-requests", type=int)
     p.add_argument("--stream-interval", type=int, default=d.stream_interval)
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-mixed-chunk", action="store_true")

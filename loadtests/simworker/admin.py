@@ -35,6 +35,7 @@ def server_args(worker: SimWorker) -> dict[str, Any]:
         "max_total_tokens": cfg.max_total_tokens,
         "chunked_prefill_size": eng.limits.chunked_prefill_size,
         "max_prefill_tokens": cfg.max_prefill_tokens,
+        "prefill_max_requests": eng.limits.prefill_max_requests,
         "schedule_policy": cfg.schedule_policy,
         "schedule_conservativeness": 1.0,
         "page_size": cfg.page_size,
@@ -111,7 +112,8 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         info["version"] = SGLANG_VERSION
         info["launch_command"] = "python -m loadtests.simworker"
         info["simworker"] = {"worker_id": worker.worker_id, "profile": worker.config.profile,
-                             "time_scale": worker.config.time_scale, "gpu": eng.profile.gpu.name}
+                             "time_scale": worker.config.time_scale, "gpu": eng.profile.gpu.name,
+                             "simulated_busy_seconds": eng.busy_seconds, "lag_seconds": eng.lag_seconds}
         return web.json_response(info)
 
     async def model_info(request: web.Request) -> web.Response:

@@ -37,6 +37,7 @@ class SimConfig:
     chunked_prefill_size: int | None = None  # -1 turns chunking off
     max_prefill_tokens: int = 16384
     max_queued_requests: int | None = None
+    prefill_max_requests: int | None = None  # None: the profile's default (SGLang: no cap)
     stream_interval: int = 1
     incremental_streaming_output: bool = False
     enable_mixed_chunk: bool = False
@@ -60,7 +61,7 @@ class SimConfig:
             raise ValueError("stream_interval must be >= 1")
         if not 0.0 <= self.fault_error_rate <= 1.0:
             raise ValueError("fault_error_rate must be within [0, 1]")
-        for name in ("max_running_requests", "max_total_tokens", "max_queued_requests"):
+        for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "prefill_max_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1")

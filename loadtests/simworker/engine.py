@@ -3,7 +3,8 @@
 Loop: form a step, sleep its roofline time divided by ``time_scale``, apply it, wake the requests
 it touched. Sleeps aim at a running deadline (the sum of step times), so late wake-ups of the
 event loop do not slow the simulated GPU down; a lag over ``MAX_CATCH_UP_S`` is forgiven rather
-than replayed as a burst. All timestamps are real monotonic seconds from the injected clock, so
+than replayed as a burst, and added to ``lag_seconds`` (real seconds the host CPU could not keep
+up with the simulated GPU: a load test whose worker lags measures the host, not the model). All timestamps are real monotonic seconds from the injected clock, so
 latencies a worker reports match what a client measures. With nothing to do the loop waits on an
 event (no polling).
 """
@@ -42,6 +43,7 @@ class Engine:
             max_queued_requests=config.max_queued_requests,
             schedule_policy=config.schedule_policy,
             enable_mixed_chunk=config.enable_mixed_chunk or self.profile.enable_mixed_chunk,
+            prefill_max_requests=config.prefill_max_requests or self.profile.prefill_max_requests,
             context_length=self.context_length,
         )
         self.cache = RadixCache(self.max_total_tokens, config.page_size)
@@ -52,7 +54,8 @@ class Engine:
         self._throughput: deque[tuple[float, int]] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.busy_seconds = 0.0
+        self.busy_seconds = 0.0  # simulated GPU seconds
+        self.lag_seconds = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,14 +80,14 @@ class Engine:
         self.by_rid[req.rid] = req
         self._wake.set()
 
-    def abort(self, rid: str, message: str = "Aborted by request.", status: int = 200) -> bool:
+    def abort(self, rid: str, message: str = "Aborted by request.", status: int | None = None) -> bool:
         req = self.by_rid.get(rid)
         return req is not None and self._abort(req, message, status)
 
     def abort_all(self, message: str = "Aborted by request.") -> int:
-        return sum(self._abort(r, message, 200) for r in self.scheduler.all_requests())
+        return sum(self._abort(r, message, None) for r in self.scheduler.all_requests())
 
-    def _abort(self, req: SimRequest, message: str, status: int) -> bool:
+    def _abort(self, req: SimRequest, message: str, status: int | None) -> bool:
         done = self.scheduler.abort(req, self.clock.now(), message, status)
         if done:
             self._finished(req)
@@ -120,6 +123,8 @@ class Engine:
                 continue
             seconds = step_seconds(self.profile, step.work)
             self.busy_seconds += seconds
+            if deadline is not None and now - deadline > MAX_CATCH_UP_S:
+                self.lag_seconds += now - deadline - MAX_CATCH_UP_S
             base = now if deadline is None else max(deadline, now - MAX_CATCH_UP_S)
             deadline = base + seconds / self.config.time_scale
             await asyncio.sleep(max(0.0, deadline - self.clock.now()))

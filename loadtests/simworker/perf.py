@@ -6,10 +6,12 @@ token for each running sequence. Its time is
     t = max(FLOPs / (peak_flops * mfu), bytes / (hbm_bw * bw_eff))
         + step_overhead + seq_overhead * sequences_in_step (+ warmup on the engine's first step)
 
-FLOPs: 2 * params per new token (prefill and decode alike) plus attention, 4 * layers * q_dim per
-(query, key) pair: a prefill chunk of n tokens over a context of c earlier tokens attends to
-n*c + n*(n+1)/2 pairs, a decode token to its whole context. Cached prefix tokens therefore cost no
-linear FLOPs but are still attended. Bytes: the weights once per step, plus the KV of every
+FLOPs: 2 * (params - embedding params) per new token through the transformer blocks, plus the
+LM head (2 * vocab * hidden) once per sequence (a prefill only needs logits for its last token),
+plus attention, 4 * layers * q_dim per (query, key) pair: a prefill chunk of n tokens over a
+context of c earlier tokens attends to n*c + n*(n+1)/2 pairs, a decode token to its whole
+context. Cached prefix tokens therefore cost no linear FLOPs but are still attended. Bytes: the
+weights once per step (the input embedding is a row gather, not a full read), plus the KV of every
 context the step reads (decode and prefill alike), plus the KV it writes. Long prefill is
 compute-bound, decode memory-bound; a mixed step sums the work and pays one roofline. Every term
 grows with tokens and batch, so step time is monotonic in both. Constants and sources:
@@ -34,12 +36,26 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
+    vocab: int
     context_length: int
     dtype_bytes: int = 2  # bf16
+    tied_embeddings: bool = False
+
+    @property
+    def embedding_params(self) -> float:
+        return float(self.vocab * self.hidden)
+
+    @property
+    def block_params(self) -> float:
+        """Parameters of the transformer blocks (everything but input embedding and LM head)."""
+        heads = 1 if self.tied_embeddings else 2
+        return self.params - heads * self.embedding_params
 
     @property
     def weight_bytes(self) -> float:
-        return self.params * self.dtype_bytes
+        """Bytes a forward step reads: all weights except the input-embedding table."""
+        read = self.params - (0 if self.tied_embeddings else self.embedding_params)
+        return read * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -74,6 +90,7 @@ class Profile:
     chunked_prefill_size: int = 8192
     max_running_requests: int = 1024
     enable_mixed_chunk: bool = False
+    prefill_max_requests: int | None = None
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -102,14 +119,15 @@ def step_seconds(profile: Profile, work: StepWork) -> float:
         return 0.0
     m = profile.model
     new_tokens = sum(c.new_tokens for c in work.prefill) + len(work.decode_contexts)
+    sequences = len(work.prefill) + len(work.decode_contexts)
     pairs = sum(c.new_tokens * c.context_before + c.new_tokens * (c.new_tokens + 1) / 2 for c in work.prefill)
     pairs += sum(work.decode_contexts)
-    flops = 2.0 * m.params * new_tokens + m.attn_flops_per_pair * pairs
+    flops = 2.0 * m.block_params * new_tokens + 2.0 * m.embedding_params * sequences
+    flops += m.attn_flops_per_pair * pairs
     kv_read = sum(c.context_before for c in work.prefill) + sum(work.decode_contexts)
     bytes_moved = m.weight_bytes + m.kv_bytes_per_token * (kv_read + new_tokens)
     compute_s = flops / (profile.gpu.peak_bf16_flops * profile.mfu)
     memory_s = bytes_moved / (profile.gpu.hbm_bytes_per_s * profile.bw_eff)
-    sequences = len(work.prefill) + len(work.decode_contexts)
     t = max(compute_s, memory_s) + profile.step_overhead_s + profile.seq_overhead_s * sequences
     return t + (profile.warmup_s if work.first_step else 0.0)
 
@@ -117,12 +135,12 @@ def step_seconds(profile: Profile, work: StepWork) -> float:
 # -- constants (sources in README.md) ---------------------------------------------------------
 LLAMA_31_8B = ModelShape(
     "meta-llama/Llama-3.1-8B-Instruct", params=8.03e9, layers=32, hidden=4096, heads=32,
-    kv_heads=8, head_dim=128, context_length=131072,
+    kv_heads=8, head_dim=128, vocab=128256, context_length=131072,
 )
 # The calibration engine's model: Llama-3.1-8B shape with a 32,000-token vocabulary (7.24 B).
 LLAMA_SHAPE_7B = ModelShape(
     "llama-3.1-8b-shape-vocab32k", params=7.24e9, layers=32, hidden=4096, heads=32,
-    kv_heads=8, head_dim=128, context_length=131072,
+    kv_heads=8, head_dim=128, vocab=32000, context_length=131072,
 )
 H100_SXM = GPU("NVIDIA H100 SXM5 80GB", peak_bf16_flops=989.4 * TFLOPS, hbm_bytes_per_s=3.35 * TB,
                memory_bytes=80e9)
@@ -133,14 +151,17 @@ PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
         # SGLang with CUDA graphs + FlashInfer: decode near the bandwidth roofline.
-        Profile("llama-3.1-8b-h100", LLAMA_31_8B, H100_SXM, mfu=0.55, bw_eff=0.80,
+        Profile("llama-3.1-8b-h100", LLAMA_31_8B, H100_SXM, mfu=0.62, bw_eff=0.75,
                 step_overhead_s=0.0012),
-        Profile("llama-3.1-8b-h200", LLAMA_31_8B, H200_SXM, mfu=0.55, bw_eff=0.78,
+        Profile("llama-3.1-8b-h200", LLAMA_31_8B, H200_SXM, mfu=0.62, bw_eff=0.75,
                 step_overhead_s=0.0012),
-        # HF transformers ContinuousBatchingManager, no CUDA graphs (gpu-calibration.md).
-        Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.405, bw_eff=0.70,
-                step_overhead_s=0.037, seq_overhead_s=0.0035, warmup_s=1.45,
-                chunked_prefill_size=8192, max_running_requests=256, enable_mixed_chunk=True),
+        # HF transformers ContinuousBatchingManager, no CUDA graphs: fitted to gpu-calibration.md by
+        # loadtests/calibrate_sim.py (per-step and per-sequence Python overhead dominate decode;
+        # prefill and decode share steps; one new request joins per step).
+        Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.44, bw_eff=0.70,
+                step_overhead_s=0.033, seq_overhead_s=0.003, warmup_s=1.5,
+                chunked_prefill_size=16384, max_running_requests=256, enable_mixed_chunk=True,
+                prefill_max_requests=1),
         # No delays at all: measures the harness and proxy, not the physics.
         Profile("zero", LLAMA_31_8B, H100_SXM, mfu=0.0, bw_eff=0.0, step_overhead_s=0.0),
     )

@@ -8,6 +8,7 @@ Each call to ``next_step`` forms one forward step:
    - the new prompt tokens fit the step's budget: ``chunked_prefill_size`` per step (the request
      that overflows it is chunked: it takes what is left and continues next step) and
      ``max_prefill_tokens`` (the first request always fits),
+   - at most ``prefill_max_requests`` new requests per step (when set),
    - KV: free + evictable tokens, minus the output tokens every admitted request may still
      generate, cover the new prompt tokens plus this request's ``max_new_tokens``.
    Admission stops at the first request that does not fit (head-of-line, as SGLang).
@@ -91,6 +92,7 @@ class SchedulerLimits:
     max_queued_requests: int | None
     schedule_policy: str = "fcfs"
     enable_mixed_chunk: bool = False
+    prefill_max_requests: int | None = None  # new requests admitted per prefill step
     context_length: int = 131072
 
 
@@ -171,9 +173,11 @@ class Scheduler:
         reserved = sum(r.remaining_output for r in self.running) + sum(
             r.remaining_output for r in self.prefilling
         )
-        hit = new = 0
+        hit = new = admitted = 0
         for req in self._order():
             if self.num_running >= lim.max_running_requests or chunk_left < ps:
+                break
+            if lim.prefill_max_requests is not None and admitted >= lim.prefill_max_requests:
                 break
             if entries and input_left <= 0:
                 break
@@ -195,7 +199,7 @@ class Scheduler:
             entries.append((req, n))
             chunk_left -= n
             input_left -= n
-            hit, new = hit + match.length, new + extend
+            hit, new, admitted = hit + match.length, new + extend, admitted + 1
             if n < extend:
                 break  # this request is the chunked one
         if hit + new:
@@ -285,10 +289,10 @@ class Scheduler:
             self.waiting.remove(req)
         req.state, req.finish_reason, req.finished_at = "finished", reason, now
 
-    def abort(self, req: SimRequest, now: float, message: str = "Aborted by request.", status: int = 200) -> bool:
+    def abort(self, req: SimRequest, now: float, message: str = "Aborted by request.", status: int | None = None) -> bool:
         if req.finished:
             return False
-        reason: dict[str, Any] = {"type": "abort", "message": message, "status_code": status}
+        reason: dict[str, Any] = {"type": "abort", "message": message, "status_code": status, "err_type": None}
         self._finish(req, reason, now)
         return True
 

@@ -32,6 +32,8 @@ from .metrics import SimMetrics
 from .protocol import BadRequest, openai_error, parse_generate, parse_openai
 from .scheduler import InvalidRequest, QueueFull, SimRequest
 
+SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine has aborted their requests
+
 
 class SimWorker:
     def __init__(self, config: SimConfig, clock: Clock | None = None,
@@ -66,7 +68,8 @@ class SimWorker:
         app.on_response_prepare.append(self._stamp_header)
         streaming.add_routes(app, self)
         admin.add_routes(app, self)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()

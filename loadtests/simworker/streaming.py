@@ -49,6 +49,16 @@ class Watch:
         self.event.clear()
 
 
+def _server_abort(req: SimRequest) -> bool:
+    """Aborted by the server itself (shutdown, internal error): SGLang ends such a stream with an error."""
+    reason = req.finish_reason
+    return bool(reason and reason.get("type") == "abort" and (reason.get("status_code") or 0) >= 500)
+
+
+def stream_error(message: str, status: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": status, "retryable": False}}
+
+
 def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -131,6 +141,10 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
     first = True
     while True:
         await watch.changed()
+        if _server_abort(req):
+            assert req.finish_reason is not None
+            await response.write(sse(stream_error(req.finish_reason["message"], req.finish_reason["status_code"])))
+            break
         n = len(req.output_ids)
         due = n > sent_tokens and (sent_tokens == 0 or n - sent_tokens >= cfg.stream_interval)
         if not (due or req.finished):
@@ -151,7 +165,7 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
         sent_tokens, sent_text = n, len(text)
         if req.finished:
             break
-    if include_usage:
+    if include_usage and not _server_abort(req):
         await response.write(sse(protocol.openai_usage_chunk(req, cfg.served_model_name, dialect == "chat",
                                                              cfg.enable_cache_report)))
     await response.write(DONE)

@@ -49,10 +49,7 @@ def encode(text: str, add_bos: bool = True) -> list[int]:
 
 
 def output_seed(prompt_ids: list[int]) -> int:
-    h = xxhash.xxh64()
-    for token in prompt_ids:
-        h.update(token.to_bytes(4, "little"))
-    return h.intdigest()
+    return xxhash.xxh64_intdigest(",".join(map(str, prompt_ids)).encode())
 
 
 def output_word(seed: int, index: int) -> str:

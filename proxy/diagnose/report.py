@@ -1,14 +1,22 @@
 """Render a ``Diagnosis``: a JSON document (GET /diagnosis) and a text block (demo, `radixgate report`).
 
 The text block is rendered *from the JSON document*, so a live proxy and a remote one (fetched over
-the admin port by `radixgate report --admin URL`) print the same thing. Each signal in the JSON has
+the admin port by `radixgate report --url URL`) print the same thing. Each signal in the JSON has
 its value, how many observations it rests on (``n``) and the window it covers (``window_s``).
+
+    radixgate report --url http://127.0.0.1:8001     # text block of a running proxy (alias --admin)
+    radixgate report --file diagnosis.json [--json]   # a saved /diagnosis document
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-from collections.abc import Mapping
+import json
+import sys
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from proxy.diagnose.cost import CostReport
@@ -187,3 +195,35 @@ def render_text(doc: Mapping[str, Any]) -> str:
                      f"{cost['driver']} ({_pct(cost['stages'][cost['driver']]['share'])})"
                      + ("" if cost["busy_gaps_known"] else "; idle gaps inside busy periods unknown (no NVML)"))
     return "\n".join(lines)
+
+
+# -- `radixgate report` ------------------------------------------------------------------------
+
+
+def fetch(admin_url: str, timeout_s: float) -> dict[str, Any]:
+    """GET /diagnosis from a running proxy's admin port."""
+    with urllib.request.urlopen(admin_url.rstrip("/") + "/diagnosis", timeout=timeout_s) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+        return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="radixgate report",
+                                 description="Print the diagnosis of a running radixgate or of a saved document.")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--url", "--admin", dest="url", help="admin base URL, e.g. http://127.0.0.1:8001")
+    source.add_argument("--file", help="a saved GET /diagnosis JSON document")
+    ap.add_argument("--json", action="store_true", help="print the JSON document, not the text block")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the proxy")
+    args = ap.parse_args(argv)
+    try:
+        doc = fetch(args.url, args.timeout) if args.url else json.loads(Path(args.file).read_text())
+        out = json.dumps(doc, indent=2) if args.json else render_text(doc)
+    except (OSError, ValueError) as e:  # URLError / HTTPError are OSErrors; bad JSON is a ValueError
+        print(f"radixgate report: {e}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:
+        print(f"radixgate report: not a /diagnosis document (missing {e})", file=sys.stderr)
+        return 1
+    print(out)
+    return 0

@@ -9,7 +9,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 |---|---|---|---|
 | cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
 | cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
-| admission | requests queue while KV usage < kv_headroom | tune | --max-running-requests, --schedule-conservativeness |
+| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
 | prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
 | decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share | tune | GPU profiling (kernel / memory bandwidth) |
@@ -51,8 +51,8 @@ class RuleParams:
     saturation: float = 0.85  # occupancy or KV usage at or above this = saturated
     kv_headroom: float = 0.60  # KV usage below this while requests queue = admission holds back
     running_at_cap: float = 0.90  # running / max_running at or above this = the batch cap binds
-    queueing_share: float = 0.25  # share of snapshot samples with a non-empty engine queue…
-    queue_wait_fraction: float = 0.25  # …or worker queue p95 ≥ this x SLO → requests queue
+    standing_queue: float = 1.0  # mean engine queue per worker at or above this…
+    queue_wait_fraction: float = 0.25  # …or worker queue / admission wait p95 ≥ this x SLO → requests queue
     idle_gap_share: float = 0.30  # GPU idle share at or above this with demand = large gaps
     small_idle_share: float = 0.10  # GPU idle share at or below this = gaps small
     tail_spread: float = 3.0  # TTFT p95 / p50 at or above this = a tail
@@ -148,10 +148,14 @@ def _data_weight(s: Signals, p: RuleParams) -> float:
 
 
 def _requests_queue(s: Signals, p: RuleParams) -> tuple[bool, list[Evidence]]:
-    share = ev("occupancy.queueing_share", s.occupancy.queueing_share, ">=", p.queueing_share)
-    wait = ev("latency.worker_queue.p95_s", s.latency.worker_queue.p95, ">=",
-              p.queue_wait_fraction * p.slo_ttft_p95_s)
-    return share.holds or wait.holds, [share, wait]
+    """Requests queue: a standing engine queue, a long reported queue time, or a long admission wait."""
+    wait_limit = p.queue_wait_fraction * p.slo_ttft_p95_s
+    evidence = [
+        ev("occupancy.queued_mean", s.occupancy.queued_mean, ">=", p.standing_queue),
+        ev("latency.worker_queue.p95_s", s.latency.worker_queue.p95, ">=", wait_limit),
+        ev("latency.admission_wait.p95_s", s.latency.admission_wait.p95, ">=", wait_limit),
+    ]
+    return any(e.holds for e in evidence), evidence
 
 
 def _saturation(s: Signals) -> float | None:

@@ -16,7 +16,7 @@ from proxy.config import DiagnoseConfig
 from proxy.diagnose.cost import CostReport, stage_costs
 from proxy.diagnose.rules import RuleParams, Verdict, verdict
 from proxy.diagnose.signals import Signals, compute_signals
-from proxy.diagnose.window import DiagnosisWindows
+from proxy.diagnose.window import DiagnosisWindows, RequestRecord, SnapshotSample
 from proxy.telemetry.gpu import GpuReport, NvmlSampler
 
 
@@ -34,6 +34,14 @@ class Diagnosis:
 def params_from_config(cfg: DiagnoseConfig) -> RuleParams:
     """RuleParams from the ``diagnose`` section: its thresholds, then its SLO."""
     return dataclasses.replace(RuleParams.from_mapping(cfg.thresholds), slo_ttft_p95_s=cfg.slo_ttft_p95_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisInputs:
+    records: tuple[RequestRecord, ...]
+    samples: tuple[SnapshotSample, ...]
+    gpu: GpuReport
+    now: float
 
 
 class Diagnoser:
@@ -61,29 +69,37 @@ class Diagnoser:
     def from_config(
         cls, cfg: DiagnoseConfig, windows: DiagnosisWindows, clock: Clock, gpu: NvmlSampler | None = None
     ) -> Diagnoser:
+        # The refresh loop recomputes every refresh_s; reads reuse a result up to twice that old.
         return cls(windows, clock, params=params_from_config(cfg), price_per_gpu_hour=cfg.price_per_gpu_hour,
-                   gpus_per_worker=cfg.gpus_per_worker, gpu=gpu, min_interval_s=cfg.refresh_s)
+                   gpus_per_worker=cfg.gpus_per_worker, gpu=gpu, min_interval_s=2 * cfg.refresh_s)
 
     def gpu_report(self) -> GpuReport:
         if self._gpu is None:
             return GpuReport.unavailable("GPU sampling is off (diagnose.nvml_interval_s = 0)")
         return self._gpu.report()
 
-    def diagnose(self) -> Diagnosis:
-        records = self.windows.requests.items()
-        samples = self.windows.snapshots.items()
-        gpu = self.gpu_report()
-        signals = compute_signals(records, samples, gpu)
-        workers = [w.url for w in samples[-1].workers] if samples else []
+    def inputs(self) -> DiagnosisInputs:
+        """Copy what a diagnosis reads (cheap); call on the event loop that feeds the windows."""
+        return DiagnosisInputs(
+            records=tuple(self.windows.requests.items()),
+            samples=tuple(self.windows.snapshots.items()),
+            gpu=self.gpu_report(),
+            now=self._clock.now(),
+        )
+
+    def compute(self, inputs: DiagnosisInputs) -> Diagnosis:
+        """Signals, verdict and cost of one copy of the windows; pure, safe to run in a thread."""
+        signals = compute_signals(inputs.records, inputs.samples, inputs.gpu)
+        workers = [w.url for w in inputs.samples[-1].workers] if inputs.samples else []
         cost = stage_costs(
-            records,
+            inputs.records,
             workers=workers,
             price_per_gpu_hour=self._price,
             gpus_per_worker=self._gpus_per_worker,
-            gpu_idle_share=gpu.idle_share,
+            gpu_idle_share=inputs.gpu.idle_share,
         )
-        self._last = Diagnosis(
-            generated_at=self._clock.now(),
+        return Diagnosis(
+            generated_at=inputs.now,
             signals=signals,
             verdict=verdict(signals, self.params),
             cost=cost,
@@ -91,7 +107,15 @@ class Diagnoser:
             max_requests=self.windows.requests.max_items,
             max_age_s=self.windows.requests.max_age_s,
         )
-        return self._last
+
+    def store(self, diagnosis: Diagnosis) -> None:
+        self._last = diagnosis
+
+    def diagnose(self) -> Diagnosis:
+        """A fresh diagnosis, computed inline."""
+        d = self.compute(self.inputs())
+        self.store(d)
+        return d
 
     def current(self) -> Diagnosis:
         """The last diagnosis if fresh enough, else a new one."""

@@ -3,15 +3,17 @@
 **Prefix cache, captured vs available.** *Captured* is Σ cached / Σ prompt tokens as the workers
 reported them. *Available* replays the window's requests, in dispatch order, through one LRU cache
 of the whole fleet's KV capacity (Σ ``max_total_tokens``), keyed by the chained block hashes routing
-computed: a request's hit is its longest prefix of blocks already in that cache. Blocks of a request
-are touched last-to-first so parents are more recent than children and evicted after them — a radix
-tree evicts leaves first, and the cached set stays prefix-closed. The *reuse ceiling* is the same
-replay with no capacity bound: all the reuse the workload itself offers inside the window.
+computed: a request's hit is its longest prefix of blocks already in that cache. Blocks grow with
+position as ``routing/prefix_key.py`` lays them out, and each weighs its own token length. A
+request's blocks are touched last-to-first, so parents are more recent than children and evicted
+after them — a radix tree evicts leaves first, and the cached set stays prefix-closed. The *reuse
+ceiling* is the same replay with no capacity bound: all the reuse the workload offers in the window.
 Per request, available and ceiling are floored at what the worker actually reported — a hit that
 happened was by definition available (a cache warm from before the window, or a fleet that beats a
-shared LRU, cannot make available fall below captured). Block counts are converted to the worker's
-token count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per computation.
-LRU is a stack algorithm, so available grows with capacity and never exceeds the ceiling.
+shared LRU, cannot make available fall below captured). Estimated tokens are converted to the
+worker's count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per
+computation. The LRU always holds the most recent blocks that fit, so available grows with
+capacity and never exceeds the ceiling.
 
 **Occupancy**: running / max_running_requests and KV token usage per worker, averaged over the
 snapshot samples (stale snapshots skipped). **Latency split**: TTFT, worker queue time, admission
@@ -28,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.diagnose.window import RequestRecord, SnapshotSample
+from proxy.routing.prefix_key import block_sizes, prefix_tokens
 from proxy.telemetry.gpu import GpuReport
 from proxy.timing import RequestTiming
 
@@ -93,13 +96,13 @@ class _BlockLru:
             n += 1
         return n
 
-    def touch(self, hashes: Sequence[int], block_tokens: int) -> None:
-        for h in reversed(hashes):
+    def touch(self, hashes: Sequence[int], sizes: Sequence[int]) -> None:
+        for h, size in zip(reversed(hashes), reversed(sizes), strict=True):
             if h in self.blocks:
                 self.blocks.move_to_end(h)
             else:
-                self.blocks[h] = block_tokens
-                self.used += block_tokens
+                self.blocks[h] = size
+                self.used += size
         if self.capacity is not None:
             while self.used > self.capacity and self.blocks:
                 _, weight = self.blocks.popitem(last=False)
@@ -112,7 +115,7 @@ def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int
     out = []
     for r in records:
         out.append(lru.matched(r.block_hashes))
-        lru.touch(r.block_hashes, r.block_tokens)
+        lru.touch(r.block_hashes, block_sizes(r.block_tokens, len(r.block_hashes)))
     return out
 
 
@@ -126,12 +129,12 @@ def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) 
         if r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
             continue
         prompt = r.prompt_tokens
-        estimated = max(r.estimated_prompt_tokens, len(r.block_hashes) * r.block_tokens, 1)
+        estimated = max(r.estimated_prompt_tokens, prefix_tokens(len(r.block_hashes), r.block_tokens), 1)
         to_reported = prompt / estimated
         hit = float(min(prompt, max(0, r.cached_tokens)))
         captured += hit
-        available += max(hit, min(prompt, m_cap * r.block_tokens * to_reported))
-        ceiling += max(hit, min(prompt, m_all * r.block_tokens * to_reported))
+        available += max(hit, min(prompt, prefix_tokens(m_cap, r.block_tokens) * to_reported))
+        ceiling += max(hit, min(prompt, prefix_tokens(m_all, r.block_tokens) * to_reported))
         prompt_total += prompt
         reporting += 1
     if not reporting:

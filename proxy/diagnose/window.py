@@ -148,8 +148,12 @@ class DiagnosisWindows:
         max_requests: int = 1000,
         max_age_s: float = 300.0,
         max_snapshot_samples: int = 600,
+        snapshot_interval_s: float = 0.0,
     ) -> None:
         self._clock = clock
+        # Snapshots are published on every scrape of every worker; keep at most one sample per interval.
+        self._snapshot_interval_s = snapshot_interval_s
+        self._last_sample_at: float | None = None
         self.requests: SlidingWindow[RequestRecord] = SlidingWindow(
             clock, max_items=max_requests, max_age_s=max_age_s
         )
@@ -161,5 +165,10 @@ class DiagnosisWindows:
         self.requests.add(record)
 
     def observe(self, workers: Sequence[WorkerSnapshot]) -> None:
-        """Keep one sample of the fleet's snapshots (call once per scrape)."""
-        self.snapshots.add(SnapshotSample(at=self._clock.now(), workers=tuple(workers)))
+        """Keep a sample of the fleet's snapshots, at most one per ``snapshot_interval_s``."""
+        now = self._clock.now()
+        last = self._last_sample_at
+        if last is not None and now - last < self._snapshot_interval_s:
+            return
+        self._last_sample_at = now
+        self.snapshots.add(SnapshotSample(at=now, workers=tuple(workers)))

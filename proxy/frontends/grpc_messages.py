@@ -29,6 +29,7 @@ from proxy._proto.radixgate.v1 import admin_pb2, generate_pb2
 from proxy.errors import BadRequest, PayloadTooLarge
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
+from proxy.sse import TextDelta
 
 # Typed sampling fields (proto name → (native sampling_params key, OpenAI body key)).
 _SCALAR_SAMPLING: dict[str, tuple[str, str]] = {
@@ -186,6 +187,16 @@ def _extra(text: str) -> dict[str, Any]:
 # -- outbound ------------------------------------------------------------------------------------
 
 
+def tokens_added(delta: TextDelta, emitted: int) -> int:
+    """Output tokens one delta added, given ``emitted`` so far: from the worker's cumulative count when
+    it reports one (SGLang meta_info, an OpenAI usage chunk), else its token ids, else one per text."""
+    if delta.completion_tokens is not None:
+        return max(0, delta.completion_tokens - emitted)
+    if delta.token_ids:
+        return len(delta.token_ids)
+    return 1 if delta.text else 0
+
+
 def stage_timings(stages: Mapping[str, float | None]) -> generate_pb2.StageTimings:
     """``RequestTiming.stages()`` → StageTimings; a stage that did not happen stays unset."""
     out = generate_pb2.StageTimings()
@@ -199,7 +210,6 @@ def stage_timings(stages: Mapping[str, float | None]) -> generate_pb2.StageTimin
 def final_message(
     *,
     finish_reason: str,
-    matched_stop: str,
     prompt_tokens: int | None,
     cached_tokens: int | None,
     completion_tokens: int | None,
@@ -209,7 +219,6 @@ def final_message(
 ) -> generate_pb2.Final:
     return generate_pb2.Final(
         finish_reason=finish_reason,
-        matched_stop=matched_stop,
         prompt_tokens=prompt_tokens or 0,
         cached_tokens=cached_tokens or 0,
         completion_tokens=completion_tokens or 0,

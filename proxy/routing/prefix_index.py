@@ -27,12 +27,12 @@ Complexity: ``match`` O(log blocks) dict lookups; ``record`` O(blocks of the pro
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.routing.base import WorkerSnapshot
-from proxy.routing.prefix_key import BLOCKS_PER_DOUBLING, prefix_tokens
+from proxy.routing.prefix_key import block_sizes, prefix_tokens
 
 # Capacity assumed before a worker reports its KV pool size (Llama-3-8B on one H100, as llm-d).
 DEFAULT_CAPACITY_TOKENS = 500_000
@@ -87,36 +87,40 @@ class WorkerIndex:
     ) -> None:
         """Touch every block of a routed (or finished, ``confirmed``) prompt, tail first.
 
-        ``held`` = the number of leading blocks already held (``match(hashes).blocks``), when the
-        caller knows it; it lets new blocks go in with one bulk insert.
+        ``held``: leading blocks already held (``match(hashes).blocks``) if the caller knows.
         """
         blocks = self._blocks
         if held is None:
             held = _longest(hashes, blocks.__contains__)
+        flag = _CONFIRMED if confirmed else 0
         tail = hashes[held:]
-        if tail and not any(map(blocks.__contains__, tail)):
-            sizes = self._sizes(block_tokens, len(hashes))[held:]
-            flag = _CONFIRMED if confirmed else 0
+        if any(map(blocks.__contains__, tail)):
+            self._record_one_by_one(hashes, block_tokens, flag)
+        else:
+            head = hashes[:held]
+            if flag:
+                for h in head:
+                    blocks[h] |= _CONFIRMED
+            sizes = block_sizes(block_tokens, len(hashes))[held:]
+            # Oldest first: the tail's last block, ..., its first; then the held head, block 0 last.
             blocks.update(zip(reversed(tail), [(size << 1) | flag for size in reversed(sizes)], strict=True))
             self.tokens += sum(sizes)
-            head = hashes[:held]
-        else:  # blocks beyond the held prefix (a hash collision, a partial eviction): go one by one
-            head = hashes
-        if confirmed:
-            for h in head:
-                blocks[h] |= _CONFIRMED
-        for _ in map(blocks.move_to_end, reversed(head)):
-            pass
-        self._add_missing(head, block_tokens, confirmed)
+            deque(map(blocks.move_to_end, reversed(head)), maxlen=0)
         if self.tokens > self.capacity:
             self._evict()
 
-    def _add_missing(self, head: Sequence[int], block_tokens: int, confirmed: bool) -> None:
-        """(No-op unless ``head`` had holes.) Insert blocks of ``head`` that are not held."""
-
-    def _sizes(self, block_tokens: int, n: int) -> list[int]:
-        """Token length of each of the first ``n`` blocks (the layout of ``prefix_key``)."""
-        return block_sizes(block_tokens, n)
+    def _record_one_by_one(self, hashes: Sequence[int], block_tokens: int, flag: int) -> None:
+        blocks = self._blocks
+        sizes = block_sizes(block_tokens, len(hashes))
+        for i in range(len(hashes) - 1, -1, -1):
+            h = hashes[i]
+            entry = blocks.get(h)
+            if entry is None:
+                self.tokens += sizes[i]
+                blocks[h] = (sizes[i] << 1) | flag
+            else:
+                blocks[h] = entry | flag
+                blocks.move_to_end(h)
 
     def correct(self, block_tokens: int, confirmed_blocks: int, cached_tokens: int) -> None:
         """Learn from a finished request that matched ``confirmed_blocks`` confirmed blocks."""
@@ -140,10 +144,11 @@ class WorkerIndex:
             self._evict()
 
     def _evict(self) -> None:
-        blocks = self._blocks
-        while self.tokens > self.capacity and blocks:
-            _, entry = blocks.popitem(last=False)
-            self.tokens -= entry >> 1
+        blocks, tokens, capacity = self._blocks, self.tokens, self.capacity
+        popitem = blocks.popitem
+        while tokens > capacity and blocks:
+            tokens -= popitem(False)[1] >> 1
+        self.tokens = tokens
 
 
 def _longest(hashes: Sequence[int], held: Callable[[int], bool]) -> int:
@@ -185,12 +190,25 @@ class PrefixIndex:
             index = self._workers[url] = WorkerIndex(self.default_capacity_tokens)
         return index
 
+    def held(self, url: str, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` that ``url`` probably holds (``match(...).blocks``)."""
+        index = self._workers.get(url)
+        return _longest(hashes, index._blocks.__contains__) if index is not None else 0
+
+    def confirmed(self, url: str, hashes: Sequence[int], held: int) -> int:
+        """Leading blocks confirmed, among the first ``held`` (known to be held)."""
+        index = self._workers.get(url)
+        if index is None or held <= 0:
+            return 0
+        blocks = index._blocks
+        return _longest(hashes[:held], lambda h: bool(blocks[h] & _CONFIRMED))
+
     def match(self, url: str, hashes: Sequence[int]) -> Match:
         index = self._workers.get(url)
         return index.match(hashes) if index is not None else Match()
 
-    def record(self, url: str, hashes: Sequence[int], block_tokens: int) -> None:
-        self.worker(url).record(hashes, block_tokens)
+    def record(self, url: str, hashes: Sequence[int], block_tokens: int, *, held: int | None = None) -> None:
+        self.worker(url).record(hashes, block_tokens, held=held)
 
     def complete(
         self, url: str, hashes: Sequence[int], block_tokens: int, *, confirmed_blocks: int, cached_tokens: int | None
@@ -208,3 +226,28 @@ class PrefixIndex:
 
     def __contains__(self, url: str) -> bool:
         return url in self._workers
+
+
+class FleetCache:
+    """One LRU of the whole fleet's KV capacity: the prefix hits a perfect router could capture.
+
+    "Available" hit tokens of a request = what this single cache, fed every request in order,
+    already holds of its prompt; comparing it with what workers report (captured) tells routing
+    losses apart from workload limits.
+    """
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self._index = WorkerIndex(capacity_tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self._index.kv_tokens
+
+    def resize(self, capacity_tokens: int) -> None:
+        self._index.resize(capacity_tokens)
+
+    def observe(self, hashes: Sequence[int], block_tokens: int, prompt_tokens: int) -> int:
+        """Available cached tokens for this prompt; then the prompt joins the cache."""
+        held = self._index.match(hashes).blocks
+        self._index.record(hashes, block_tokens, held=held)
+        return min(prefix_tokens(held, block_tokens), prompt_tokens)

@@ -11,10 +11,11 @@ Rule:
      Block boundaries sit at fixed positions, the same for every prompt, so two prompts share
      leading blocks exactly as far as they share leading text: the first ``2 * BLOCKS_PER_DOUBLING``
      blocks are one unit long, then each run of ``BLOCKS_PER_DOUBLING`` blocks is twice as long
-     as the run before. Resolution stays within 1/``BLOCKS_PER_DOUBLING`` of the position (3% at
-     32), every boundary is a multiple of the unit (so of the workers' page size, see
-     ``block_tokens_for``), and a 32k-token prompt takes 224 blocks instead of 2,000 — this is
-     what keeps hashing + matching + index update of a long prompt within the decision budget.
+     as the run before. Resolution stays within 1/``BLOCKS_PER_DOUBLING`` of the position (6% at
+     16), every boundary is a multiple of the unit (so of the workers' page size, see
+     ``block_tokens_for``), and a 32k-token prompt takes 128 blocks instead of 2,000 — this is
+     what keeps hashing + matching + index update of a long prompt within the decision budget
+     (a Python dict insert costs ~0.2 us, so per-block work is what a decision pays for).
      Only full blocks are hashed: a trailing partial block cannot be matched by an extension of
      the prompt. ``prefix_tokens(n, block_tokens)`` converts a matched block count to tokens.
   3. Chained hashes. ``h[0] = xxh3_64(block[0], seed=S)``, ``h[i] = xxh3_64(block[i], seed=h[i-1])``
@@ -29,6 +30,7 @@ token ids, as SGLang's router has no text for them either.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from array import array
@@ -43,7 +45,7 @@ from proxy.routing.base import RouteRequest
 # Smallest block, in tokens: below this the per-block bookkeeping costs more than it saves.
 MIN_BLOCK_TOKENS = 16
 # Blocks per doubling of the block length (after the first 2x this many one-unit blocks).
-BLOCKS_PER_DOUBLING = 32
+BLOCKS_PER_DOUBLING = 16
 
 
 def block_tokens_for(page_sizes: Iterable[int], minimum: int = MIN_BLOCK_TOKENS) -> int:
@@ -88,6 +90,22 @@ def prefix_tokens(n_blocks: int, block_tokens: int) -> int:
     runs, rest = divmod(n_blocks - first, BLOCKS_PER_DOUBLING)
     covered = first * block_tokens << runs
     return covered + rest * (block_tokens << (runs + 1))
+
+
+def block_sizes(block_tokens: int, n_blocks: int) -> Sequence[int]:
+    """Token length of each of the first ``n_blocks`` blocks."""
+    table = _size_table(block_tokens)
+    if n_blocks <= len(table):
+        return table[:n_blocks]
+    ends = block_ends(block_tokens, prefix_tokens(n_blocks, block_tokens), n_blocks)
+    return [b - a for a, b in zip([0, *ends], ends, strict=False)]
+
+
+@functools.lru_cache(maxsize=16)
+def _size_table(block_tokens: int) -> tuple[int, ...]:
+    # A memo of a pure function: block lengths for prompts up to 2048 blocks (millions of tokens).
+    ends = block_ends(block_tokens, 1 << 62, 2048)
+    return tuple(b - a for a, b in zip([0, *ends], ends, strict=False))
 
 
 def blocks_within(tokens: int, block_tokens: int, limit: int) -> int:

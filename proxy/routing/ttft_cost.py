@@ -1,28 +1,23 @@
 """ttft (default): send each request where its estimated time to first token is smallest.
 
-Model, per healthy worker w, for a request of P prompt tokens:
-    cached_w    = tokens of the longest prefix w probably holds (``PrefixIndex``; token ids
-                  exact, text estimated at ``chars_per_token``), at most P
-    pending_w   = prefill tokens queued ahead of it: max(own, engine) where
-                    own    = uncached tokens of our in-flight requests on w that the engine does
-                             not yet count as running (the newest ``in_flight - running`` of
-                             them; all of them before the first scrape)
-                    engine = scraped ``waiting_uncached_tokens`` (else ``queued`` x the mean
-                             uncached size of our requests) -- also covers other proxies' traffic
-    spt_w       = seconds per prefill token, learned online: after each request, the sample
-                  (observed TTFT - decode term at decision) / (pending + uncached at decision),
-                  EWMA-smoothed (weight ``rate_alpha``) per worker and fleet-wide; a new worker
-                  starts from the fleet estimate, the fleet from ``prior_prefill_tokens_per_s``.
-                  Samples with less than ``min_sample_tokens`` of work are skipped (fixed
-                  overheads would dominate them).
-    decode_w    = ``decode_s_per_running`` x running requests (scraped, else our in-flight):
-                  the decode steps a new prefill is interleaved with.
-    ttft_w      = (pending_w + P - cached_w) x spt_w + decode_w
-    score_w     = ttft_w + ``work_weight`` x (P - cached_w) x spt_w
+Model, per healthy worker w, for a request of P prompt tokens (see ``ttft_model``):
+    cached_w   = tokens of the longest prefix w probably holds (``PrefixIndex``), at most P
+    uncached_w = P - cached_w
+    pending_w  = prefill tokens queued ahead of it = engine + unseen, where
+                   engine = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the
+                            mean uncached size of our requests), which also counts other proxies'
+                            traffic, and
+                   unseen = uncached tokens of our requests sent to w since its scraped state
+                            last changed (the engine cannot have counted them yet); before any
+                            scrape, all our in-flight requests there
+    running_w  = its decode batch (scraped ``running``, else our in-flight count)
+    ttft_w     = f_w x (c0 + c1 x (pending_w + uncached_w) + c2 x running_w), with c0, c1, c2
+                 fitted fleet-wide and f_w per worker, online from observed TTFTs
+    score_w    = ttft_w + ``work_weight`` x c1 x f_w x uncached_w
 The second term charges the prefill this request adds to the worker, which delays every later
 request there: greedy TTFT alone would send a follow-up of a prefix still being prefilled on its
 holder to an idle worker and pay that prefix twice. With it, reuse wins unless the holder's queue
-costs more than recomputing the prefix elsewhere (``work_weight`` 0 = greedy TTFT).
+and decode batch cost more than recomputing the prefix elsewhere (``work_weight`` 0 = greedy).
 Pick the smallest score among workers that are not saturated; scores within
 ``max(tie_abs_s, tie_rel x best)`` of the best count as tied, and among those the longest prefix
 match wins (affinity), then the least recently picked worker (so unique prompts spread evenly
@@ -36,12 +31,12 @@ prefix was passed over for load or saturation), ``balance`` (no worker holds any
 ``saturated`` (every worker saturated), ``only`` (one healthy worker).
 
 The routed prompt is recorded in the chosen worker's index; ``on_complete`` confirms it there,
-corrects the index by the reported ``cached_tokens`` and updates the rate. The policy keeps our
+corrects the index by the reported ``cached_tokens`` and feeds the model. The policy keeps our
 in-flight requests per worker, so the pipeline must call ``on_complete`` once per ``select``
 (``ok=False`` on failure); a per-worker cap bounds the table if it does not.
 
 Complexity: per decision O(W log B) index lookups + O(B) to record the prompt (B = blocks of
-the prompt, ~224 for 32k tokens) + O(W + requests behind the scrape) for pending work.
+the prompt, 128 for 32k tokens) + O(W + requests sent since the last scrape) for pending work.
 
 When to choose it: the default. Shared prefixes of any size, uneven prompt lengths, bursts.
 Params (``TtftParams``) and defaults below.
@@ -52,27 +47,29 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from proxy.config import ConfigError
 from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.registry import PolicySpec
+from proxy.routing.ttft_model import TtftModel, TtftPrior
 
 
 @dataclass(frozen=True)
 class TtftParams:
-    # Prefill rate assumed before any TTFT is observed (Llama-3.1-8B on one H100, roughly).
+    # Model prior (Llama-3.1-8B on one H100, roughly), refined online.
+    prior_base_s: float = 0.02
     prior_prefill_tokens_per_s: float = 12_000.0
-    # EWMA weight of one new seconds-per-token sample.
-    rate_alpha: float = 0.1
-    # Learn only from requests with at least this much prefill work ahead of their first token.
-    min_sample_tokens: int = 256
-    # TTFT added per request running on the worker (decode steps interleaved with prefill).
-    decode_s_per_running: float = 0.0003
+    prior_decode_s_per_running: float = 0.0003
+    # Forgetting factor of the fleet fit (effective memory ~ 1 / (1 - f) requests).
+    forgetting: float = 0.995
+    # EWMA weight of one observation in a worker's speed factor.
+    factor_alpha: float = 0.05
     # Weight of the prefill this request adds to the chosen worker (0 = greedy TTFT).
     work_weight: float = 1.0
-    # Estimates within max(tie_abs_s, tie_rel * best) of the best are tied.
+    # Scores within max(tie_abs_s, tie_rel * best) of the best are tied.
     tie_rel: float = 0.1
     tie_abs_s: float = 0.005
     token_usage_limit: float = 0.95
@@ -85,10 +82,11 @@ class TtftParams:
 
     def validate(self) -> None:
         checks = {
+            "prior_base_s": self.prior_base_s >= 0,
             "prior_prefill_tokens_per_s": self.prior_prefill_tokens_per_s > 0,
-            "rate_alpha": 0 < self.rate_alpha <= 1,
-            "min_sample_tokens": self.min_sample_tokens >= 0,
-            "decode_s_per_running": self.decode_s_per_running >= 0,
+            "prior_decode_s_per_running": self.prior_decode_s_per_running >= 0,
+            "forgetting": 0.5 <= self.forgetting <= 1,
+            "factor_alpha": 0 <= self.factor_alpha <= 1,
             "work_weight": self.work_weight >= 0,
             "tie_rel": self.tie_rel >= 0,
             "tie_abs_s": self.tie_abs_s >= 0,
@@ -102,29 +100,32 @@ class TtftParams:
                 raise ConfigError(f"routing.params.{name}: out of range ({getattr(self, name)!r})")
 
 
-@dataclass(frozen=True, slots=True)
-class _InFlight:
+class _InFlight(NamedTuple):
     request: RouteRequest
-    url: str
     uncached: int
-    pending: int
-    decode_s: float
+    work: int
+    running: int
     confirmed_blocks: int
+    # The worker's scrape signature when we sent it (unseen by the engine while it is current).
+    signature: tuple[object, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Estimate:
+class Estimate(NamedTuple):
     """One worker's TTFT estimate for one request (exposed for tests and explanations)."""
 
     url: str
     ttft_s: float
     score: float
     matched_blocks: int
-    confirmed_blocks: int
     uncached: int
     pending: int
-    decode_s: float
+    running: int
     saturated: bool
+
+
+def _signature(worker: WorkerSnapshot) -> tuple[object, ...]:
+    """The scraped part of a snapshot: a change means a new scrape reached us."""
+    return (worker.running, worker.queued, worker.waiting_uncached_tokens, worker.token_usage, worker.cache_hit_rate)
 
 
 class TtftCost:
@@ -133,33 +134,38 @@ class TtftCost:
     def __init__(self, params: TtftParams) -> None:
         self.params = params
         self.index = PrefixIndex(params.default_capacity_tokens)
-        self._fleet_spt = 1.0 / params.prior_prefill_tokens_per_s
-        self._spt: dict[str, float] = {}
+        self.model = TtftModel(
+            TtftPrior(params.prior_base_s, params.prior_prefill_tokens_per_s, params.prior_decode_s_per_running),
+            forgetting=params.forgetting,
+            factor_alpha=params.factor_alpha,
+        )
         self._mean_uncached = 1024.0
         # url -> {id(request): _InFlight}, in dispatch order.
         self._in_flight: dict[str, dict[int, _InFlight]] = {}
         self._last_pick: dict[str, int] = {}
         self._decisions = 0
 
-    # -- model ---------------------------------------------------------------------------------
-
-    def seconds_per_token(self, url: str) -> float:
-        return self._spt.get(url, self._fleet_spt)
+    # -- model inputs --------------------------------------------------------------------------
 
     def pending_prefill(self, worker: WorkerSnapshot) -> int:
         own = self._in_flight.get(worker.url, {})
-        behind = len(own) - worker.running if worker.running is not None else len(own)
-        own_pending = 0
-        if behind > 0:
-            for n, entry in enumerate(reversed(own.values())):
-                if n >= behind:
-                    break
-                own_pending += entry.uncached
+        scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
+        if not scraped:
+            return sum(e.uncached for e in own.values())
+        current = _signature(worker)
+        unseen = 0
+        for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
+            if entry.signature != current:
+                break
+            unseen += entry.uncached
         if worker.waiting_uncached_tokens is not None:
             engine = worker.waiting_uncached_tokens
         else:
             engine = int((worker.queued or 0) * self._mean_uncached)
-        return max(own_pending, engine)
+        return engine + unseen
+
+    def running(self, worker: WorkerSnapshot) -> int:
+        return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
 
     def saturated(self, worker: WorkerSnapshot) -> bool:
         p = self.params
@@ -177,18 +183,14 @@ class TtftCost:
         )
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
-        match = self.index.match(worker.url, request.block_hashes)
-        cached = min(prefix_tokens(match.blocks, request.block_tokens), request.prompt_tokens)
+        matched = self.index.held(worker.url, request.block_hashes)
+        cached = min(prefix_tokens(matched, request.block_tokens), request.prompt_tokens)
         uncached = request.prompt_tokens - cached
         pending = self.pending_prefill(worker)
-        running = worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
-        decode_s = self.params.decode_s_per_running * running
-        spt = self.seconds_per_token(worker.url)
-        ttft = (pending + uncached) * spt + decode_s
-        score = ttft + self.params.work_weight * uncached * spt
-        return Estimate(
-            worker.url, ttft, score, match.blocks, match.confirmed, uncached, pending, decode_s, self.saturated(worker)
-        )
+        running = self.running(worker)
+        ttft = self.model.predict(worker.url, pending + uncached, running)
+        score = ttft + self.params.work_weight * uncached * self.model.seconds_per_token(worker.url)
+        return Estimate(worker.url, ttft, score, matched, uncached, pending, running, self.saturated(worker))
 
     # -- Policy --------------------------------------------------------------------------------
 
@@ -214,7 +216,8 @@ class TtftCost:
             branch = "affinity"
         else:
             branch = "spill"
-        self._remember(request, chosen)
+        worker = next(w for w in candidates if w.url == chosen.url)
+        self._remember(request, chosen, _signature(worker))
         return Decision(
             chosen.url,
             branch,
@@ -222,16 +225,17 @@ class TtftCost:
             reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
         )
 
-    def _remember(self, request: RouteRequest, chosen: Estimate) -> None:
+    def _remember(self, request: RouteRequest, chosen: Estimate, signature: tuple[object, ...]) -> None:
         self._decisions += 1
         self._last_pick[chosen.url] = self._decisions
-        self.index.record(chosen.url, request.block_hashes, request.block_tokens)
+        confirmed = self.index.confirmed(chosen.url, request.block_hashes, chosen.matched_blocks)
+        self.index.record(chosen.url, request.block_hashes, request.block_tokens, held=chosen.matched_blocks)
         key = id(request)
         for table in self._in_flight.values():
             table.pop(key, None)  # a retry of the same request routes it again
         table = self._in_flight.setdefault(chosen.url, {})
         table[key] = _InFlight(
-            request, chosen.url, chosen.uncached, chosen.pending, chosen.decode_s, chosen.confirmed_blocks
+            request, chosen.uncached, chosen.pending + chosen.uncached, chosen.running, confirmed, signature
         )
         if len(table) > self.params.max_tracked_per_worker:
             del table[next(iter(table))]
@@ -253,15 +257,10 @@ class TtftCost:
             # Reported tokens may count differently from our estimate: keep our units.
             share = 1.0 - min(completion.cached_tokens, completion.prompt_tokens) / completion.prompt_tokens
             uncached = round(request.prompt_tokens * share)
-        a = self.params.rate_alpha
-        self._mean_uncached += a * (uncached - self._mean_uncached)
-        work = entry.pending + uncached
-        if completion.ttft is None or work < max(1, self.params.min_sample_tokens):
-            return
-        sample = max(completion.ttft - entry.decode_s, 1e-6) / work
-        own = self._spt.get(completion.worker, self._fleet_spt)
-        self._spt[completion.worker] = own + a * (sample - own)
-        self._fleet_spt += a * (sample - self._fleet_spt)
+        self._mean_uncached += 0.05 * (uncached - self._mean_uncached)
+        if completion.ttft is not None:
+            work = entry.work - entry.uncached + uncached
+            self.model.learn(completion.worker, work, entry.running, completion.ttft)
 
     @staticmethod
     def _reported_cached(completion: Completion) -> int | None:
@@ -276,9 +275,11 @@ class TtftCost:
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._spt, self._last_pick):
+        for table in (self._in_flight, self._last_pick):
             for url in [u for u in table if u not in present]:
                 del table[url]
+        for url in [u for u in self.model.known() if u not in present]:
+            self.model.forget(url)
 
 
 def _factory(params: TtftParams, rng: random.Random) -> TtftCost:

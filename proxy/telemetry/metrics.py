@@ -26,6 +26,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.routing.base import WorkerSnapshot
+from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
+from proxy.routing.prefix_key import prefix_tokens
+from proxy.telemetry.fastmetrics import FastCounter, FastHistogram
 
 if TYPE_CHECKING:
     from proxy.diagnose.service import Diagnosis
@@ -44,9 +47,15 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "itl": (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5),
     # Whole generations: tens of ms to half an hour.
     "e2e": (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0),
+    # Prefix match lengths, in tokens (not seconds): nothing, a page, a system prompt, long context.
+    "match_tokens": (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072),
 }
 
-NO_WORKER = "none"  # worker label of a request that failed before one was chosen
+NO_WORKER = "none"
+
+# Request-path metrics are FastCounter / FastHistogram (lock-free, see fastmetrics.py); the
+# helpers below also accept prometheus_client's own Counter / Histogram.
+AnyMetric = FastCounter | FastHistogram | Counter | Histogram  # worker label of a request that failed before one was chosen
 
 
 class StateProvider(Protocol):
@@ -69,84 +78,85 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        self.requests_accepted = Counter(
+        self.requests_accepted = FastCounter(
             "radixgate_requests_accepted_total", "Requests a frontend accepted for processing.",
             ["frontend"], registry=r)
-        self.requests_succeeded = Counter(
+        self.requests_succeeded = FastCounter(
             "radixgate_requests_succeeded_total", "Requests that ended with a complete answer.",
             ["frontend"], registry=r)
-        self.requests_failed = Counter(
+        self.requests_failed = FastCounter(
             "radixgate_requests_failed_total", "Requests that ended with an error (see errors_total).",
             ["frontend"], registry=r)
-        self.errors = Counter(
+        self.errors = FastCounter(
             "radixgate_errors_total", "Failed requests by cause (one per failed request).",
             ["frontend", "cause"], registry=r)
-        self.upstream_failures = Counter(
+        self.upstream_failures = FastCounter(
             "radixgate_upstream_failures_total",
             "Failed attempts on a worker (connect error, 5xx, queue full, timeout, broken stream).",
             ["worker", "cause"], registry=r)
-        self.retries = Counter(
+        self.retries = FastCounter(
             "radixgate_retries_total", "Attempts moved to another worker before anything reached the client.",
             ["cause"], registry=r)
-        self.ejections = Counter(
+        self.ejections = FastCounter(
             "radixgate_worker_ejections_total", "Passive ejections of a worker after repeated failures.",
             ["worker"], registry=r)
-        self.aborts = Counter(
+        self.aborts = FastCounter(
             "radixgate_upstream_aborts_total", "abort_request calls sent to a worker after the client left.",
             ["worker"], registry=r)
-        self.decisions = Counter(
+        self.decisions = FastCounter(
             "radixgate_policy_decisions_total", "Routing decisions by policy and branch.",
             ["policy", "branch"], registry=r)
-        self.admission_wait = Histogram(
+        self.admission_wait = FastHistogram(
             "radixgate_admission_wait_seconds", "Time a request waited in the proxy's admission queue.",
             ["frontend", "outcome"], buckets=BUCKETS["queue"], registry=r)
-        self.proxy_overhead = Histogram(
+        self.proxy_overhead = FastHistogram(
             "radixgate_proxy_overhead_seconds",
             "Proxy time before dispatch, admission wait excluded (parse, hash, route).",
             ["frontend"], buckets=BUCKETS["proxy"], registry=r)
-        self.upstream_ttfb = Histogram(
+        self.upstream_ttfb = FastHistogram(
             "radixgate_upstream_ttfb_seconds", "Dispatch to upstream response headers.",
             ["worker"], buckets=BUCKETS["ttft"], registry=r)
-        self.ttft = Histogram(
+        self.ttft = FastHistogram(
             "radixgate_ttft_seconds", "Time to first token as the client sees it (received to first token).",
             ["worker", "frontend"], buckets=BUCKETS["ttft"], registry=r)
-        self.upstream_ttft = Histogram(
+        self.upstream_ttft = FastHistogram(
             "radixgate_upstream_ttft_seconds", "Dispatch to first token (the worker's share of TTFT).",
             ["worker"], buckets=BUCKETS["ttft"], registry=r)
-        self.itl = Histogram(
+        self.itl = FastHistogram(
             "radixgate_inter_token_latency_seconds", "Gap between consecutive token-bearing chunks.",
             ["worker"], buckets=BUCKETS["itl"], registry=r)
-        self.decode = Histogram(
+        self.decode = FastHistogram(
             "radixgate_decode_seconds", "First token to last token.",
             ["worker"], buckets=BUCKETS["e2e"], registry=r)
-        self.e2e = Histogram(
+        self.e2e = FastHistogram(
             "radixgate_e2e_seconds", "Received to done, by outcome.",
             ["worker", "frontend", "outcome"], buckets=BUCKETS["e2e"], registry=r)
-        self.worker_queue = Histogram(
+        self.worker_queue = FastHistogram(
             "radixgate_worker_queue_seconds", "The worker's own queue_time (meta_info, --enable-metrics).",
             ["worker"], buckets=BUCKETS["queue"], registry=r)
-        self.worker_ttft = Histogram(
+        self.worker_ttft = FastHistogram(
             "radixgate_worker_ttft_seconds", "The worker's own first_token_latency (meta_info).",
             ["worker"], buckets=BUCKETS["ttft"], registry=r)
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = FastCounter(
             "radixgate_prompt_tokens_total", "Prompt tokens reported by workers.", ["worker"], registry=r)
-        self.cached_tokens = Counter(
+        self.cached_tokens = FastCounter(
             "radixgate_cached_tokens_total", "Prompt tokens served from the worker's prefix cache.",
             ["worker"], registry=r)
-        self.completion_tokens = Counter(
+        self.completion_tokens = FastCounter(
             "radixgate_completion_tokens_total", "Generated tokens reported by workers.", ["worker"], registry=r)
-        self.health_probe_failures = Counter(
+        self.health_probe_failures = FastCounter(
             "radixgate_health_probe_failures_total", "Failed active health probes.", ["worker"], registry=r)
-        self.scrape_failures = Counter(
+        self.scrape_failures = FastCounter(
             "radixgate_scrape_failures_total", "Failed engine-state scrapes.", ["worker"], registry=r)
-        self.worker_restarts = Counter(
+        self.worker_restarts = FastCounter(
             "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
             ["worker"], registry=r)
-        self._children: dict[tuple[int, tuple[str, ...]], object] = {}
-        self._by_worker: dict[str, list[tuple[Counter | Histogram, tuple[str, ...]]]] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._by_worker: dict[str, list[tuple[AnyMetric, tuple[str, ...]]]] = {}
+        self._init_routing(r)
 
     # -- fast labelled access ----------------------------------------------------------------------
-    def child(self, metric: Counter | Histogram, *labels: str, worker: str | None = None) -> object:
+    def child(self, metric: AnyMetric, *labels: str, worker: str | None = None) -> Any:
         """The cached child for ``labels``; remembered under ``worker`` for removal."""
         key = (id(metric), labels)
         found = self._children.get(key)
@@ -157,16 +167,19 @@ class Metrics:
                 self._by_worker.setdefault(worker, []).append((metric, labels))
         return found
 
-    def inc(self, metric: Counter, *labels: str, amount: float = 1.0, worker: str | None = None) -> None:
-        self.child(metric, *labels, worker=worker).inc(amount)  # type: ignore[attr-defined]
+    def inc(self, metric: FastCounter | Counter, *labels: str, amount: float = 1.0,
+            worker: str | None = None) -> None:
+        self.child(metric, *labels, worker=worker).inc(amount)
 
-    def observe(self, metric: Histogram, value: float, *labels: str, worker: str | None = None) -> None:
-        self.child(metric, *labels, worker=worker).observe(value)  # type: ignore[attr-defined]
+    def observe(self, metric: FastHistogram | Histogram, value: float, *labels: str,
+                worker: str | None = None) -> None:
+        self.child(metric, *labels, worker=worker).observe(value)
 
     def record(self, done: CompletedRequest) -> None:
         """Everything one finished request contributes (called once per request by the pipeline)."""
         fe, t = done.frontend, done.timing
         w = done.worker or NO_WORKER
+        self._record_routing(done)
         wk = done.worker  # label sets naming a real worker are forgotten with it
         if done.outcome == "ok":
             self.inc(self.requests_succeeded, fe)
@@ -188,9 +201,7 @@ class Metrics:
         if (v := t.upstream_ttft) is not None:
             self.observe(self.upstream_ttft, v, wk, worker=wk)
         if t.token_gaps:
-            itl: Any = self.child(self.itl, wk, worker=wk)
-            for gap in t.token_gaps:
-                itl.observe(gap)
+            self.child(self.itl, wk, worker=wk).observe_many(t.token_gaps)
         if (v := t.decode) is not None:
             self.observe(self.decode, v, wk, worker=wk)
         if t.worker_queue_time is not None:
@@ -216,6 +227,71 @@ class Metrics:
     def attach_state(self, provider: StateProvider) -> None:
         """Register the scrape-time collector for worker and admission gauges."""
         self.registry.register(_StateCollector(provider))
+        self._attach_routing_state(provider)
+
+
+    # == routing decision quality (owned by the routing helper; keep additions inside this block) ==
+    # Tokens are counted in the worker's units: our own estimates (predicted, available) are
+    # rescaled by reported prompt tokens / estimated prompt tokens of the same request.
+    def _init_routing(self, r: CollectorRegistry) -> None:
+        self._routing_state: StateProvider | None = None
+        self._fleet_cache: FleetCache | None = None
+        self.routing_predicted_cached = Counter(
+            "radixgate_routing_predicted_cached_tokens_total",
+            "Cached tokens the policy predicted on the worker it chose (requests with a cache report).",
+            ["policy"], registry=r)
+        self.routing_reported_cached = Counter(
+            "radixgate_routing_reported_cached_tokens_total",
+            "Cached tokens workers reported, for the same requests as the predicted counter.",
+            ["policy"], registry=r)
+        self.routing_prediction_error = Counter(
+            "radixgate_routing_cache_prediction_error_tokens_total",
+            "Predicted minus reported cached tokens, split by sign (over = predicted too many).",
+            ["policy", "direction"], registry=r)
+        self.routing_available_cached = Counter(
+            "radixgate_routing_available_cached_tokens_total",
+            "Cached tokens one fleet-wide cache of the same total KV capacity would have hit.",
+            ["policy"], registry=r)
+        self.routing_prompt_tokens = Counter(
+            "radixgate_routing_prompt_tokens_total",
+            "Prompt tokens of the requests counted by the routing hit-rate counters.",
+            ["policy"], registry=r)
+        self.routing_match_tokens = Histogram(
+            "radixgate_routing_match_tokens",
+            "Prefix match length the policy saw on the worker it chose, in (estimated) tokens.",
+            ["policy"], buckets=BUCKETS["match_tokens"], registry=r)
+
+    def _attach_routing_state(self, provider: StateProvider) -> None:
+        self._routing_state = provider
+
+    def _record_routing(self, done: CompletedRequest) -> None:
+        route, decision, t = done.route, done.decision, done.timing
+        if route is None or decision is None:
+            return
+        predicted = min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens)
+        self.observe(self.routing_match_tokens, predicted, done.policy)
+        if done.outcome != "ok" or t.cached_tokens is None or not t.prompt_tokens or not route.prompt_tokens:
+            return
+        scale = t.prompt_tokens / route.prompt_tokens
+        predicted_reported = round(predicted * scale)
+        error = predicted_reported - t.cached_tokens
+        self.inc(self.routing_predicted_cached, done.policy, amount=predicted_reported)
+        self.inc(self.routing_reported_cached, done.policy, amount=t.cached_tokens)
+        self.inc(self.routing_prediction_error, done.policy, "over" if error > 0 else "under", amount=abs(error))
+        self.inc(self.routing_prompt_tokens, done.policy, amount=t.prompt_tokens)
+        fleet = self._fleet_kv_tokens()
+        if self._fleet_cache is None:
+            self._fleet_cache = FleetCache(fleet)
+        elif fleet != self._fleet_cache.capacity:
+            self._fleet_cache.resize(fleet)
+        available = self._fleet_cache.observe(route.block_hashes, route.block_tokens, route.prompt_tokens)
+        self.inc(self.routing_available_cached, done.policy, amount=round(available * scale))
+
+    def _fleet_kv_tokens(self) -> int:
+        state = self._routing_state
+        snaps = state.worker_snapshots() if state is not None else ()
+        return sum(s.max_total_tokens or DEFAULT_CAPACITY_TOKENS for s in snaps) or DEFAULT_CAPACITY_TOKENS
+    # == end of routing block ==
 
 
 class _StateCollector(Collector):

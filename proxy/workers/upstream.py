@@ -2,9 +2,10 @@
 
 * Keep-alive: connections are reused; ``upstream.keepalive_timeout_s`` stays below SGLang's
   (uvicorn's 5 s) so we never write into a connection the worker is about to close.
-* TCP_NODELAY: aiohttp sets it on every connection it opens (``BaseProtocol.connection_made``), for
-  our client sockets and the server sockets it accepts alike; the integration tests read the option
-  back from both ends, so a regression shows.
+* TCP_NODELAY: aiohttp sets it on every connection (``BaseProtocol.connection_made``), for our
+  client sockets and the server sockets it accepts alike. Small SSE writes then leave at once
+  instead of waiting out a delayed ACK (~40 ms per streamed request otherwise); the integration
+  test ``test_proxy_nagle`` checks that behaviour end to end.
 * Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` between reads (aiohttp sock_read);
   the first byte and the total deadline are enforced by the pipeline around the whole exchange.
 * Side requests (``abort``) run as tracked background tasks and are awaited on ``close()``.

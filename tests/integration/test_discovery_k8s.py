@@ -70,6 +70,10 @@ def make_source(base: str, token_file: Path, **kw: object) -> KubernetesSource:
     return KubernetesSource(**params)  # type: ignore[arg-type]
 
 
+def rotate(token_file: Path, token: str) -> None:
+    token_file.write_text(token)
+
+
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
@@ -203,7 +207,7 @@ async def test_pods_mode_keeps_running_ready_pods_and_drops_one_as_soon_as_it_is
 
 async def test_the_token_is_sent_as_bearer_and_reread_after_rotation(token_file: Path) -> None:
     api = StandinApi(token="old")
-    token_file.write_text("old")
+    rotate(token_file, "old")
     await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("10.0.0.1", True, False)], 30000))
     async with serve(api) as base, watching(make_source(base, token_file)) as updates:
         assert await updates.next() == {"http://10.0.0.1:30000"}
@@ -211,7 +215,7 @@ async def test_the_token_is_sent_as_bearer_and_reread_after_rotation(token_file:
         api.token = "new"  # the server rotates; the old token now gets 401
         api.end_watches()
         await until(lambda: sum(r["auth"] == "denied" for r in api.requests) >= 3, "a few 401s")
-        token_file.write_text("new")  # the kubelet refreshes the projected token
+        rotate(token_file, "new")  # the kubelet refreshes the projected token
         await until(lambda: api.requests[-1]["auth"] == "ok" and api.requests[-1].get("watch") == "1",
                     "an authorised watch again")
         await api.put("endpointslices", NS, endpoint_slice("sglang-b", "sglang", [("10.0.0.2", True, False)], 30000))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from loadtests.simworker import Fleet, SimConfig
 
-from .simworker_helpers import json_events, load, poll
+from .simworker_helpers import json_events, load, poll, sse_events
 
 LONG_PROMPT = " ".join(f"w{i % 97}x{i}" for i in range(3000))  # ~4.3k tokens
 
@@ -27,7 +28,8 @@ async def stream_ttft(session: aiohttp.ClientSession, url: str, body: dict[str, 
 
 
 async def test_the_same_prompt_twice_hits_the_cache_and_starts_faster() -> None:
-    async with Fleet.in_process([SimConfig(time_scale=4.0)]) as fleet, aiohttp.ClientSession() as s:
+    # Real time (scale 1): the cold prefill takes ~0.1 s, far above scheduling noise on a busy machine.
+    async with Fleet.in_process([SimConfig(time_scale=1.0)]) as fleet, aiohttp.ClientSession() as s:
         body = {"text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 2}}
         cold_ttft, cold = await stream_ttft(s, fleet.urls[0], body)
         warm_ttft, warm = await stream_ttft(s, fleet.urls[0], body)
@@ -52,7 +54,7 @@ async def test_a_multi_turn_chat_reuses_the_previous_turn() -> None:
 
 
 async def test_overload_raises_queue_time() -> None:
-    config = SimConfig(time_scale=10.0, enable_metrics=True, max_running_requests=2)
+    config = SimConfig(time_scale=2.0, enable_metrics=True, max_running_requests=2)
     body = {"text": "short prompt here", "sampling_params": {"max_new_tokens": 20}}
     async with Fleet.in_process([config]) as fleet, aiohttp.ClientSession() as s:
         url = fleet.urls[0]
@@ -66,7 +68,7 @@ async def test_overload_raises_queue_time() -> None:
         crowd = await asyncio.gather(*(one(i) for i in range(6)))
     waits = sorted(m["queue_time"] for m in crowd)
     assert waits[-1] > alone["e2e_latency"]  # the last pair waited for two batches of two to finish
-    assert waits[-1] > 20 * max(alone["queue_time"], 1e-4)
+    assert waits[-1] > 10 * alone["queue_time"]
     assert waits[0] < waits[-1] / 4
 
 
@@ -190,3 +192,16 @@ async def test_a_subprocess_fleet_starts_kills_and_restarts_workers() -> None:
         assert fleet.urls[1] == url
         async with s.get(f"{url}/health") as resp:
             assert resp.status == 200
+
+
+async def test_a_stream_cut_by_shutdown_ends_with_an_error_chunk_then_done() -> None:
+    async with Fleet.in_process([SimConfig(time_scale=20.0)]) as fleet, aiohttp.ClientSession() as s:
+        body = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 5000}}
+        async with s.post(f"{fleet.urls[0]}/generate", json=body) as resp:
+            await resp.content.readuntil(b"\n\n")
+            stopping = asyncio.create_task(fleet.workers[0].stop())
+            events = sse_events((await resp.content.read()).decode())
+            await stopping
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 503 and error["type"] == "invalid_request_error" and error["retryable"] is False

@@ -44,7 +44,7 @@ def traces(draw: st.DrawFn) -> list[RequestRecord]:
 
 
 @given(traces(), st.none() | st.integers(0, 2_000))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_captured_never_exceeds_available_which_never_exceeds_the_ceiling_or_one(trace, capacity) -> None:
     c = cache_signal(trace, capacity)
     if c.captured is None:
@@ -57,7 +57,7 @@ def test_captured_never_exceeds_available_which_never_exceeds_the_ceiling_or_one
 
 
 @given(traces(), st.integers(0, 1_000), st.integers(0, 1_000))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_a_bigger_fleet_cache_never_serves_fewer_blocks(trace, a, b) -> None:
     small, large = sorted((a, b))
     ordered = sorted(trace, key=lambda r: r.order_key)
@@ -70,7 +70,7 @@ def test_a_bigger_fleet_cache_never_serves_fewer_blocks(trace, a, b) -> None:
 
 @given(traces(), st.lists(st.sampled_from(["w0", "w1", "w2", "w3"]), max_size=4),
        st.none() | st.floats(0.0, 1.0), st.integers(1, 8))
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_every_gpu_second_of_the_window_is_charged_once(trace, workers, idle, gpus) -> None:
     c = stage_costs(trace, workers=workers, price_per_gpu_hour=2.5, gpus_per_worker=gpus, gpu_idle_share=idle)
     assert sum(s.gpu_seconds for s in c.stages) == pytest.approx(c.total_gpu_seconds, rel=1e-9, abs=1e-9)
@@ -114,7 +114,7 @@ def any_signals(draw: st.DrawFn) -> Signals:
 
 
 @given(any_signals(), st.floats(0.1, 10.0))
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 def test_the_verdict_is_a_total_function(s, slo) -> None:
     p = dataclasses.replace(rules.RuleParams(), slo_ttft_p95_s=slo)
     v = rules.verdict(s, p)

@@ -13,6 +13,7 @@ from proxy.diagnose.signals import (
     WindowInfo,
 )
 from proxy.diagnose.window import RequestRecord
+from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.gpu import GpuIdle, GpuReport
 from proxy.timing import RequestTiming
 
@@ -44,7 +45,7 @@ def record(
         now += g
         t.mark_token(now)
     t.done = now
-    tokens = len(blocks) * block_tokens
+    tokens = prefix_tokens(len(blocks), block_tokens)
     t.prompt_tokens = prompt if prompt is not None else (tokens or 100)
     t.cached_tokens = cached
     t.completion_tokens = len(gaps) + 1

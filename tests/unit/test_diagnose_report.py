@@ -58,9 +58,9 @@ def test_current_reuses_a_fresh_diagnosis_and_recomputes_a_stale_one() -> None:
     clock = ManualClock()
     d = round_robin_fleet(clock)
     first = d.current()
-    clock.advance(1.0)
+    clock.advance(9.0)  # refresh_s 5: a result is reused up to 10 s
     assert d.current() is first
-    clock.advance(5.0)
+    clock.advance(2.0)
     assert d.current() is not first
 
 
@@ -75,3 +75,32 @@ def test_an_empty_window_is_insufficient_data_and_still_renders() -> None:
 def test_config_slo_sets_the_rule_slo() -> None:
     p = params_from_config(DiagnoseConfig(slo_ttft_p95_s=0.7, thresholds={"saturation": 0.8}))
     assert (p.slo_ttft_p95_s, p.saturation) == (0.7, 0.8)
+
+
+def test_report_command_prints_a_saved_document(tmp_path, capsys) -> None:
+    from proxy.diagnose.report import main
+
+    saved = tmp_path / "diagnosis.json"
+    saved.write_text(json.dumps(to_json(round_robin_fleet(ManualClock()).diagnose())))
+    assert main(["--file", str(saved)]) == 0
+    assert "Verdict: TUNE" in capsys.readouterr().out
+    assert main(["--file", str(saved), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"]["kind"] == "tune"
+
+
+def test_report_command_explains_what_it_cannot_read(tmp_path, capsys) -> None:
+    from proxy.diagnose.report import main
+
+    assert main(["--file", str(tmp_path / "missing.json")]) == 1
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    assert main(["--file", str(tmp_path / "other.json")]) == 1
+    assert "not a /diagnosis document" in capsys.readouterr().err
+
+
+def test_radixgate_report_subcommand_reaches_the_report(tmp_path, capsys) -> None:
+    from proxy.cli import main as cli_main
+
+    saved = tmp_path / "d.json"
+    saved.write_text(json.dumps(to_json(round_robin_fleet(ManualClock()).diagnose())))
+    assert cli_main(["report", "--file", str(saved)]) == 0
+    assert "The four numbers" in capsys.readouterr().out

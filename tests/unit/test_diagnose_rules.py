@@ -49,16 +49,19 @@ CASES = [
      {"cache": {"captured": 0.38, "available": 0.40, "reuse_ceiling": 0.80, "capacity_tokens": None}},
      set(), rules.HEALTHY, None),
     ("queueing with a full batch and empty KV means max_running_requests is too low",
-     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.2, "occupancy_mean": 1.0}},
+     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.2, "occupancy_mean": 1.0}},
      {"admission"}, rules.TUNE, "max_running_requests"),
     ("queueing with free slots and empty KV means admission is too conservative",
-     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
+     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
      {"admission"}, rules.TUNE, "schedule_conservativeness"),
     ("a long worker queue time alone also counts as queueing",
      {"occupancy": {"token_usage_mean": 0.3, "occupancy_mean": 1.0}, "latency": {"worker_queue": dist(0.2, 1.0)}},
      {"admission"}, rules.TUNE, "max_running_requests"),
+    ("a momentary engine queue (under one request per worker) is not queueing",
+     {"occupancy": {"queued_mean": 0.6, "queueing_share": 0.5, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
+     set(), rules.HEALTHY, None),
     ("queueing with full KV is not an admission problem",
-     {"occupancy": {"queueing_share": 0.8, "token_usage_mean": 0.9, "occupancy_mean": 0.7}},
+     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.9, "occupancy_mean": 0.7}},
      set(), rules.HEALTHY, None),
     ("a GPU idle while work runs is a scheduling stall",
      {"gpu": gpu(0.5), "occupancy": {"occupancy_mean": 0.6}},
@@ -127,7 +130,7 @@ def test_round_robin_verdict_names_the_routing_policy_setting() -> None:
 
 
 def test_max_running_requests_verdict_names_the_sglang_flag() -> None:
-    s = with_(healthy_signals(), occupancy={"queueing_share": 0.9, "token_usage_mean": 0.1, "occupancy_mean": 1.0})
+    s = with_(healthy_signals(), occupancy={"queued_mean": 3.0, "token_usage_mean": 0.1, "occupancy_mean": 1.0})
     v = rules.verdict(s, P)
     assert [lv.setting for lv in v.levers] == ["--max-running-requests"]
 
@@ -164,7 +167,7 @@ def test_slo_is_a_parameter() -> None:
 
 def test_slo_missed_with_no_visible_cause_is_a_low_confidence_ceiling() -> None:
     s = with_(healthy_signals(), latency={"ttft": dist(1.5, 3.0)},
-              occupancy={"queueing_share": 0.5, "token_usage_mean": 0.7, "occupancy_mean": 0.7})
+              occupancy={"queued_mean": 2.0, "token_usage_mean": 0.7, "occupancy_mean": 0.7})
     v = rules.verdict(s, P)
     assert (v.kind, v.findings, v.confidence_label) == (rules.AT_CEILING, (), "low")
 
@@ -181,3 +184,11 @@ def test_confidence_rises_with_the_margin_past_the_threshold() -> None:
     near = with_(healthy_signals(), cache={"captured": 0.5, "available": 0.7}, policies=("round_robin",))
     far = with_(healthy_signals(), cache={"captured": 0.1, "available": 0.7}, policies=("round_robin",))
     assert rules.verdict(far, P).confidence > rules.verdict(near, P).confidence
+
+
+def test_waiting_in_our_own_admission_queue_counts_as_queueing() -> None:
+    s = with_(healthy_signals(), occupancy={"token_usage_mean": 0.1, "occupancy_mean": 1.0},
+              latency={"admission_wait": dist(0.3, 1.5)})
+    v = rules.verdict(s, P)
+    assert v.findings[0].rule == "admission"
+    assert any(e.signal == "latency.admission_wait.p95_s" and e.holds for e in v.findings[0].evidence)

@@ -141,3 +141,13 @@ def test_compute_signals_collects_policies_block_and_page_sizes() -> None:
     assert s.cache.capacity_tokens == 4096
     assert s.gpu.available is False and s.gpu.idle_share is None
     assert s.window.requests == 2
+
+
+def test_long_prompts_use_the_growing_block_layout_of_prefix_key() -> None:
+    # 40 blocks of a 16-token unit cover 32 x 16 + 8 x 32 = 768 tokens (blocks double after 32).
+    blocks = chain(1, 40)
+    recs = [record(blocks=blocks, prompt=768, received=0.0), record(blocks=blocks, prompt=768, received=1.0)]
+    assert cache_signal(recs, None).available == pytest.approx(0.5)
+    # A fleet cache of 700 tokens cannot keep all of it; parents survive, the tail is evicted.
+    c = cache_signal(recs, 700)
+    assert c.available is not None and 0.0 < c.available < 0.5

@@ -62,3 +62,12 @@ def test_diagnosis_windows_stamp_snapshot_samples_with_the_clock() -> None:
     samples = windows.snapshots.items()
     assert [s.at for s in samples] == [6.0, 7.0]
     assert samples[-1].workers[0].url == "w2"
+
+
+def test_snapshot_samples_are_thinned_to_one_per_interval() -> None:
+    clock = ManualClock()
+    windows = DiagnosisWindows(clock, snapshot_interval_s=0.5)
+    for _ in range(10):
+        windows.observe([WorkerSnapshot("w")])
+        clock.advance(0.2)
+    assert [s.at for s in windows.snapshots.items()] == pytest.approx([0.0, 0.6, 1.2, 1.8])

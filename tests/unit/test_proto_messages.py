@@ -9,9 +9,16 @@ import pytest
 
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy.errors import BadRequest, PayloadTooLarge
-from proxy.frontends.grpc_messages import final_message, stage_timings, to_generate_request, worker_state
+from proxy.frontends.grpc_messages import (
+    final_message,
+    stage_timings,
+    to_generate_request,
+    tokens_added,
+    worker_state,
+)
 from proxy.request import Dialect
 from proxy.routing.base import WorkerSnapshot
+from proxy.sse import TextDelta
 from proxy.timing import RequestTiming
 
 LIMIT = 1000
@@ -142,7 +149,7 @@ def test_stage_timings_set_only_stages_that_happened() -> None:
 
 def test_final_message_reports_tokens_worker_and_timings() -> None:
     final = final_message(
-        finish_reason="length", matched_stop="", prompt_tokens=10, cached_tokens=None, completion_tokens=4,
+        finish_reason="length", prompt_tokens=10, cached_tokens=None, completion_tokens=4,
         worker="http://w", request_id="r", stages={"e2e": 0.125},
     )
     assert (final.finish_reason, final.prompt_tokens, final.cached_tokens, final.completion_tokens) == (
@@ -158,3 +165,18 @@ def test_worker_state_leaves_never_scraped_engine_fields_unset() -> None:
                                           max_running_requests=8, max_total_tokens=4096, stale=True))
     assert (scraped.healthy, scraped.stale, scraped.running, scraped.queued) == (False, True, 3, 0)
     assert scraped.HasField("queued") and scraped.token_usage == 0.5 and scraped.max_total_tokens == 4096
+
+
+@pytest.mark.parametrize(
+    ("delta", "emitted", "added"),
+    [
+        (TextDelta("ab", (), completion_tokens=5), 3, 2),  # cumulative count wins
+        (TextDelta("", (), completion_tokens=4), 4, 0),  # a usage-only chunk repeating the count
+        (TextDelta("", (), completion_tokens=7), 0, 7),  # OpenAI usage chunk after uncounted deltas
+        (TextDelta("abc", (11, 12, 13)), 9, 3),  # token ids without a count
+        (TextDelta("x"), 2, 1),  # OpenAI delta: one token per chunk
+        (TextDelta(""), 2, 0),
+    ],
+)
+def test_tokens_added_by_a_delta(delta: TextDelta, emitted: int, added: int) -> None:
+    assert tokens_added(delta, emitted) == added

@@ -71,3 +71,16 @@ def test_openai_defaults_and_usage_options() -> None:
     assert req.max_new_tokens == 7 and stream and usage
     with pytest.raises(BadRequest):
         parse_openai({"messages": []}, chat=True)
+
+
+def test_a_sim_config_round_trips_through_the_command_line() -> None:
+    from loadtests.simworker.__main__ import parse_args
+    from loadtests.simworker.config import SimConfig
+    from loadtests.simworker.fleet import cli_args
+
+    config = SimConfig(port=0, profile="zero", time_scale=7.5, enable_metrics=True, max_running_requests=3,
+                       page_size=16, schedule_policy="lpm", chunked_prefill_size=-1, max_queued_requests=9,
+                       stream_interval=2, incremental_streaming_output=True, worker_id="w1",
+                       fault_error_rate=0.25, fault_fail_health=True, fault_die_after_tokens=5)
+    assert parse_args(cli_args(config)) == config
+    assert parse_args(cli_args(SimConfig(port=0))) == SimConfig(port=0)

@@ -95,9 +95,8 @@ class GenerateUnaryResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
 
 class Final(_message.Message):
-    __slots__ = ("finish_reason", "matched_stop", "prompt_tokens", "cached_tokens", "completion_tokens", "worker", "request_id", "timings")
+    __slots__ = ("finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "worker", "request_id", "timings")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
-    MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -105,14 +104,13 @@ class Final(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
-    matched_stop: str
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     worker: str
     request_id: str
     timings: StageTimings
-    def __init__(self, finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., worker: _Optional[str] = ..., request_id: _Optional[str] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ...) -> None: ...
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., worker: _Optional[str] = ..., request_id: _Optional[str] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ...) -> None: ...
 
 class StageTimings(_message.Message):
     __slots__ = ("admission_wait_s", "proxy_overhead_s", "upstream_ttfb_s", "worker_queue_s", "ttft_s", "itl_mean_s", "itl_p95_s", "itl_max_s", "decode_s", "e2e_s")

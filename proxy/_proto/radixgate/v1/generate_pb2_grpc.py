@@ -50,8 +50,9 @@ class GenerationServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Server-streaming: one GenerateResponse per upstream chunk that carries new text; the last one
-        has `final` set.
+        """Server-streaming: one GenerateResponse per run of upstream chunks that arrived together (one
+        token each while the client keeps up; several when it falls behind, never waiting to batch).
+        The last response has `final` set and may also carry the last text.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,280 @@
+"""The gRPC frontend (grpc.aio on the proxy's own event loop): radixgate.v1, health, reflection.
+
+Services on ``server.grpc_port``:
+
+* ``radixgate.v1.Generation`` — ``Generate`` (server-streaming) and ``GenerateUnary``. Each call is
+  parsed once (``grpc_messages.to_generate_request``) and then runs through the same ``Pipeline``
+  as HTTP: admission, routing, timing, metrics (``frontend="grpc"``), request log.
+* ``radixgate.v1.Admin`` — ``ListWorkers`` and ``GetDiagnosis`` (JSON text, as GET /diagnosis).
+* ``grpc.health.v1.Health`` — ``""`` and ``radixgate.v1.Generation`` are SERVING while the proxy is
+  ready (at least one healthy worker, not draining) and NOT_SERVING otherwise; ``Watch`` streams
+  each change. Readiness is re-evaluated whenever the worker registry publishes snapshots, so a
+  change reaches watchers without polling.
+* ``grpc.reflection.v1alpha.ServerReflection`` — lists all of the above.
+
+Deadlines and cancellation: the call's remaining time becomes ``GenerateRequest.timeout_s``, which
+the pipeline applies as the upstream timeout. When the caller cancels (or its deadline passes),
+grpc.aio cancels the handler; the cancellation unwinds the pipeline's exchange, which closes the
+upstream stream and sends ``/abort_request`` to the worker.
+
+Errors: a ``RadixgateError`` ends the call with its own ``grpc_code`` (the table in errors.py) and
+its message. An error the worker reports (an HTTP status or an error event mid-stream) maps through
+``errors.from_upstream_status``. The call is ended only after the exchange has closed, so the
+pipeline records the request's real outcome, not a cancellation.
+
+Stop: ``begin_drain`` turns health NOT_SERVING at once (new Generate calls are refused by admission
+as UNAVAILABLE); ``stop(grace_s)`` waits up to ``grace_s`` for running generation calls, then
+closes the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health as health_sync
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
+from proxy.errors import BadRequest, RadixgateError, from_upstream_status
+from proxy.frontends.grpc_messages import final_message, to_generate_request, tokens_added, worker_state
+from proxy.frontends.tls import grpc_server_credentials
+from proxy.pipeline import Exchange, Finished
+from proxy.request import Dialect
+from proxy.routing.base import WorkerSnapshot
+from proxy.sse import ErrorEvent, TextDelta
+
+if TYPE_CHECKING:
+    from proxy.app import App
+
+log = logging.getLogger("radixgate.grpc")
+
+FRONTEND = "grpc"
+GENERATION_SERVICE = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+# Health names that follow readiness: "" is what Kubernetes' grpc probe asks by default.
+READINESS_SERVICES = ("", GENERATION_SERVICE)
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+GenerateContext = grpc.aio.ServicerContext[generate_pb2.GenerateRequest, generate_pb2.GenerateResponse]
+UnaryContext = grpc.aio.ServicerContext[generate_pb2.GenerateRequest, generate_pb2.GenerateUnaryResponse]
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclasses.dataclass(slots=True)
+class _Outcome:
+    """What a generation call ends with, decided inside the exchange and acted on after it closed."""
+
+    error: RadixgateError | None = None
+    text_parts: list[str] = dataclasses.field(default_factory=list)
+    final: generate_pb2.Final | None = None
+
+
+class GrpcFrontend:
+    """Built by ``App.start`` when ``server.grpc_port`` is set; ``start`` returns the bound port."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None  # grpc_health's aio HealthServicer (untyped upstream)
+        self._readiness_changed = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> int:
+        cfg = self._app.config
+        limit = cfg.limits.max_body_bytes
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ])
+        # The generated adders carry no annotations (grpcio-tools writes no .pyi for services).
+        generate_pb2_grpc.add_GenerationServicer_to_server(_Generation(self), server)  # type: ignore[no-untyped-call]
+        admin_pb2_grpc.add_AdminServicer_to_server(_Admin(self._app), server)  # type: ignore[no-untyped-call]
+        self._health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (GENERATION_SERVICE, ADMIN_SERVICE, health_sync.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        address = _address(cfg.server.host, max(0, cfg.server.grpc_port))
+        credentials = grpc_server_credentials(cfg.tls)
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        await self._health.set(ADMIN_SERVICE, SERVING)
+        await self._publish_readiness(None)
+        self._app.workers.on_publish.append(self._on_publish)
+        self._follower = asyncio.get_running_loop().create_task(self._follow_readiness(), name="grpc-health")
+        await server.start()
+        self._server = server
+        return port
+
+    def begin_drain(self) -> None:
+        """Health goes NOT_SERVING for good; running calls continue."""
+        if self._follower is not None:
+            self._follower.cancel()
+        if self._health is not None:
+            asyncio.get_running_loop().create_task(self._health.enter_graceful_shutdown())
+
+    async def stop(self, grace_s: float) -> None:
+        with contextlib.suppress(ValueError):
+            self._app.workers.on_publish.remove(self._on_publish)
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if grace_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace_s)
+        if self._server is not None:
+            # Health Watch streams never end on their own: whatever is left now is cancelled.
+            await self._server.stop(0)
+            self._server = None
+
+    # -- readiness → health --------------------------------------------------------------------
+    def _on_publish(self, snapshots: Sequence[WorkerSnapshot]) -> None:
+        self._readiness_changed.set()
+
+    async def _follow_readiness(self) -> None:
+        last: bool | None = self._app.ready()
+        while True:
+            await self._readiness_changed.wait()
+            self._readiness_changed.clear()
+            last = await self._publish_readiness(last)
+
+    async def _publish_readiness(self, last: bool | None) -> bool:
+        ready = self._app.ready()
+        if ready != last:
+            for service in READINESS_SERVICES:
+                await self._health.set(service, SERVING if ready else NOT_SERVING)
+            log.info("grpc health: %s", "SERVING" if ready else "NOT_SERVING")
+        return ready
+
+    # -- one generation call ---------------------------------------------------------------------
+    async def run(self, msg: generate_pb2.GenerateRequest, context: Any, *, stream: bool) -> _Outcome:
+        """Parse, run through the pipeline, write chunks when ``stream``; never raises a RadixgateError."""
+        pipeline = self._app.pipeline
+        received = pipeline.clock.now()
+        remaining = context.time_remaining()
+        try:
+            req = to_generate_request(msg, timeout_s=remaining,
+                                      max_prompt_chars=self._app.config.limits.max_prompt_chars)
+        except BadRequest as e:
+            dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG
+            pipeline.reject(FRONTEND, dialect.value, e, received)
+            return _Outcome(error=e)
+        self._active += 1
+        self._idle.clear()
+        try:
+            async with pipeline.exchange(req, received=received) as ex:
+                return await self._consume(ex, context, stream=stream)
+        except RadixgateError as e:
+            return _Outcome(error=e)
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def _consume(self, ex: Exchange, context: Any, *, stream: bool) -> _Outcome:
+        """One message per run of events that arrived together; the last one carries ``final``."""
+        out = _Outcome()
+        emitted = 0
+        # Read to the end even after an error, so the exchange closes as finished, not abandoned.
+        async for run in ex.event_runs():
+            if out.error is not None:
+                continue
+            parts: list[str] = []
+            count = 0
+            final: generate_pb2.Final | None = None
+            for event in run:
+                if isinstance(event, TextDelta):
+                    added = tokens_added(event, emitted)
+                    emitted += added
+                    count += added
+                    parts.append(event.text)
+                elif isinstance(event, ErrorEvent):
+                    status = event.code or (ex.status if ex.status >= 400 else None)
+                    out.error = ex.error or from_upstream_status(status, f"worker error: {event.message}")
+                    break
+                else:
+                    final = self._final(event)
+            if out.error is not None:
+                continue
+            text = "".join(parts)
+            if not stream:
+                out.text_parts.append(text)
+                out.final = final or out.final
+            elif text or count or final is not None:
+                await context.write(generate_pb2.GenerateResponse(text=text, token_count=count, final=final))
+        return out
+
+    def _final(self, done: Finished) -> generate_pb2.Final:
+        m = done.meta
+        # The exchange marks `done` only when it closes; the caller wants e2e up to this message.
+        timing = dataclasses.replace(done.timing, done=self._app.pipeline.clock.now(),
+                                     token_gaps=list(done.timing.token_gaps), worker_queue_time=m.queue_time)
+        return final_message(
+            finish_reason=m.finish_reason or "", prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens,
+            completion_tokens=m.completion_tokens, worker=done.worker, request_id=done.rid,
+            stages=timing.stages())
+
+
+async def _fail(context: Any, err: RadixgateError) -> None:
+    if err.retry_after:
+        context.set_trailing_metadata((("retry-after", str(max(1, round(err.retry_after)))),))
+    await context.abort(err.grpc_code, err.message)
+
+
+class _Generation(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, frontend: GrpcFrontend) -> None:
+        self._frontend = frontend
+
+    async def Generate(self, request: generate_pb2.GenerateRequest, context: GenerateContext) -> None:
+        out = await self._frontend.run(request, context, stream=True)
+        if out.error is not None:
+            await _fail(context, out.error)
+
+    async def GenerateUnary(
+        self, request: generate_pb2.GenerateRequest, context: UnaryContext
+    ) -> generate_pb2.GenerateUnaryResponse:
+        out = await self._frontend.run(request, context, stream=False)
+        if out.error is not None:
+            await _fail(context, out.error)
+        return generate_pb2.GenerateUnaryResponse(text="".join(out.text_parts), final=out.final)
+
+
+class _Admin(admin_pb2_grpc.AdminServicer):
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    async def ListWorkers(
+        self, request: admin_pb2.ListWorkersRequest, context: Any
+    ) -> admin_pb2.ListWorkersResponse:
+        return admin_pb2.ListWorkersResponse(workers=[worker_state(s) for s in self._app.workers.snapshots()])
+
+    async def GetDiagnosis(
+        self, request: admin_pb2.GetDiagnosisRequest, context: Any
+    ) -> admin_pb2.GetDiagnosisResponse:
+        service = getattr(self._app, "diagnosis", None)
+        if service is None:
+            doc: dict[str, Any] = {"available": False, "reason": "the diagnosis is not enabled in this build"}
+        else:
+            from proxy.diagnose.report import to_json
+
+            doc = to_json(service.current())
+        return admin_pb2.GetDiagnosisResponse(json=json.dumps(doc))

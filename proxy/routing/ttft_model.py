@@ -1,0 +1,118 @@
+"""The TTFT model behind the ``ttft`` policy, learned online from observed first-token times.
+
+    ttft(w) = f_w x (c0 + c1 x work + c2 x running)
+
+* ``work``: prefill tokens the worker must process before this request's first token (queued
+  work ahead of it plus its own uncached prompt); ``running``: requests in its decode batch,
+  whose decode steps the prefill is interleaved with.
+* ``c0, c1, c2``: one fleet-wide fit by recursive least squares with forgetting (features scaled
+  to thousands of tokens and tens of requests so one prior strength suits all three), fed every
+  finished request: (work and running at decision time, observed TTFT). Coefficients start at a
+  prior (``c1`` = 1 / prior prefill rate) and are clamped at >= 0 when used. 1 / c1 is the
+  learned prefill rate.
+* ``f_w``: the worker's own speed factor, an EWMA of observed / fleet-predicted TTFT clamped to
+  [1/4, 4], so a slower GPU or a worker also fed by other proxies is charged accordingly.
+* An observation is clipped to 10x the prediction first: one request stuck behind a stall must not
+  swing the fit.
+
+Cost: O(1) per prediction; a 3x3 update per finished request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Feature scales: work in thousands of tokens, running in tens of requests.
+_WORK_SCALE = 1000.0
+_RUNNING_SCALE = 10.0
+_FACTOR_BOUNDS = (0.25, 4.0)
+
+
+class OnlineLinear:
+    """Recursive least squares, y ~ theta . x, with exponential forgetting."""
+
+    def __init__(self, prior: list[float], prior_variance: float, forgetting: float) -> None:
+        n = len(prior)
+        self.theta = list(prior)
+        self._p = [[prior_variance if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self._lambda = forgetting
+        self._variance_cap = prior_variance * 100
+
+    def predict(self, x: list[float]) -> float:
+        return sum(t * v for t, v in zip(self.theta, x, strict=True))
+
+    def update(self, x: list[float], y: float) -> None:
+        p, lam = self._p, self._lambda
+        n = len(x)
+        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
+        denom = lam + sum(x[i] * px[i] for i in range(n))
+        gain = [v / denom for v in px]
+        error = y - self.predict(x)
+        self.theta = [t + g * error for t, g in zip(self.theta, gain, strict=True)]
+        xp = [sum(x[i] * p[i][j] for i in range(n)) for j in range(n)]
+        self._p = [[(p[i][j] - gain[i] * xp[j]) / lam for j in range(n)] for i in range(n)]
+        # Forgetting with features that do not vary lets P grow without bound; cap it.
+        for i in range(n):
+            if self._p[i][i] > self._variance_cap:
+                scale = self._variance_cap / self._p[i][i]
+                self._p[i] = [v * scale for v in self._p[i]]
+
+
+@dataclass(frozen=True)
+class TtftPrior:
+    base_s: float = 0.02
+    prefill_tokens_per_s: float = 12_000.0
+    decode_s_per_running: float = 0.0003
+
+
+class TtftModel:
+    def __init__(self, prior: TtftPrior, *, forgetting: float = 0.995, factor_alpha: float = 0.05) -> None:
+        self._fit = OnlineLinear(
+            [prior.base_s, _WORK_SCALE / prior.prefill_tokens_per_s, _RUNNING_SCALE * prior.decode_s_per_running],
+            prior_variance=0.01,
+            forgetting=forgetting,
+        )
+        self._factor: dict[str, float] = {}
+        self._factor_alpha = factor_alpha
+
+    @staticmethod
+    def _features(work: float, running: float) -> list[float]:
+        return [1.0, work / _WORK_SCALE, running / _RUNNING_SCALE]
+
+    def coefficients(self) -> tuple[float, float, float]:
+        """(base s, seconds per prefill token, seconds per running request), clamped at >= 0."""
+        c0, c1, c2 = (max(0.0, t) for t in self._fit.theta)
+        return c0, c1 / _WORK_SCALE, c2 / _RUNNING_SCALE
+
+    def seconds_per_token(self, url: str) -> float:
+        return self.coefficients()[1] * self.factor(url)
+
+    def factor(self, url: str) -> float:
+        return self._factor.get(url, 1.0)
+
+    def fleet_predict(self, work: float, running: float) -> float:
+        c0, c1, c2 = self.coefficients()
+        return c0 + c1 * work + c2 * running
+
+    def predict(self, url: str, work: float, running: float) -> float:
+        return self.factor(url) * self.fleet_predict(work, running)
+
+    def learn(self, url: str, work: float, running: float, ttft: float) -> None:
+        fleet = max(self.fleet_predict(work, running), 1e-4)
+        observed = min(ttft, 10 * fleet * self.factor(url))
+        own = self.factor(url)
+        ratio = min(max(observed / fleet, _FACTOR_BOUNDS[0]), _FACTOR_BOUNDS[1])
+        self._factor[url] = own + self._factor_alpha * (ratio - own)
+        # Factors are relative speeds: keep their mean at 1 so the fleet fit carries the scale.
+        mean = sum(self._factor.values()) / len(self._factor)
+        if mean > 0:
+            for key in self._factor:
+                self._factor[key] /= mean
+        # The fleet fit sees the observation with this worker's own speed taken out.
+        self._fit.update(self._features(work, running), observed / self._factor[url])
+
+    def known(self) -> list[str]:
+        return list(self._factor)
+
+    def forget(self, url: str) -> None:
+        self._factor.pop(url, None)

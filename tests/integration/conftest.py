@@ -1,0 +1,81 @@
+"""Shared fixtures for proxy integration tests: real simulated workers + a real proxy, on 127.0.0.1.
+
+``harness.fleet([SimConfig(...), ...])`` starts in-process simulated SGLang workers;
+``harness.proxy(urls, **overrides)`` starts an ``App`` on port 0 (config overrides by dotted path).
+Everything is torn down in reverse order (proxies before the workers they front).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loadtests.simworker.config import SimConfig
+from loadtests.simworker.fleet import Fleet
+from proxy.app import App
+from proxy.config import load
+
+FAST = 50.0  # simulated workers run 50x faster than real time
+
+
+class Harness:
+    def __init__(self, stack: contextlib.AsyncExitStack) -> None:
+        self._stack = stack
+
+    async def fleet(self, configs: Sequence[SimConfig] | None = None) -> Fleet:
+        configs = configs or [SimConfig(time_scale=FAST), SimConfig(time_scale=FAST)]
+        return await self._stack.enter_async_context(Fleet.in_process(list(configs)))
+
+    async def proxy(self, urls: Sequence[str], **overrides: Any) -> App:
+        settings: dict[str, Any] = {
+            "workers.static": list(urls), "server.port": 0, "server.admin_port": 0,
+            "server.drain_grace_s": 2.0, "health.interval_s": 0.05, "scrape.interval_s": 0.05,
+        }
+        settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+        app = App(load(env={}, overrides=settings), registry=CollectorRegistry())
+        await app.start()
+        self._stack.push_async_callback(app.stop, 2.0)
+        return app
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield Harness(stack)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+def base(app: App) -> str:
+    return f"http://127.0.0.1:{app.http_port}"
+
+
+def admin(app: App) -> str:
+    return f"http://127.0.0.1:{app.admin_port}"
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 10.0,
+                     what: str = "condition") -> None:
+    """Poll ``check`` until it is true; fail after ``timeout_s`` (a bound, not a wait)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        await asyncio.sleep(0.01)
+
+
+async def status_of(session: aiohttp.ClientSession, url: str) -> int:
+    async with session.get(url) as r:
+        await r.read()
+        return r.status

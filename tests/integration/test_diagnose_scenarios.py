@@ -1,0 +1,198 @@
+"""Known ground truth: a real proxy in front of simulated SGLang workers, set up so the right diagnosis
+is known by construction, read back from GET /diagnosis on the admin port.
+
+Run ``python -m tests.integration.test_diagnose_scenarios`` to print each scenario's text report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from loadtests.simworker import Fleet, SimConfig
+from proxy import config
+from proxy.app import App
+from proxy.diagnose.report import main as report_main
+from proxy.diagnose.report import render_text
+
+from .simworker_helpers import poll
+
+# TTFT p95 target: 1 s of simulated time at the workers' time_scale of 4.
+SLO_S = 0.25
+
+
+@dataclass
+class Scenario:
+    name: str
+    policy: str
+    workers: list[SimConfig]
+    prompt: Callable[[random.Random, int], str]
+    requests: int
+    concurrency: int
+    max_new_tokens: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def shared_prefix(families: int, words: int) -> Callable[[random.Random, int], str]:
+    """A random one of ``families`` long shared prefixes, then a short question of the request's own."""
+    prefixes = [" ".join(f"f{f}w{i:04d}" for i in range(words)) for f in range(families)]
+    return lambda rng, i: f"{prefixes[rng.randrange(families)]} question {i} " + " ".join(
+        f"q{i}x{k}" for k in range(10))
+
+
+def unique(words: int) -> Callable[[random.Random, int], str]:
+    return lambda rng, i: " ".join(f"u{i}w{k:04d}{rng.randrange(10)}" for k in range(words))
+
+
+def sim(**kw: Any) -> SimConfig:
+    base: dict[str, Any] = {"time_scale": 4.0, "enable_metrics": True}
+    base.update(kw)
+    return SimConfig(**base)
+
+
+async def run(s: Scenario, with_admin: Callable[[str], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """Drive the scenario's load through a real proxy; return its /diagnosis document.
+
+    ``with_admin(admin_url)`` runs once the window is complete, before the proxy stops."""
+    async with Fleet.in_process(s.workers) as fleet:
+        overrides: dict[str, Any] = {
+            "workers.static": fleet.urls, "server.port": 0, "server.admin_port": 0,
+            "routing.policy": s.policy, "scrape.interval_s": 0.05, "health.interval_s": 0.5,
+            "telemetry.log_requests": False, "admission.per_worker_limit": 256,
+            "diagnose.slo_ttft_p95_s": SLO_S, "diagnose.refresh_s": 0.0, "diagnose.nvml_interval_s": 0.0,
+            "diagnose.thresholds": {"min_requests": 40, "min_cache_reports": 20},
+        }
+        overrides.update(s.overrides)
+        app = App(config.load(env={}, overrides=overrides))
+        await app.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                base = f"http://127.0.0.1:{app.http_port}"
+                admin = f"http://127.0.0.1:{app.admin_port}"
+                rng = random.Random(7)
+                prompts = [s.prompt(rng, i) for i in range(s.requests)]
+                next_index = iter(range(s.requests))
+
+                async def client() -> None:
+                    for i in next_index:
+                        body = {"text": prompts[i], "stream": True,
+                                "sampling_params": {"max_new_tokens": s.max_new_tokens, "ignore_eos": True}}
+                        async with session.post(f"{base}/generate", json=body) as resp:
+                            assert resp.status == 200, await resp.text()
+                            await resp.read()
+
+                await asyncio.wait_for(asyncio.gather(*(client() for _ in range(s.concurrency))), 90)
+
+                async def scraped_once_more() -> bool:
+                    async with session.get(f"{admin}/diagnosis") as resp:
+                        doc = await resp.json()
+                    return bool(doc["window"]["requests"] == s.requests and doc["window"]["snapshot_samples"] > 0)
+
+                await poll(scraped_once_more, limit_s=10.0)
+                if with_admin is not None:
+                    await with_admin(admin)
+                async with session.get(f"{admin}/diagnosis") as resp:
+                    assert resp.status == 200
+                    result: dict[str, Any] = await resp.json()
+                    return result
+        finally:
+            await app.stop(grace_s=1.0)
+
+
+def findings(doc: dict[str, Any]) -> dict[str, str]:
+    return {f["rule"]: f["cause"] for f in doc["verdict"]["findings"]}
+
+
+# Two workers whose KV pools hold 5 of 8 shared 2,400-token prefixes each; the fleet holds all 8.
+ROUND_ROBIN = Scenario("round robin on a shared-prefix workload", "round_robin",
+                       [sim(max_total_tokens=12_000), sim(max_total_tokens=12_000)],
+                       shared_prefix(8, 1200), requests=120, concurrency=4, max_new_tokens=4)
+AFFINITY = Scenario("cache-aware routing, ample KV", "cache_aware",
+                    [sim(max_total_tokens=60_000), sim(max_total_tokens=60_000)],
+                    shared_prefix(8, 1200), requests=120, concurrency=4, max_new_tokens=4)
+# The fleet's KV (2 x 6,000) holds 2.5 of the 8 prefixes (19,200 tokens) whatever the routing.
+SMALL_KV = Scenario("a KV pool too small for the working set", "cache_aware",
+                    [sim(max_total_tokens=6_000), sim(max_total_tokens=6_000)],
+                    shared_prefix(8, 1200), requests=120, concurrency=4, max_new_tokens=4)
+# One running request per worker while 16 clients wait and the KV pool sits nearly empty.
+LOW_MAX_RUNNING = Scenario("max_running_requests far too low", "cache_aware",
+                           [sim(max_running_requests=1, max_total_tokens=200_000) for _ in range(2)],
+                           unique(300), requests=80, concurrency=16, max_new_tokens=32)
+# Unique long prompts; the batch cap matches the KV pool (a good config); more clients than slots.
+CEILING = Scenario("unique long prompts at saturation, good config", "cache_aware",
+                   [sim(max_running_requests=4, max_total_tokens=12_000) for _ in range(2)],
+                   unique(900), requests=96, concurrency=32, max_new_tokens=32)
+# Also runs the background refresh (a diagnosis computed in a thread every 0.1 s).
+LOW_LOAD = Scenario("a fleet at low load", "cache_aware", [sim(time_scale=1.0), sim(time_scale=1.0)],
+                    shared_prefix(4, 800), requests=48, concurrency=1, max_new_tokens=4,
+                    overrides={"diagnose.refresh_s": 0.2})
+
+
+async def test_round_robin_on_shared_prefixes_is_diagnosed_as_routing() -> None:
+    exposition: list[str] = []
+
+    async def scrape(admin_url: str) -> None:
+        async with aiohttp.ClientSession() as session, session.get(f"{admin_url}/metrics") as resp:
+            exposition.append(await resp.text())
+
+    doc = await run(ROUND_ROBIN, scrape)
+    assert 'radixgate_diagnosis_verdict{kind="tune"} 1.0' in exposition[0]
+    assert 'radixgate_diagnosis_finding{cause="routing",rule="cache_routing"} 1.0' in exposition[0]
+    assert doc["verdict"]["kind"] == "tune"
+    assert findings(doc).get("cache_routing") == "routing"
+    assert doc["verdict"]["levers"][0]["setting"] == "routing.policy"
+    cache = doc["four_numbers"]["cache"]
+    assert cache["available"] - cache["captured"] >= doc["params"]["capture_gap"]
+
+
+async def test_affinity_routing_with_ample_cache_is_not_a_routing_or_cache_problem() -> None:
+    doc = await run(AFFINITY)
+    assert not {"cache_routing", "cache_capacity"} & set(findings(doc))
+    cache = doc["four_numbers"]["cache"]
+    assert cache["available"] - cache["captured"] < doc["params"]["capture_gap"]
+    assert cache["captured"] > 0.5  # the workload is addressable and the fleet captures it
+
+
+async def test_a_kv_pool_smaller_than_the_working_set_is_diagnosed_as_cache_capacity() -> None:
+    doc = await run(SMALL_KV)
+    assert doc["verdict"]["kind"] == "tune"
+    assert "cache_capacity" in findings(doc)
+    settings = {lv["setting"] for lv in doc["verdict"]["levers"]}
+    assert "--mem-fraction-static" in settings
+
+
+async def test_max_running_requests_far_too_low_is_diagnosed_as_admission() -> None:
+    doc = await run(LOW_MAX_RUNNING)
+    assert doc["verdict"]["kind"] == "tune"
+    assert findings(doc).get("admission") == "max_running_requests"
+
+
+async def test_unique_long_prompts_at_saturation_are_at_the_ceiling() -> None:
+    doc = await run(CEILING)
+    assert doc["verdict"]["kind"] == "at_ceiling", doc["verdict"]
+    assert findings(doc) == {"ceiling": "saturated"}
+
+
+async def test_a_fleet_at_low_load_is_healthy_and_the_report_command_says_so(capsys) -> None:
+    printed: list[int] = []
+
+    async def report(admin_url: str) -> None:
+        # `radixgate report --url` is synchronous: run it off the loop that serves the admin port.
+        printed.append(await asyncio.to_thread(report_main, ["--url", admin_url]))
+
+    doc = await run(LOW_LOAD, report)
+    assert doc["verdict"]["kind"] == "healthy", doc["verdict"]
+    assert doc["verdict"]["slo_met"] is True
+    assert printed == [0]
+    assert "Verdict: HEALTHY" in capsys.readouterr().out
+
+
+if __name__ == "__main__":  # print every scenario's report
+    for scenario in (ROUND_ROBIN, AFFINITY, SMALL_KV, LOW_MAX_RUNNING, CEILING, LOW_LOAD):
+        print(f"==== {scenario.name} ({scenario.policy})")
+        print(render_text(asyncio.run(run(scenario))), end="\n\n")

@@ -1,0 +1,106 @@
+"""Discovery through the whole proxy: a real App finds real simulated workers through the stand-in
+Kubernetes API and through a DNS server on loopback; workers joining and leaving change /workers,
+where requests go, and the metric label sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from loadtests.simworker.config import SimConfig
+from proxy.app import App
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.k8s_standin import StandinApi, endpoint_slice, serve
+from tests.integration.test_discovery_dns import SRV_NAME, Zone, dns_server
+
+NS = "llm"
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def worker_urls(client: aiohttp.ClientSession, app: App) -> set[str]:
+    async with client.get(f"{admin(app)}/workers") as r:
+        body = await r.json()
+    return {w["url"] for w in (body["workers"] if isinstance(body, dict) else body)}
+
+
+async def metrics_text(client: aiohttp.ClientSession, app: App) -> str:
+    async with client.get(f"{admin(app)}/metrics") as r:
+        return await r.text()
+
+
+async def generate(client: aiohttp.ClientSession, app: App, text: str) -> int:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 4}}
+    async with client.post(f"{base(app)}/generate", json=body) as r:
+        await r.read()
+        return r.status
+
+
+async def test_kubernetes_discovery_drives_membership_routing_and_metric_label_sets(
+    harness: Harness, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST) for _ in range(3)])
+    w0, w1, w2 = fleet.urls
+    token = tmp_path / "token"
+    token.write_text("test-token")
+    api = StandinApi()
+    # One slice per worker: the simulated workers share 127.0.0.1 and differ by port.
+    await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("127.0.0.1", True, False)], port_of(w0)))
+    await api.put("endpointslices", NS, endpoint_slice("sglang-b", "sglang", [("127.0.0.1", True, False)], port_of(w1)))
+    async with serve(api) as api_url:
+        app = await harness.proxy(
+            [], discovery__kind="kubernetes", discovery__interval_s=0.05,
+            discovery__kubernetes__api_server=api_url, discovery__kubernetes__namespace=NS,
+            discovery__kubernetes__label_selector="kubernetes.io/service-name=sglang",
+            discovery__kubernetes__port_name="http", discovery__kubernetes__token_file=str(token),
+        )
+        assert await worker_urls(client, app) == {w0, w1}
+        for i in range(6):
+            assert await generate(client, app, f"hello {i}") == 200
+        assert f'worker="{w0}"' in await metrics_text(client, app)
+
+        await api.put("endpointslices", NS, endpoint_slice("sglang-c", "sglang", [("127.0.0.1", True, False)], port_of(w2)))
+
+        async def three() -> bool:
+            return await worker_urls(client, app) == {w0, w1, w2}
+        await eventually(three, what="the added worker to join")
+
+        # w0's pod stops being ready (terminating), then w1's slice is deleted outright.
+        await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("127.0.0.1", False, True)], port_of(w0)))
+        await api.delete("endpointslices", NS, "sglang-b")
+
+        async def only_w2() -> bool:
+            return await worker_urls(client, app) == {w2}
+        await eventually(only_w2, what="the removed workers to leave")
+        for i in range(4):
+            assert await generate(client, app, f"after {i}") == 200
+        text = await metrics_text(client, app)
+        assert f'worker="{w0}"' not in text and f'worker="{w1}"' not in text  # label sets removed
+        assert f'radixgate_worker_healthy{{worker="{w2}"}} 1.0' in text
+        assert api.list_count() == 1  # all of that arrived over the watch
+
+
+async def test_dns_srv_discovery_follows_the_records_as_they_change(
+    harness: Harness, client: aiohttp.ClientSession
+) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST) for _ in range(2)])
+    w0, w1 = fleet.urls
+    zone = Zone(srv={SRV_NAME: [(0, 0, port_of(w0), "sglang-0.test")]}, glue={"sglang-0.test": ["127.0.0.1"],
+                                                                               "sglang-1.test": ["127.0.0.1"]})
+    async with dns_server(zone) as (host, port):
+        app = await harness.proxy(
+            [], discovery__kind="dns", discovery__interval_s=0.05, discovery__dns__name=SRV_NAME,
+            discovery__dns__srv=True, discovery__dns__nameserver=f"{host}:{port}",
+        )
+        assert await worker_urls(client, app) == {w0}
+        assert await generate(client, app, "hello") == 200
+        zone.srv[SRV_NAME] = [(0, 0, port_of(w1), "sglang-1.test")]
+
+        async def swapped() -> bool:
+            return await worker_urls(client, app) == {w1}
+        await eventually(swapped, what="the SRV change to reach the proxy")
+        assert await generate(client, app, "again") == 200
+        assert f'worker="{w0}"' not in await metrics_text(client, app)

@@ -1,0 +1,141 @@
+"""Retries before the first byte, passive ejection and re-admission, client disconnects, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.simworker.config import SimConfig
+from proxy.app import App
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
+
+PROMPT = "Translate the following paragraph into French. " * 8
+BODY = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}}
+
+
+async def scrape(client: aiohttp.ClientSession, app: App) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with client.get(admin(app) + "/metrics") as r:
+        text = await r.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and all(dict(ls).get(k) == want for k, want in labels.items()))
+
+
+async def post_all(client: aiohttp.ClientSession, app: App, n: int, body: dict[str, object] = BODY) -> list[int]:
+    statuses = []
+    for _ in range(n):
+        async with client.post(base(app) + "/generate", json=body) as r:
+            await r.read()
+            statuses.append(r.status)
+    return statuses
+
+
+async def test_a_dead_worker_costs_retries_not_errors_and_gets_ejected(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    dead = fleet.workers[0].url
+    await fleet.workers[0].stop()  # connection refused from now on
+    app = await harness.proxy(fleet.urls, **{"health.interval_s": 0, "health.eject_after_failures": 2,
+                                             "health.eject_cooldown_s": 60})
+    assert await post_all(client, app, 8) == [200] * 8
+    m = await scrape(client, app)
+    assert total(m, "radixgate_retries_total", cause="connect_error") == 2  # then it was ejected
+    assert total(m, "radixgate_worker_ejections_total", worker=dead) == 1
+    assert total(m, "radixgate_worker_healthy", worker=dead) == 0
+    assert total(m, "radixgate_requests_succeeded_total") == 8
+
+
+async def test_worker_5xx_is_retried_elsewhere_and_ejects(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_error_rate=1.0), SimConfig(time_scale=FAST)])
+    sick = fleet.workers[0].url
+    app = await harness.proxy(fleet.urls, **{"health.eject_after_failures": 3, "health.eject_cooldown_s": 0.2})
+    assert await post_all(client, app, 10) == [200] * 10
+    m = await scrape(client, app)
+    assert total(m, "radixgate_upstream_failures_total", worker=sick, cause="http_5xx") == 3
+    assert total(m, "radixgate_worker_ejections_total", worker=sick) == 1
+    fleet.workers[0].set_faults(error_rate=0.0)
+
+    async def readmitted() -> bool:  # a passing probe after the cooldown brings it back
+        return total(await scrape(client, app), "radixgate_worker_healthy", worker=sick) == 1
+
+    await eventually(readmitted, what="re-admission after the cooldown")
+
+
+async def test_a_busy_503_moves_the_request_without_ejecting(harness: Harness,
+                                                             client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_slow_start=1e6), SimConfig(time_scale=FAST)])
+    busy = fleet.workers[0].url
+    app = await harness.proxy(fleet.urls, **{"health.interval_s": 0, "health.eject_after_failures": 1})
+    assert await post_all(client, app, 6) == [200] * 6
+    m = await scrape(client, app)
+    busy_answers = total(m, "radixgate_upstream_failures_total", worker=busy, cause="worker_busy")
+    assert busy_answers >= 1
+    assert total(m, "radixgate_retries_total", cause="worker_busy") == busy_answers
+    assert total(m, "radixgate_worker_ejections_total", worker=busy) == 0
+
+
+async def test_all_retries_exhausted_answers_502(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_error_rate=1.0)] * 2)
+    app = await harness.proxy(fleet.urls, **{"health.eject_after_failures": 100})
+    async with client.post(base(app) + "/generate", json=BODY) as r:
+        assert r.status == 502
+        assert (await r.json())["error"]["code"] == 502
+
+
+async def test_client_disconnect_aborts_the_request_on_the_worker(harness: Harness,
+                                                                  client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0)])
+    worker = fleet.workers[0].url
+    app = await harness.proxy(fleet.urls)
+    body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 5000}}
+    resp = await client.post(base(app) + "/generate", json=body)
+    await resp.content.readuntil(b"\n\n")
+    resp.close()
+
+    async def worker_idle() -> bool:
+        async with client.get(worker + "/v1/loads") as r:
+            return (await r.json())["loads"][0]["num_running_reqs"] == 0
+
+    await eventually(worker_idle, what="the worker dropping the abandoned request")
+
+    async def recorded() -> bool:
+        m = await scrape(client, app)
+        return (total(m, "radixgate_upstream_aborts_total", worker=worker) == 1
+                and total(m, "radixgate_errors_total", cause="client_disconnect") == 1)
+
+    await eventually(recorded, what="abort_request sent and the request recorded as a disconnect")
+    assert app.pipeline.active == 0
+    assert app.admission.core.outstanding(worker) == 0
+
+
+async def test_a_restarted_worker_gets_a_new_generation(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST)])
+    app = await harness.proxy(fleet.urls)
+    await fleet.workers[0].stop()
+    await fleet.workers[0].start()
+
+    async def bumped() -> bool:
+        async with client.get(admin(app) + "/workers") as r:
+            (w,) = (await r.json())["workers"]
+        return bool(w["generation"] >= 1 and w["healthy"])
+
+    await eventually(bumped, what="generation bump after the restart")
+    assert await post_all(client, app, 2) == [200, 200]
+
+
+async def test_drain_lets_in_flight_streams_finish(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=10.0)])
+    app = await harness.proxy(fleet.urls)
+    body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 60}}
+    async with client.post(base(app) + "/generate", json=body) as r:
+        await r.content.readuntil(b"\n\n")
+        stopping = asyncio.ensure_future(app.stop(10.0))
+        rest = await r.text()
+    await stopping
+    assert rest.endswith("data: [DONE]\n\n")

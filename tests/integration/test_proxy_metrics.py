@@ -1,0 +1,70 @@
+"""/metrics over HTTP after real traffic: names, labels, buckets, invariants, and the README table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.simworker.config import SimConfig
+from proxy.telemetry.metrics import BUCKETS
+from tests.integration.conftest import FAST, Harness, admin, base
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+async def test_metrics_after_traffic(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, max_running_requests=16)])
+    worker = fleet.urls[0]
+    app = await harness.proxy(fleet.urls)
+    ok_stream = {"text": "hello there " * 30, "stream": True, "sampling_params": {"max_new_tokens": 6}}
+    ok_plain = {"text": "hello there " * 30, "sampling_params": {"max_new_tokens": 3}}
+    for body in (ok_stream, ok_stream, ok_plain):
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            await r.read()
+    async with client.post(base(app) + "/generate", data=b"not json") as r:
+        assert r.status == 400
+    async with client.get(admin(app) + "/metrics") as r:
+        assert r.status == 200 and r.content_type == "text/plain"
+        text = await r.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)
+                if f.name.startswith("radixgate_") and not f.name.endswith("_created")}
+
+    def value(name: str, **labels: str) -> float:
+        return sum(s.value for f in families.values() for s in f.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    # Every request is accounted exactly once.
+    accepted = value("radixgate_requests_accepted_total", frontend="http")
+    assert accepted == 4
+    assert accepted == value("radixgate_requests_succeeded_total") + value("radixgate_requests_failed_total")
+    assert value("radixgate_requests_failed_total") == value("radixgate_errors_total") == 1
+    assert value("radixgate_errors_total", frontend="http", cause="bad_request") == 1
+    # Stage histograms, by worker, with the named bucket sets.
+    assert value("radixgate_ttft_seconds_count", worker=worker, frontend="http") == 2  # streamed only
+    assert value("radixgate_e2e_seconds_count", worker=worker, frontend="http", outcome="ok") == 3
+    # One gap per pair of consecutive token-bearing reads; events that arrive in one read share a mark.
+    assert 1 <= value("radixgate_inter_token_latency_seconds_count", worker=worker) <= 2 * 5
+    assert value("radixgate_admission_wait_seconds_count", frontend="http", outcome="admitted") == 3
+    assert value("radixgate_worker_queue_seconds_count", worker=worker) == 3  # --enable-metrics meta_info
+    ttft_bounds = sorted({float(s.labels["le"]) for s in families["radixgate_ttft_seconds"].samples
+                          if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"})
+    assert tuple(ttft_bounds) == BUCKETS["ttft"]
+    # Tokens as the worker reported them.
+    assert value("radixgate_completion_tokens_total", worker=worker) == 6 + 6 + 3
+    assert value("radixgate_prompt_tokens_total", worker=worker) > 0
+    # Scrape-time gauges of the worker.
+    assert value("radixgate_worker_healthy", worker=worker) == 1
+    assert value("radixgate_worker_in_flight_requests", worker=worker) == 0
+    assert value("radixgate_worker_max_running_requests", worker=worker) == 16
+    assert value("radixgate_worker_admission_limit", worker=worker) == 16
+    assert "radixgate_worker_running_requests" in families
+    assert value("radixgate_policy_decisions_total", policy="round_robin", branch="rr") == 3
+    # The README documents every metric this proxy exposes.
+    readme = README.read_text()
+    documented = set(re.findall(r"`(radixgate_[a-z0-9_]+)`", readme))
+    exposed = {f.name + ("_total" if f.type == "counter" else "") for f in families.values()}
+    assert exposed - documented == set(), "metrics missing from the README table"

@@ -1,0 +1,116 @@
+"""Stream accounting and event decoding (proxy/sse.py) and the forwarded body (rid splice)."""
+
+import json
+
+import pytest
+
+from proxy.errors import UpstreamError
+from proxy.pipeline import body_with_rid, error_event
+from proxy.request import Dialect, GenerateRequest
+from proxy.sse import ErrorEvent, EventDecoder, StreamAccountant, TextDelta, iter_payloads, meta_from
+
+
+def sse(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def native_chunk(text: str, ids: list[int], finish: object = None, **meta: object) -> dict[str, object]:
+    info = {"id": "r1", "finish_reason": finish, "prompt_tokens": 10, "completion_tokens": len(ids),
+            "cached_tokens": 4, **meta}
+    return {"text": text, "output_ids": ids, "meta_info": info}
+
+
+def test_native_stream_marks_every_data_event_and_reads_meta_at_the_end() -> None:
+    acct = StreamAccountant(Dialect.SGLANG)
+    assert acct.feed(sse(native_chunk("a", [1])))
+    assert acct.feed(sse(native_chunk("ab", [1, 2])) + sse(native_chunk("abc", [1, 2, 3], {"type": "length"},
+                                                                      queue_time=0.25)))
+    assert not acct.feed(b"data: [DONE]\n\n")
+    meta = acct.final()
+    assert acct.done and acct.token_events == 3
+    assert (meta.prompt_tokens, meta.cached_tokens, meta.completion_tokens) == (10, 4, 3)
+    assert meta.finish_reason == "length" and meta.queue_time == 0.25
+
+
+def test_error_event_is_noticed_and_carries_no_token() -> None:
+    acct = StreamAccountant(Dialect.SGLANG)
+    assert not acct.feed(sse({"error": {"message": "boom", "code": 500}}))
+    assert acct.error == {"message": "boom", "code": 500}
+    assert acct.final().error is not None
+
+
+def test_openai_role_only_and_usage_chunks_are_not_tokens() -> None:
+    acct = StreamAccountant(Dialect.CHAT)
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    word = {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1,
+                                      "prompt_tokens_details": {"cached_tokens": 5}}}
+    assert not acct.feed(sse(role))
+    assert acct.feed(sse(word))
+    assert not acct.feed(sse(usage) + b"data: [DONE]\n\n")
+    meta = acct.final()
+    assert (meta.prompt_tokens, meta.cached_tokens, meta.completion_tokens) == (7, 5, 1)
+    assert meta.finish_reason == "stop"
+
+
+def test_comments_and_other_fields_are_skipped() -> None:
+    assert iter_payloads(b": keep-alive\n\nevent: x\ndata: 1\n\n") == [b"1"]
+
+
+def test_decoder_turns_cumulative_native_text_into_deltas() -> None:
+    dec = EventDecoder(Dialect.SGLANG)
+    events = dec.decode(sse(native_chunk("Hel", [1])) + sse(native_chunk("Hello", [1, 2])) + b"data: [DONE]\n\n")
+    assert events == [TextDelta("Hel", (1,), 1), TextDelta("lo", (2,), 2)]
+
+
+def test_decoder_accepts_incremental_native_chunks() -> None:
+    dec = EventDecoder(Dialect.SGLANG)
+    first = {"text": "Hel", "output_ids": [1], "meta_info": {"completion_tokens": 1}}
+    second = {"text": "lo", "output_ids": [2], "meta_info": {"completion_tokens": 2}}
+    assert dec.decode(sse(first) + sse(second)) == [TextDelta("Hel", (1,), 1), TextDelta("lo", (2,), 2)]
+
+
+def test_decoder_reports_errors_and_openai_deltas() -> None:
+    dec = EventDecoder(Dialect.COMPLETIONS)
+    out = dec.decode(sse({"choices": [{"text": "x"}]}) + sse({"error": {"message": "gone", "code": 502}}))
+    assert out == [TextDelta("x"), ErrorEvent("gone", 502)]
+
+
+def test_meta_from_a_non_stream_openai_body() -> None:
+    body = {"choices": [{"message": {"content": "hi"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    m = meta_from(Dialect.CHAT, body)
+    assert (m.prompt_tokens, m.completion_tokens, m.cached_tokens, m.finish_reason) == (3, 2, None, "length")
+
+
+def test_mid_stream_error_event_is_valid_sse_and_ends_with_done() -> None:
+    raw = error_event(UpstreamError("worker died"))
+    payloads = iter_payloads(raw)
+    assert json.loads(payloads[0])["error"]["message"] == "worker died"
+    assert payloads[-1] == b"[DONE]"
+
+
+def request(body: bytes, **kw: object) -> GenerateRequest:
+    return GenerateRequest(dialect=Dialect.SGLANG, payload=json.loads(body), body=body, **kw)  # type: ignore[arg-type]
+
+
+def test_rid_is_spliced_into_the_callers_own_bytes() -> None:
+    body = b'  {"text": "hi",   "sampling_params": {"max_new_tokens": 3}}'
+    out = body_with_rid(request(body), "abc")
+    assert out.endswith(body[3:])  # everything the caller sent is still there, byte for byte
+    assert json.loads(out) == {"rid": "abc", "text": "hi", "sampling_params": {"max_new_tokens": 3}}
+
+
+def test_a_caller_rid_is_forwarded_unchanged() -> None:
+    body = b'{"text":"hi","rid":"mine"}'
+    assert body_with_rid(request(body, rid="mine"), None) == body
+
+
+@pytest.mark.parametrize("body", [b'{"text":["a","b"]}', b'{"input_ids":[[1,2],[3]]}'])
+def test_batches_are_forwarded_without_a_rid(body: bytes) -> None:
+    assert body_with_rid(request(body), "abc") == body
+
+
+def test_payload_without_bytes_is_serialised_with_the_rid() -> None:
+    req = GenerateRequest(dialect=Dialect.CHAT, payload={"messages": [{"role": "user", "content": "x"}]})
+    assert json.loads(body_with_rid(req, "r")) == {"messages": [{"role": "user", "content": "x"}], "rid": "r"}

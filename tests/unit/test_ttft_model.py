@@ -1,0 +1,48 @@
+"""The online TTFT model: recursive least squares plus per-worker speed factors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from proxy.routing.ttft_model import OnlineLinear, TtftModel, TtftPrior
+
+
+def test_least_squares_recovers_a_noiseless_linear_law() -> None:
+    fit = OnlineLinear([0.0, 0.0, 0.0], prior_variance=10.0, forgetting=1.0)
+    rng = random.Random(0)
+    for _ in range(200):
+        x = [1.0, rng.uniform(0, 10), rng.uniform(0, 5)]
+        fit.update(x, 0.05 + 0.2 * x[1] + 0.03 * x[2])
+    assert fit.theta == pytest.approx([0.05, 0.2, 0.03], abs=1e-3)
+
+
+def test_the_model_learns_prefill_rate_and_decode_interference() -> None:
+    model = TtftModel(TtftPrior(base_s=0.0, prefill_tokens_per_s=50_000, decode_s_per_running=0.0))
+    rng = random.Random(1)
+    for _ in range(2000):
+        work, running = rng.uniform(0, 8000), rng.uniform(0, 64)
+        model.learn("w", work, running, 0.01 + work / 20_000 + 0.002 * running)
+    base, spt, per_running = model.coefficients()
+    assert spt == pytest.approx(1 / 20_000, rel=0.1)
+    assert per_running == pytest.approx(0.002, rel=0.15)
+    assert base == pytest.approx(0.01, abs=0.01)
+
+
+def test_one_stalled_request_moves_the_fit_only_a_little() -> None:
+    model = TtftModel(TtftPrior())
+    before = model.fleet_predict(2000, 10)
+    model.learn("w", 2000, 10, 1000.0)  # a 1000 s outlier
+    assert model.fleet_predict(2000, 10) < 20 * before
+
+
+def test_speed_factors_stay_relative_to_the_fleet() -> None:
+    model = TtftModel(TtftPrior(), factor_alpha=0.2)
+    for _ in range(100):
+        for url, slow in (("a", 3.0), ("b", 1.0), ("c", 1.0)):
+            model.learn(url, 4000, 5, slow * model.fleet_predict(4000, 5))
+    assert model.factor("a") > 2 * model.factor("b")
+    assert sum(model.factor(u) for u in "abc") / 3 == pytest.approx(1.0)
+    model.forget("a")
+    assert model.known() == ["b", "c"]

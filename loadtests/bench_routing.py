@@ -275,6 +275,7 @@ async def run_one(args: argparse.Namespace, fleet: Fleet, router_name: str, spec
     span = (max(s.done for s in ok if s.done) - start) * k if ok else float("nan")
     mean_load = statistics.fmean(per_worker) if per_worker else 0.0
     return {
+        "load": os.getloadavg()[0],
         "router": router_name if replicas == 1 else f"{router_name} x{replicas}",
         "ok": len(ok), "sent": len(samples),
         "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95), "ttft_p99": pct(ttft, 0.99),
@@ -289,14 +290,15 @@ async def run_one(args: argparse.Namespace, fleet: Fleet, router_name: str, spec
 
 def print_table(title: str, rows: list[dict[str, Any]], available: float) -> None:
     print(f"\n{title}  (available hit rate {available:.1%}; times in simulated seconds)")
-    head = ("| router | ok | TTFT p50 | p95 | p99 | ITL p95 | e2e p95 | req/s | goodput/s | captured | imbalance | groups on 1 worker |")
+    head = ("| router | ok | TTFT p50 | p95 | p99 | ITL p95 | e2e p95 | req/s | goodput/s | captured | imbalance "
+            "| groups on 1 worker | box load |")
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for r in rows:
         g = "-" if r["groups_on_one_worker"] is None else f"{r['groups_on_one_worker']:.0%}"
         print(f"| {r['router']} | {r['ok']}/{r['sent']} | {r['ttft_p50']:.3f} | {r['ttft_p95']:.3f} | {r['ttft_p99']:.3f} "
               f"| {r['itl_p95'] * 1e3:.1f} ms | {r['e2e_p95']:.2f} | {r['throughput']:.2f} | {r['goodput']:.2f} "
-              f"| {r['captured']:.1%} | {r['imbalance']:.2f} | {g} |")
+              f"| {r['captured']:.1%} | {r['imbalance']:.2f} | {g} | {r['load']:.1f} |")
     sys.stdout.flush()
 
 

@@ -204,7 +204,8 @@ class Exchange:
     async def _start(self) -> None:
         p, t = self.p, self.timing
         cfg = p.config
-        serving = self._serving(p.registry.snapshots())
+        snaps = p.registry.snapshots()
+        serving = self._serving(snaps)
         if not serving:
             raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
         self.route = build_route_request(
@@ -217,8 +218,12 @@ class Exchange:
         body = self._body()
         tried: set[str] = set()
         last: _Retry | None = None
+        stale = lease.wait_s > 0  # waited for a slot: route on the state of now, not of arrival
         while True:
-            candidates = [s for s in lease.eligible(self._serving(p.registry.snapshots())) if s.url not in tried]
+            if stale:
+                snaps = p.registry.snapshots()
+            stale = True
+            candidates = [s for s in lease.eligible(self._serving(snaps)) if s.url not in tried]
             if not candidates and last is not None:
                 raise last.error
             try:

@@ -149,22 +149,40 @@ class StreamAccountant:
     events: int = 0
     token_events: int = 0
     meta: FinalMeta = field(default_factory=FinalMeta)
-    _last: bytes | None = None
+    _last: bytes | None = None  # the last run that carried output (parsed once, at the end)
 
     def feed(self, data: bytes) -> bool:
         """Account one run of complete events; True when it carried new output."""
+        if self.dialect is not Dialect.SGLANG:
+            return self._feed_openai(data)
+        # Native chunks are counted, not parsed: an event starts a run or follows a blank line,
+        # and JSON never holds a raw newline, so b"\n\ndata:" cannot occur inside a payload.
+        n = data.count(b"\n\ndata:") + (1 if data.startswith(b"data:") else 0)
+        if not n:
+            return False
+        self.events += n
+        if b"data: [DONE]" in data:
+            self.done = True
+            n -= 1
+        if b'data: {"error"' in data:
+            for payload in iter_payloads(data):
+                if payload.startswith(b'{"error"'):
+                    self.error = json.loads(payload).get("error") or {}
+                    n -= 1
+        if n <= 0:
+            return False
+        self.token_events += n
+        self._last = data
+        return True
+
+    def _feed_openai(self, data: bytes) -> bool:
         carried = False
-        native = self.dialect is Dialect.SGLANG
         for payload in iter_payloads(data):
             self.events += 1
             if payload == DONE:
                 self.done = True
             elif payload.startswith(b'{"error"'):
                 self.error = json.loads(payload).get("error") or {}
-            elif native:
-                carried = True
-                self.token_events += 1
-                self._last = payload
             else:
                 obj = json.loads(payload)
                 if openai_has_output(obj):
@@ -175,7 +193,9 @@ class StreamAccountant:
 
     def final(self) -> FinalMeta:
         if self._last is not None:
-            meta_from(self.dialect, json.loads(self._last), self.meta)
+            outputs = [p for p in iter_payloads(self._last) if p != DONE and not p.startswith(b'{"error"')]
+            if outputs:
+                meta_from(self.dialect, json.loads(outputs[-1]), self.meta)
             self._last = None
         if self.meta.completion_tokens is None and self.token_events:
             self.meta.completion_tokens = self.token_events  # OpenAI stream without usage: chunks

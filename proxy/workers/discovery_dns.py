@@ -19,7 +19,8 @@ becomes empty; a timeout or server failure is *not* an answer, so the last good 
 error logged. We resolve by IP rather than handing hostnames to the upstream pool, so a restarted
 pod (new IP, cold cache) reads as one worker leaving and another joining.
 
-``watch()`` yields the first answer, then each changed set; ``interval_s = 0`` resolves once.
+``watch()`` yields the first answer (an empty set if the first lookup fails), then each changed
+set; ``interval_s = 0`` resolves once.
 """
 
 from __future__ import annotations
@@ -156,13 +157,14 @@ class DnsSource:
                 urls = await self.resolve()
             except DnsTransientError as e:
                 log.warning("dns discovery: %s; keeping %d known workers", e, len(last or ()))
+                if last is None:  # the first answer failed: say "none known yet" rather than nothing
+                    last = frozenset()
+                    yield last
             else:
                 if urls != last:
                     last = urls
                     yield urls
             if self.interval_s <= 0:
-                if last is None:  # resolving once failed: say "none known" rather than nothing
-                    yield frozenset()
                 return
             await self._sleep(self.interval_s)
 

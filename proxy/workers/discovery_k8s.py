@@ -17,8 +17,9 @@ A thin client over aiohttp (no Kubernetes SDK): the two requests we need are pla
 Auth: ``Authorization: Bearer`` with the service-account token, re-read on every request (projected
 tokens rotate); TLS verified against ``ca_file`` when the API server is https.
 
-``watch()`` yields the first listed set, then each changed set. ``interval_s = 0`` lists once and
-stops (the off switch for tests and one-shot tools).
+``watch()`` yields the first listed set (an empty set first if that list fails, so start-up need
+not wait), then each changed set. ``interval_s = 0`` lists once and stops (the off switch for tests
+and one-shot tools).
 """
 
 from __future__ import annotations
@@ -166,10 +167,11 @@ class KubernetesSource:
                     log.info("kubernetes discovery: %s; relisting", e)
                     version = None
                 except (aiohttp.ClientError, TimeoutError, KubernetesApiError, ValueError) as e:
+                    if last is None:  # nothing listed yet: say "none known yet" rather than nothing
+                        last = frozenset()
+                        yield last
                     if self.interval_s <= 0:
                         log.warning("kubernetes discovery %s: %r (listing once only)", self.path, e)
-                        if last is None:
-                            yield frozenset()
                         return
                     log.warning(
                         "kubernetes discovery %s: %r; keeping %d workers, retrying in %.1fs",

@@ -70,6 +70,8 @@ class WorkerRegistry:
         self._static_models = {normalise_url(u): m for u, m in (static_models or {}).items()}
         self._workers: dict[str, _Worker] = {}
         self._published: tuple[WorkerSnapshot, ...] = ()
+        # (index, in-flight) → snapshot: per-request copies are reused until the next publish.
+        self._variants: dict[tuple[int, int], WorkerSnapshot] = {}
         self.in_flight: Callable[[str], int] = lambda url: 0
         self.on_publish: list[Callable[[Sequence[WorkerSnapshot]], None]] = []
         self.on_change: list[Callable[[Sequence[WorkerSnapshot]], None]] = []
@@ -177,6 +179,7 @@ class WorkerRegistry:
                 models=(w.static_model,) if w.static_model else w.models,
             ))
         self._published = tuple(snaps)
+        self._variants = {}
         for cb in self.on_publish:
             cb(self._published)
         if changed:
@@ -193,11 +196,16 @@ class WorkerRegistry:
         """The published snapshots with live in-flight counts (one call per routing decision)."""
         if self._health_cfg.interval_s <= 0 and any(w.tracker.ejected for w in self._workers.values()):
             self.refresh()  # probes off: only time re-admits, and ejections are rare
-        in_flight = self.in_flight
+        in_flight, variants = self.in_flight, self._variants
         out = []
-        for s in self._published:
+        for i, s in enumerate(self._published):
             n = in_flight(s.url)
-            out.append(s if n == s.in_flight else dataclasses.replace(s, in_flight=n))
+            if n != s.in_flight:
+                v = variants.get((i, n))
+                if v is None:
+                    v = variants[(i, n)] = dataclasses.replace(s, in_flight=n)
+                s = v
+            out.append(s)
         return out
 
     def published(self) -> tuple[WorkerSnapshot, ...]:

@@ -232,6 +232,25 @@ async def test_watch_yields_the_first_set_then_only_changes_and_keeps_the_last_s
                 await consumer
 
 
+async def test_a_failed_first_lookup_yields_none_known_yet_and_the_loop_carries_on() -> None:
+    zone = fleet_zone()
+    zone.servfail = True
+    sleep = SteppedSleep()
+    out: asyncio.Queue[frozenset[str]] = asyncio.Queue()
+    async with dns_server(zone) as ns:
+        source = DnsSource(SRV_NAME, port=1, srv=True, interval_s=5.0, nameserver=ns, sleep=sleep)
+        consumer = asyncio.create_task(collect(source, out))
+        try:
+            assert await asyncio.wait_for(out.get(), 10) == frozenset()
+            zone.servfail = False
+            await sleep.step()
+            assert await asyncio.wait_for(out.get(), 10) == {"http://127.0.0.11:30001", "http://[::1]:30002"}
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+
+
 async def test_config_selects_the_dns_source_with_its_fields() -> None:
     cfg = load(env={}, overrides={
         "discovery.kind": "dns", "discovery.dns.name": SRV_NAME, "discovery.dns.srv": True,

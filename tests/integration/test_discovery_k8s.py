@@ -174,6 +174,15 @@ async def test_api_errors_keep_the_last_set_and_back_off_exponentially_with_jitt
     assert all(0.8 * n <= s <= 1.2 * n for s, n in zip(sleeps, nominal, strict=True)), sleeps
 
 
+async def test_when_the_first_list_fails_the_source_says_none_known_yet_then_lists_again(token_file: Path) -> None:
+    api = StandinApi(fail_requests=2)
+    await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("10.0.0.1", True, False)], 30000))
+    async with serve(api) as base, watching(make_source(base, token_file)) as updates:
+        assert await updates.next() == frozenset()
+        assert await updates.next() == {"http://10.0.0.1:30000"}
+        assert api.list_count() == 3
+
+
 async def test_a_silent_stalled_watch_is_abandoned_and_reopened(token_file: Path) -> None:
     api = StandinApi(stall_watches=1)
     await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("10.0.0.1", True, False)], 30000))

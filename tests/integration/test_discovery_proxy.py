@@ -4,13 +4,14 @@ where requests go, and the metric label sets."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import aiohttp
 
 from loadtests.simworker.config import SimConfig
 from proxy.app import App
-from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.conftest import FAST, Harness, admin, base, eventually, status_of
 from tests.integration.k8s_standin import StandinApi, endpoint_slice, serve
 from tests.integration.test_discovery_dns import SRV_NAME, Zone, dns_server
 
@@ -104,3 +105,32 @@ async def test_dns_srv_discovery_follows_the_records_as_they_change(
         await eventually(swapped, what="the SRV change to reach the proxy")
         assert await generate(client, app, "again") == 200
         assert f'worker="{w0}"' not in await metrics_text(client, app)
+
+
+async def test_the_proxy_starts_at_once_when_the_api_is_down_and_picks_workers_up_when_it_returns(
+    harness: Harness, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST)])
+    (w0,) = fleet.urls
+    token = tmp_path / "token"
+    token.write_text("test-token")
+    api = StandinApi(fail_requests=3)
+    await api.put("endpointslices", NS, endpoint_slice("sglang-a", "sglang", [("127.0.0.1", True, False)], port_of(w0)))
+    async with serve(api) as api_url:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        app = await harness.proxy(
+            [], discovery__kind="kubernetes", discovery__interval_s=0.2,
+            discovery__kubernetes__api_server=api_url, discovery__kubernetes__namespace=NS,
+            discovery__kubernetes__label_selector="kubernetes.io/service-name=sglang",
+            discovery__kubernetes__token_file=str(token), discovery__port=port_of(w0),
+        )
+        # Far below the app's 10 s wait for a first worker set: the source said "none known yet".
+        assert loop.time() - started < 5.0
+        assert await status_of(client, f"{base(app)}/ready") == 503
+
+        async def ready() -> bool:
+            return await status_of(client, f"{base(app)}/ready") == 200
+        await eventually(ready, what="the worker to be discovered once the API answers")
+        assert await worker_urls(client, app) == {w0}
+        assert await generate(client, app, "hello") == 200

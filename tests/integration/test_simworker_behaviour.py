@@ -11,8 +11,7 @@ import aiohttp
 import pytest
 
 from loadtests.simworker import Fleet, SimConfig
-
-from .simworker_helpers import json_events, load, poll, sse_events
+from loadtests.simworker.testing import json_events, load, poll, sse_events
 
 LONG_PROMPT = " ".join(f"w{i % 97}x{i}" for i in range(3000))  # ~4.3k tokens
 

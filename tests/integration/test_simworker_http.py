@@ -8,8 +8,7 @@ import aiohttp
 import pytest
 
 from loadtests.simworker import Fleet, SimConfig
-
-from .simworker_helpers import json_events, sse_events
+from loadtests.simworker.testing import json_events, sse_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -114,3 +114,20 @@ def test_batches_are_forwarded_without_a_rid(body: bytes) -> None:
 def test_payload_without_bytes_is_serialised_with_the_rid() -> None:
     req = GenerateRequest(dialect=Dialect.CHAT, payload={"messages": [{"role": "user", "content": "x"}]})
     assert json.loads(body_with_rid(req, "r")) == {"messages": [{"role": "user", "content": "x"}], "rid": "r"}
+
+
+def test_native_events_are_counted_per_event_even_when_coalesced() -> None:
+    acct = StreamAccountant(Dialect.SGLANG)
+    tricky = native_chunk("she wrote data: x", [1, 2])  # "data:" inside the text is not an event
+    run = sse(native_chunk("a", [1])) + sse(tricky) + sse(native_chunk("abc", [1, 2, 3], "stop")) + b"data: [DONE]\n\n"
+    assert acct.feed(run)
+    assert (acct.events, acct.token_events, acct.done) == (4, 3, True)
+    assert acct.final().completion_tokens == 3
+
+
+def test_an_error_event_after_tokens_in_one_run_is_seen() -> None:
+    acct = StreamAccountant(Dialect.SGLANG)
+    assert acct.feed(sse(native_chunk("a", [1])) + sse({"error": {"message": "x", "code": 503}}))
+    assert acct.token_events == 1 and acct.error == {"message": "x", "code": 503}
+    meta = acct.final()
+    assert meta.completion_tokens == 1 and meta.error is not None

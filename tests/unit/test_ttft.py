@@ -115,7 +115,11 @@ def test_a_slower_worker_gets_less_unique_work() -> None:
         slow = 10 if d.worker == "http://a" else 1
         finish(policy, r, d.worker, ttft=slow * r.prompt_tokens / 12_000, cached=0)
     assert policy.model.factor("http://a") > 1.5 * policy.model.factor("http://b")
-    picks = [policy.select(prompt(i, 100), fleet()).worker for i in range(20)]
+    picks = []
+    for i in range(20):
+        r = prompt(i, 100)
+        picks.append(policy.select(r, fleet()).worker)
+        finish(policy, r, picks[-1], ttft=r.prompt_tokens / 12_000, cached=0)
     assert "http://a" not in picks
 
 

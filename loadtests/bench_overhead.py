@@ -307,18 +307,20 @@ async def running(targets: list[Target], log_dir: Path) -> AsyncIterator[list[Ta
 
 async def main_async(args: argparse.Namespace) -> None:
     counts = {1: 60, 32: 400, 128: 800} if args.quick else {1: 200, 32: 1500, 128: 3000}
+    counts = {c: counts.get(c, 1000) for c in args.concurrency}
     log_dir = RESULTS.parent
     log_dir.mkdir(parents=True, exist_ok=True)
     profile_out = log_dir / "radixgate.prof" if args.profile else None
     configs = [SimConfig(profile="zero", max_running_requests=1024)] * args.workers
     async with Fleet.subprocesses(configs) as fleet, \
-            running(build_targets(fleet.urls, profile_out=profile_out), log_dir) as targets:
+            running([t for t in build_targets(fleet.urls, profile_out=profile_out)
+                     if t.name == "direct" or t.name in args.targets], log_dir) as targets:
         print(f"targets: {', '.join(t.name for t in targets)}; workers: {fleet.urls}", flush=True)
         for t in targets:  # warm every connection pool and code path
             await run_cell(t, "stream", 8, 64, 10)
         cells: list[Cell] = []
-        for mode in ("stream", "non-stream"):
-            for conc in (1, 32, 128):
+        for mode in args.modes:
+            for conc in args.concurrency:
                 for t in targets:
                     cell = await run_cell(t, mode, conc, counts[conc], args.cap_s)
                     cells.append(cell)
@@ -339,7 +341,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if profile_out is not None and profile_out.exists():
         import pstats
 
-        pstats.Stats(str(profile_out)).sort_stats("tottime").print_stats(30)
+        pstats.Stats(str(profile_out)).sort_stats(args.sort).print_stats(40)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -348,6 +350,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
     parser.add_argument("--cap-s", type=float, default=8.0, help="time cap per cell, seconds")
     parser.add_argument("--profile", action="store_true", help="only direct + radixgate, radixgate under cProfile")
+    parser.add_argument("--targets", nargs="+", default=["radixgate", "sglang-router", "vllm-router"],
+                        help="which proxies to measure (direct is always measured)")
+    parser.add_argument("--sort", default="tottime", help="pstats sort key for --profile")
+    parser.add_argument("--modes", nargs="+", default=["stream", "non-stream"], choices=["stream", "non-stream"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128])
     args = parser.parse_args(argv)
     import uvloop
 

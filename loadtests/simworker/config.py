@@ -71,6 +71,11 @@ class SimConfig:
             raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")
 
 
+def base_url(host: str, port: int) -> str:
+    """``http://host:port``, with IPv6 literals bracketed."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 FAULT_FIELDS = tuple(f.name for f in dataclasses.fields(SimConfig) if f.name.startswith("fault_"))
 
 

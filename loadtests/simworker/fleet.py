@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from .config import SimConfig, fault_updates
+from .config import SimConfig, base_url, fault_updates
 from .engine import Engine
 from .server import SimWorker
 
@@ -70,7 +70,7 @@ class InProcessWorker:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self._port}"
+        return base_url(self.config.host, self._port)
 
     @property
     def engine(self) -> Engine:
@@ -132,7 +132,7 @@ class SubprocessWorker:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self._port}"
+        return base_url(self.config.host, self._port)
 
     async def start(self) -> None:
         if self.process is not None and self.process.returncode is None:

@@ -89,6 +89,8 @@ class RadixCache:
         return n - n % self.page_size
 
     def _common(self, key: tuple[int, ...], ids: list[int] | tuple[int, ...], start: int) -> int:
+        if len(ids) - start >= len(key) and key == tuple(ids[start : start + len(key)]):
+            return len(key)  # the whole edge matches: one C-level comparison
         limit = min(len(key), len(ids) - start)
         i = 0
         while i < limit and key[i] == ids[start + i]:

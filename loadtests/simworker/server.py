@@ -26,7 +26,7 @@ from aiohttp import web
 from proxy.clock import Clock, MonotonicClock
 
 from . import admin, streaming
-from .config import SimConfig, fault_updates
+from .config import SimConfig, base_url, fault_updates
 from .engine import Engine
 from .metrics import SimMetrics
 from .protocol import BadRequest, openai_error, parse_generate, parse_openai
@@ -37,14 +37,14 @@ SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine 
 
 class SimWorker:
     def __init__(self, config: SimConfig, clock: Clock | None = None,
-                 on_die: Callable[[], None] | None = None) -> None:
+                 on_die: Callable[[], None] | None = None, rng: random.Random | None = None) -> None:
         config.validate()
         self.config = dataclasses.replace(config)
         self.clock = clock or MonotonicClock()
         self.engine = Engine(self.config, self.clock)
         self.metrics = SimMetrics(self.engine, config.served_model_name) if config.enable_metrics else None
         self.engine.on_tokens = self._check_die
-        self.rng = random.Random(config.seed)
+        self.rng = rng or random.Random(config.seed)  # draws the error-rate fault
         self.on_die = on_die
         self.port = config.port
         self.started_at = 0.0
@@ -60,7 +60,7 @@ class SimWorker:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
+        return base_url(self.config.host, self.port)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from loadtests.simworker.config import SimConfig
 from proxy.app import App
@@ -16,6 +18,8 @@ from tests.integration.k8s_standin import StandinApi, endpoint_slice, serve
 from tests.integration.test_discovery_dns import SRV_NAME, Zone, dns_server
 
 NS = "llm"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def port_of(url: str) -> int:
@@ -110,6 +114,8 @@ async def test_dns_srv_discovery_follows_the_records_as_they_change(
 async def test_the_proxy_starts_at_once_when_the_api_is_down_and_picks_workers_up_when_it_returns(
     harness: Harness, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
+    """Also the probe semantics the manifests rely on: startup / liveness (GET /health) pass with no
+    worker; readiness (gRPC health "", like GET /ready) passes only once a worker is discovered."""
     fleet = await harness.fleet([SimConfig(time_scale=FAST)])
     (w0,) = fleet.urls
     token = tmp_path / "token"
@@ -120,17 +126,25 @@ async def test_the_proxy_starts_at_once_when_the_api_is_down_and_picks_workers_u
         loop = asyncio.get_running_loop()
         started = loop.time()
         app = await harness.proxy(
-            [], discovery__kind="kubernetes", discovery__interval_s=0.2,
+            [], server__grpc_port=-1, discovery__kind="kubernetes", discovery__interval_s=0.2,
             discovery__kubernetes__api_server=api_url, discovery__kubernetes__namespace=NS,
             discovery__kubernetes__label_selector="kubernetes.io/service-name=sglang",
             discovery__kubernetes__token_file=str(token), discovery__port=port_of(w0),
         )
         # Far below the app's 10 s wait for a first worker set: the source said "none known yet".
         assert loop.time() - started < 5.0
-        assert await status_of(client, f"{base(app)}/ready") == 503
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        try:
+            assert await status_of(client, f"{base(app)}/health") == 200
+            assert await status_of(client, f"{base(app)}/ready") == 503
+            assert (await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)).status == NOT_SERVING
 
-        async def ready() -> bool:
-            return await status_of(client, f"{base(app)}/ready") == 200
-        await eventually(ready, what="the worker to be discovered once the API answers")
-        assert await worker_urls(client, app) == {w0}
-        assert await generate(client, app, "hello") == 200
+            async def ready() -> bool:
+                return await status_of(client, f"{base(app)}/ready") == 200
+            await eventually(ready, what="the worker to be discovered once the API answers")
+            assert (await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)).status == SERVING
+            assert await worker_urls(client, app) == {w0}
+            assert await generate(client, app, "hello") == 200
+        finally:
+            await channel.close()

@@ -165,11 +165,13 @@ def test_radixgate_ports_and_probes_match_its_config(target: str, tmp_path: Path
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"http": cfg.server.port, "admin": cfg.server.admin_port, "grpc": cfg.server.grpc_port}
     assert cfg.server.host == cfg.server.admin_host == "0.0.0.0"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert port_number(c, c["readinessProbe"]["httpGet"]["port"]) == cfg.server.port
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert port_number(c, c["livenessProbe"]["httpGet"]["port"]) == cfg.server.port
-    assert c["startupProbe"]["grpc"]["port"] == cfg.server.grpc_port
+    # Start-up and liveness never depend on workers (/health); readiness is gRPC health, which is
+    # SERVING exactly when /ready is (tests/integration/test_discovery_proxy.py shows both).
+    for probe in ("startupProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health"
+        assert port_number(c, c[probe]["httpGet"]["port"]) == cfg.server.port
+    assert c["readinessProbe"]["grpc"]["port"] == cfg.server.grpc_port
+    assert c["readinessProbe"]["grpc"].get("service", "") == ""
     assert "cpu" in c["resources"]["requests"] and "memory" in c["resources"]["limits"]
 
 

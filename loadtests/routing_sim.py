@@ -1,0 +1,168 @@
+"""A virtual-time fleet: radixgate's routing policies driving simulated SGLang schedulers.
+
+Why: wall-clock load tests on a small shared box measure the box (a starved process adds its
+scheduling delay to every TTFT). Here time is virtual, so a run is exact and repeatable and costs
+only CPU. What is real: the routing code (``prefix_key.build_route_request``, the policies, their
+``on_complete`` learning), and each worker's scheduler, radix prefix cache and roofline step times
+(``loadtests.simworker``: the same classes the HTTP simulated worker runs). What is left out: HTTP
+and proxy overhead (see bench_overhead), the proxy's admission queue (its default per-worker limit
+is the worker's max_running_requests, which these loads never reach).
+
+Event loop: arrivals (the trace), step completions (one per busy worker) and scrapes (every
+``scrape_interval_s``: snapshots of running / queued / waiting uncached tokens / token usage, as
+radixgate's scraper publishes them, so policies see state as stale as in production). An arrival
+is routed with the latest scrape plus the routing replica's own in-flight count, submitted to the
+chosen scheduler, and its worker starts a step if idle. A step's end applies it and records first
+tokens, token gaps and completions; a completion goes back to the replica that routed it.
+Several replicas (independent policy instances, each seeing every ``replicas``-th request) model
+proxies that share nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loadtests.simworker import protocol, tokenizer
+from loadtests.simworker.config import SimConfig
+from loadtests.simworker.engine import Engine
+from loadtests.simworker.perf import step_seconds
+from loadtests.simworker.scheduler import SimRequest, Step
+from loadtests.workloads import RequestSpec
+from proxy.clock import ManualClock
+from proxy.request import Dialect, GenerateRequest
+from proxy.routing.base import Completion, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.prefix_key import build_route_request
+from proxy.routing.registry import build_named
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclass
+class Outcome:
+    group: str
+    arrival: float
+    worker: str = ""
+    first: float | None = None
+    done: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    branch: str = ""
+
+
+class VirtualWorker:
+    """One simulated SGLang worker advanced by the event loop instead of asyncio."""
+
+    def __init__(self, url: str, config: SimConfig) -> None:
+        self.url = url
+        self.engine = Engine(config, clock=ManualClock())
+        self.scheduler = self.engine.scheduler
+        self.step: Step | None = None
+        self.step_end = 0.0
+        self.requests = 0
+
+    def snapshot(self) -> WorkerSnapshot:
+        sched, cache = self.scheduler, self.engine.cache
+        return WorkerSnapshot(
+            url=self.url, running=sched.num_running, queued=len(sched.waiting),
+            waiting_uncached_tokens=sched.waiting_uncached_tokens(),
+            token_usage=cache.used_tokens / cache.capacity, cache_hit_rate=sched.last_batch_hit_rate,
+            max_running_requests=self.engine.limits.max_running_requests,
+            max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,))
+
+    def start_step(self, now: float) -> bool:
+        self.step = self.scheduler.next_step(now)
+        if self.step is None:
+            return False
+        self.step_end = now + step_seconds(self.engine.profile, self.step.work)
+        return True
+
+
+def prompt_ids(spec: RequestSpec) -> list[int]:
+    if spec.messages is not None:
+        return tokenizer.encode(protocol.render_chat(spec.messages))
+    return tokenizer.encode(spec.text or "")
+
+
+def route_of(spec: RequestSpec, *, block_tokens: int = 16, chars_per_token: float = 4.0) -> RouteRequest:
+    req = GenerateRequest(dialect=Dialect.CHAT if spec.messages is not None else Dialect.SGLANG, payload={},
+                          model=MODEL, text=spec.text, messages=spec.messages)
+    return build_route_request(req, block_tokens=block_tokens, chars_per_token=chars_per_token, max_blocks=2048)
+
+
+def simulate(
+    policy_name: str,
+    specs: Sequence[RequestSpec],
+    arrivals: Sequence[float],
+    *,
+    workers: int = 4,
+    sim: SimConfig | None = None,
+    replicas: int = 1,
+    scrape_interval_s: float = 0.5,
+    seed: int = 0,
+    params: dict[str, object] | None = None,
+) -> tuple[list[Outcome], list[VirtualWorker]]:
+    """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers."""
+    sim = sim or SimConfig()
+    fleet = [VirtualWorker(f"http://w{i}", sim) for i in range(workers)]
+    by_url = {w.url: w for w in fleet}
+    policies: list[Policy] = [build_named(policy_name, params or {}, rng=random.Random(seed + r)) for r in range(replicas)]
+    in_flight: list[dict[str, int]] = [dict.fromkeys(by_url, 0) for _ in range(replicas)]
+    scraped = {w.url: w.snapshot() for w in fleet}
+    outcomes: list[Outcome] = []
+    # rid -> (outcome, route, replica, request)
+    live: dict[str, tuple[Outcome, RouteRequest, int, SimRequest]] = {}
+    steps: list[tuple[float, int, str]] = []  # (end, tiebreak, url) of busy workers
+    seq = 0
+    next_scrape = 0.0
+    i = 0
+    while i < len(specs) or steps:
+        t_arrival = arrivals[i] if i < len(specs) else float("inf")
+        t_step = steps[0][0] if steps else float("inf")
+        if next_scrape <= min(t_arrival, t_step):
+            scraped = {w.url: w.snapshot() for w in fleet}
+            next_scrape += scrape_interval_s
+            continue
+        if t_arrival <= t_step:
+            now, spec, replica = t_arrival, specs[i], i % replicas
+            route = route_of(spec)
+            snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u]) for u in by_url]
+            decision = policies[replica].select(route, snaps)
+            worker = by_url[decision.worker]
+            req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
+            outcome = Outcome(spec.group, now, worker.url, branch=decision.branch)
+            outcomes.append(outcome)
+            live[req.rid] = (outcome, route, replica, req)
+            in_flight[replica][worker.url] += 1
+            worker.requests += 1
+            worker.scheduler.submit(req, now)
+            if worker.step is None and worker.start_step(now):
+                seq += 1
+                heapq.heappush(steps, (worker.step_end, seq, worker.url))
+            i += 1
+            continue
+        now, _, url = heapq.heappop(steps)
+        worker = by_url[url]
+        assert worker.step is not None
+        for req in worker.scheduler.finish_step(worker.step, now):
+            outcome, route, replica, _ = live[req.rid]
+            if outcome.first is None:
+                outcome.first = now
+                outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
+            elif req.last_token_at == now:
+                outcome.gaps.append(now - (outcome.done or outcome.first))
+            outcome.done = now
+            if req.finished:
+                del live[req.rid]
+                in_flight[replica][url] -= 1
+                policies[replica].on_complete(Completion(
+                    url, route, True, outcome.prompt_tokens, outcome.cached_tokens, outcome.first - outcome.arrival))
+        worker.step = None
+        if worker.start_step(now):
+            seq += 1
+            heapq.heappush(steps, (worker.step_end, seq, worker.url))
+    return outcomes, fleet

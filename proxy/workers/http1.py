@@ -1,0 +1,362 @@
+"""A lean HTTP/1.1 client for the request hot path: one protocol object per pooled connection.
+
+Why not aiohttp's client here: it wakes the reading task once per HTTP chunk and builds a request
+object per call. An SGLang stream sends one HTTP chunk per token, so that was most of the proxy's
+CPU per streamed request. Here ``data_received`` decodes every chunk of a TCP read at once and
+wakes the reader once per read; a request is one ``transport.write`` of prebuilt bytes.
+
+Scope, on purpose small: ``POST`` with a body; responses framed by ``Content-Length``,
+``Transfer-Encoding: chunked`` (trailers skipped) or connection close; keep-alive reuse;
+``http`` and ``https``. TCP_NODELAY is set on every connection. A connection is reused only after
+its response was read to the end; anything else closes it.
+
+Timeouts: connecting is bounded by ``connect_timeout_s``; a response that stays silent for
+``idle_timeout_s`` (before its head or between reads) fails with ``TimeoutError``. The idle timer
+is one timer per silent period, re-armed lazily, not one per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+MAX_HEAD_BYTES = 64 * 1024
+PAUSE_ABOVE = 1 << 20  # buffered body bytes before we stop reading from the worker
+
+
+class UpstreamClosed(ConnectionError):
+    """The worker closed the connection before the response was complete."""
+
+
+class Http1Connection(asyncio.Protocol):
+    """One connection; at most one request on it at a time. Also the response object."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout_s: float) -> None:
+        self._loop = loop
+        self._idle = idle_timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.content_type = ""
+        self.keep_alive = True
+        self._head = b""
+        self._head_done = False
+        self._framing = ""  # "length" | "chunked" | "eof"
+        self._remaining = 0  # length framing: bytes left; chunked: bytes left in this chunk (+2 CRLF)
+        self._cbuf = b""  # chunked: undecoded bytes
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self.complete = False
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+
+    # -- protocol callbacks ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self._last = self._loop.time()
+        if not self._head_done:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > MAX_HEAD_BYTES:
+                    self._fail(ValueError("upstream response head too large"))
+                return
+            head, data = self._head[:end], self._head[end + 4:]
+            self._head = b""
+            try:
+                self._parse_head(head)
+            except ValueError as e:
+                self._fail(e)
+                return
+        if data and not self.complete:
+            if self._framing == "chunked":
+                self._feed_chunked(data)
+            elif self._framing == "length":
+                take = data[: self._remaining]
+                self._remaining -= len(take)
+                self._push(take)
+                if self._remaining == 0:
+                    self._finish()
+            else:
+                self._push(data)
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            if self._head_done and self._framing == "eof":
+                self._finish()
+            elif self._exc is None:
+                self._exc = UpstreamClosed(f"worker closed the connection mid-response ({exc!r})")
+        self._stop_timer()
+        self._wake()
+
+    # -- parsing ---------------------------------------------------------------------------------
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+            raise ValueError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
+        self.status = int(parts[1])
+        headers = self.headers
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
+        self._head_done = True
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._framing, self._remaining = "chunked", -1
+        elif "content-length" in headers:
+            self._framing, self._remaining = "length", int(headers["content-length"])
+            if self._remaining == 0:
+                self._finish()
+        elif self.status in (204, 304) or 100 <= self.status < 200:
+            self._framing = "length"
+            self._finish()
+        else:
+            self._framing = "eof"
+            self.keep_alive = False
+
+    def _feed_chunked(self, data: bytes) -> None:
+        buf = self._cbuf + data if self._cbuf else data
+        pos, size = 0, len(buf)
+        pieces = []
+        while pos < size:
+            if self._remaining > 0:  # inside a chunk's data (+ its trailing CRLF)
+                take = min(self._remaining, size - pos)
+                pieces.append(buf[pos:pos + take])
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._remaining = -2  # expect CRLF
+                continue
+            if self._remaining == -2:
+                if size - pos < 2:
+                    break
+                pos += 2
+                self._remaining = -1
+                continue
+            if self._remaining == -3:  # trailers after the last chunk: skip to the blank line
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    break
+                pos = end + 2
+                if end == pos - 2 and buf[end - 2:end] != b"\r\n" and end != pos - 2:
+                    continue
+                if buf[pos - 2 - 0:pos] == b"\r\n" and (end == pos - 2) and buf.startswith(b"\r\n", end):
+                    pass
+                if end + 2 - pos == 0 and end == (pos - 2):
+                    pass
+                if buf[end - 0:end + 2] == b"\r\n" and end == pos - 2 and (end == 0 or buf[end - 2:end] == b"\r\n"
+                                                                          or self._trailer_start == end):
+                    self._finish()
+                    break
+                self._trailer_start = pos
+                continue
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                break
+            size_text = buf[pos:end].split(b";", 1)[0].strip()
+            try:
+                length = int(size_text, 16)
+            except ValueError:
+                self._fail(ValueError(f"bad chunk size {size_text[:20]!r}"))
+                return
+            pos = end + 2
+            if length == 0:
+                self._remaining = -3
+                self._trailer_start = pos
+                continue
+            self._remaining = length
+        self._cbuf = buf[pos:] if pos < size else b""
+        if pieces:
+            self._push(b"".join(pieces) if len(pieces) > 1 else pieces[0])
+
+    _trailer_start = 0
+
+    def _push(self, data: bytes) -> None:
+        if not data:
+            return
+        self._body.append(data)
+        self._buffered += len(data)
+        if self._buffered > PAUSE_ABOVE and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _finish(self) -> None:
+        self.complete = True
+        self._stop_timer()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._exc = exc
+        self.keep_alive = False
+        if self.transport is not None:
+            self.transport.abort()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- idle timeout ----------------------------------------------------------------------------
+    def _arm(self) -> None:
+        if self._timer is None and self._idle > 0:
+            self._timer = self._loop.call_at(self._last + self._idle, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._timer = None
+        if self.complete or self.closed:
+            return
+        if self._loop.time() - self._last >= self._idle:
+            self._fail(TimeoutError(f"worker silent for {self._idle:g} s"))
+        else:
+            self._arm()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- the caller's side -----------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self._reset()
+        self._last = self._loop.time()
+        self._arm()
+        self.transport.write(data)
+
+    async def _wait(self) -> None:
+        if self._exc is not None:
+            raise self._exc
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._exc is not None:
+            raise self._exc
+
+    async def wait_head(self) -> None:
+        while not self._head_done:
+            await self._wait()
+
+    async def readany(self) -> bytes:
+        """Whatever body bytes arrived (at least one), or b"" once the response is complete."""
+        while not self._body:
+            if self.complete:
+                return b""
+            await self._wait()
+        data = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while True:
+            data = await self.readany()
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and self._exc is None and not self._cbuf
+
+    def close(self) -> None:
+        self._stop_timer()
+        self.keep_alive = False
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+            self.closed = True
+
+
+class Http1Pool:
+    """Keep-alive connections to one worker (``limit`` at most, idle ones kept ``keepalive_s``)."""
+
+    def __init__(self, url: str, *, limit: int, keepalive_s: float, connect_timeout_s: float,
+                 idle_timeout_s: float) -> None:
+        parts = urlsplit(url)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.https else 80)
+        self.host_header = parts.netloc.encode("latin-1")
+        self._ssl = ssl.create_default_context() if self.https else None
+        self._keepalive = keepalive_s
+        self._connect_timeout = connect_timeout_s
+        self._idle_timeout = idle_timeout_s
+        self._slots = asyncio.Semaphore(limit)
+        self._idle: list[tuple[Http1Connection, float]] = []
+        self._closed = False
+
+    def head(self, path: str, body_len: int, headers: Mapping[str, str]) -> bytes:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return (f"POST {path} HTTP/1.1\r\nHost: {self.host_header.decode('latin-1')}\r\n"
+                f"Content-Length: {body_len}\r\n{extra}\r\n").encode("latin-1")
+
+    async def request(self, path: str, body: bytes, headers: Mapping[str, str]) -> Http1Connection:
+        """Send a POST and return the connection once the response head arrived."""
+        await self._slots.acquire()
+        try:
+            conn = await self._connection()
+            conn.send(self.head(path, len(body), headers) + body)
+            await conn.wait_head()
+        except BaseException:
+            self._slots.release()
+            raise
+        conn.pool = self  # type: ignore[attr-defined]
+        return conn
+
+    async def _connection(self) -> Http1Connection:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._idle:
+            conn, since = self._idle.pop()
+            if not conn.closed and now - since < self._keepalive:
+                return conn
+            conn.close()
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: Http1Connection(loop, self._idle_timeout), self.host, self.port,
+                                   ssl=self._ssl, server_hostname=self.host if self._ssl else None),
+            self._connect_timeout)
+        return proto
+
+    def release(self, conn: Http1Connection) -> None:
+        """Return ``conn`` after its response: kept for reuse when it was read to the end."""
+        self._slots.release()
+        if conn.reusable and not self._closed:
+            self._idle.append((conn, asyncio.get_running_loop().time()))
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        for conn, _ in self._idle:
+            conn.close()
+        self._idle.clear()

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -125,11 +127,8 @@ async def main_async(args: argparse.Namespace) -> int:
     from loadtests.arrivals import poisson_times
     from loadtests.simworker.config import SimConfig
     from loadtests.simworker.fleet import Fleet
-    from loadtests.workloads import shared_prefix
 
-    specs = shared_prefix(groups=args.groups, prompts_per_group=args.prompts_per_group,
-                          system_tokens=args.system_tokens, question_tokens=args.question_tokens,
-                          output_tokens=args.output_tokens, seed=args.seed)
+    specs = make_specs(args, seed=args.seed)
     times = poisson_times(args.rate, len(specs), random.Random(args.seed))
     sim = SimConfig(profile=args.profile, time_scale=args.time_scale, enable_metrics=True,
                     enable_cache_report=True, max_total_tokens=args.kv_tokens,
@@ -143,15 +142,25 @@ async def main_async(args: argparse.Namespace) -> int:
     policies = [args.policy] + [p for p in args.compare if p != args.policy]
     results: list[RunSummary] = []
     doc: dict[str, Any] | None = None
-    async with Fleet.subprocesses([sim] * args.workers) as fleet:
+    async with contextlib.AsyncExitStack() as stack:
+        if args.worker:
+            urls = list(args.worker)
+        else:
+            urls = (await stack.enter_async_context(Fleet.subprocesses([sim] * args.workers))).urls
         for i, policy in enumerate(policies):
-            if i:
-                await _flush(fleet.urls)
+            if i and not args.worker:
+                await _flush(urls)
+            elif i:
+                # External engines may not support /flush_cache: give each run a trace of the same
+                # shape with fresh text, so no run inherits another's cache.
+                specs = make_specs(args, seed=args.seed + i)
             print(f"... running {policy}", flush=True)
-            summary, d = await _run_policy(policy, fleet.urls, specs, times, args)
+            summary, d = await _run_policy(policy, urls, specs, times, args)
             results.append(summary)
             if i == 0:
                 doc = d
+            if args.save_dir:
+                _save(args.save_dir, policy, summary, d)
     print("\nClient-side results (same trace, caches flushed between runs)")
     for s in results:
         _print_summary(s)
@@ -164,6 +173,27 @@ async def main_async(args: argparse.Namespace) -> int:
         print(render_text(doc))
     lost = sum(s.failed for s in results)
     return 0 if lost == 0 else 1
+
+
+def make_specs(args: argparse.Namespace, *, seed: int) -> list[Any]:
+    from loadtests.workloads import shared_prefix
+
+    return shared_prefix(groups=args.groups, prompts_per_group=args.prompts_per_group,
+                         system_tokens=args.system_tokens, question_tokens=args.question_tokens,
+                         output_tokens=args.output_tokens, seed=seed)
+
+
+def _save(folder: str, policy: str, summary: RunSummary, doc: dict[str, Any] | None) -> None:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    client = {"policy": summary.policy, "sent": summary.sent, "ok": summary.ok, "failed": summary.failed,
+              "ttft_p50": _pct(summary.ttft, 0.5), "ttft_p95": _pct(summary.ttft, 0.95),
+              "e2e_p50": _pct(summary.e2e, 0.5), "e2e_p95": _pct(summary.e2e, 0.95),
+              "cached_share": summary.cached_share, "wall_s": summary.wall_s}
+    (out / f"client_{policy}.json").write_text(json.dumps(client, indent=1))
+    if doc is not None:
+        (out / f"diagnosis_{policy}.json").write_text(json.dumps(doc, indent=1))
+        (out / f"diagnosis_{policy}.txt").write_text(render_text(doc) + "\n")
 
 
 async def _flush(urls: Sequence[str]) -> None:
@@ -194,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
     p.add_argument("--slo-ttft-s", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--worker", action="append", default=[], metavar="URL",
+                   help="use these running SGLang-protocol workers instead of a simulated fleet")
+    p.add_argument("--save-dir", help="write each run's client summary and diagnosis (JSON + text) here")
     return p
 
 

@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import aiohttp
-
 from proxy.admission import Admission, Lease
 from proxy.clock import Clock
 from proxy.config import Config
@@ -54,6 +52,7 @@ from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
 from proxy.workers.health import Change
+from proxy.workers.http1 import Http1Connection
 from proxy.workers.registry import WorkerRegistry
 from proxy.workers.upstream import CONNECT_ERRORS, UpstreamPool
 
@@ -162,7 +161,7 @@ class Exchange:
         self.meta = FinalMeta()
         self.error: RadixgateError | None = None  # set when a stream broke after relaying began
         self._lease: Lease | None = None
-        self._resp: aiohttp.ClientResponse | None = None
+        self._resp: Http1Connection | None = None
         self._first = b""
         self._first_at = 0.0
         self._buf = b""
@@ -263,7 +262,7 @@ class Exchange:
         headers = {"Content-Type": "application/json"}
         if "authorization" in self.req.headers:
             headers["Authorization"] = self.req.headers["authorization"]
-        resp: aiohttp.ClientResponse | None = None
+        resp: Http1Connection | None = None
         try:
             async with asyncio.timeout_at(loop.time() + max(0.0, wait)):
                 resp = await p.upstream.post(worker, self.req.dialect.path, body, headers)
@@ -271,7 +270,8 @@ class Exchange:
                 status = resp.status
                 if status >= 500:
                     await resp.read()
-                    resp.release()
+                    p.upstream.release(resp)  # read to the end: the connection stays reusable
+                    resp = None
                     busy = status == 503
                     err: RadixgateError = (
                         Overloaded(f"every worker tried is busy (last answered {status})", retry_after=1.0)
@@ -283,7 +283,7 @@ class Exchange:
                     self.streaming = False
                     self.body = await resp.read()
                     t.first_byte = p.clock.now()
-                    resp.release()
+                    p.upstream.release(resp)
                     self._upstream_done = True
                     if status == 200:
                         self.meta = meta_from(self.req.dialect, json.loads(self.body))
@@ -307,17 +307,18 @@ class Exchange:
             self._drop(resp)
             raise
 
-    def _drop(self, resp: aiohttp.ClientResponse | None) -> None:
+    def _drop(self, resp: Http1Connection | None) -> None:
         if resp is not None:
             resp.close()
+            self.p.upstream.release(resp)
         self._resp = None
 
     async def _next_events(self) -> bytes:
         """The next run of complete SSE events; b"" at the end (a trailing partial event is dropped)."""
         assert self._resp is not None
-        content = self._resp.content
+        read = self._resp.readany
         while True:
-            data = await content.readany()
+            data = await read()
             if not data:
                 return b""
             if self._buf:
@@ -416,8 +417,7 @@ class Exchange:
         if self._resp is not None:
             if left_early:
                 self._resp.close()
-            else:
-                self._resp.release()
+            p.upstream.release(self._resp)
         if left_early and not isinstance(self.error, UpstreamError) and self.worker is not None:
             # The client left, or the stream went silent: free the worker's slot. (A worker whose
             # connection broke has nothing left to abort.)

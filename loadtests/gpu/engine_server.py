@@ -57,14 +57,16 @@ class Engine:
         config = LlamaConfig(
             hidden_size=4096, intermediate_size=14336, num_hidden_layers=args.layers,
             num_attention_heads=32, num_key_value_heads=8, vocab_size=tok.VOCAB_SIZE + 256,
-            max_position_embeddings=32768, rope_theta=500000.0,
+            max_position_embeddings=32768, rope_theta=500000.0, eos_token_id=None, bos_token_id=None,
         )
         torch.manual_seed(0)
+        torch.set_default_dtype(torch.bfloat16)
         with torch.device("cuda"):
-            model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa_paged", dtype=torch.bfloat16)
+            model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa_paged")
+        model = model.to(torch.bfloat16)
         model.eval()
         self.params = sum(p.numel() for p in model.parameters())
-        gen = GenerationConfig(max_new_tokens=128, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        gen = GenerationConfig(max_new_tokens=128, do_sample=False, pad_token_id=0)
         cbc = ContinuousBatchingConfig(
             block_size=args.block_size, max_batch_tokens=args.max_batch_tokens,
             max_memory_percent=args.mem_fraction, max_requests_per_batch=args.max_running_requests,
@@ -98,7 +100,9 @@ class Engine:
         with self.lock:
             self.queues[rid] = (asyncio.get_running_loop(), q)
             self.waiting[rid] = len(ids)
-        self.manager.add_request(input_ids=ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True)
+        # eos -1: never stop early (random weights; the client asked for ignore_eos semantics)
+        self.manager.add_request(input_ids=ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True,
+                                 eos_token_id=-1)
         return q
 
     def started(self, rid: str) -> None:

@@ -1,18 +1,15 @@
 """ttft (default): send each request where its estimated time to first token is smallest.
 
-Model, per healthy worker w, for a request of P prompt tokens (see ``ttft_model``):
+Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``ttft_model``):
     cached_w   = tokens of the longest prefix w probably holds (``PrefixIndex``), at most P
     uncached_w = P - cached_w
-    pending_w  = prefill tokens queued ahead of it = engine + unseen, where
-                   engine = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the
-                            mean uncached size of our requests), which also counts other proxies'
-                            traffic, and
-                   unseen = uncached tokens of our requests sent to w since its scraped state
-                            last changed (the engine cannot have counted them yet); before any
-                            scrape, all our in-flight requests there
+    unseen_w   = uncached tokens of our requests sent to w since its scraped state last changed
+                 (the engine cannot have counted them yet); before any scrape, all our in-flight
+    queued_w   = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the mean
+                 uncached size of our requests); counts other proxies' traffic too
     running_w  = its decode batch (scraped ``running``, else our in-flight count)
-    ttft_w     = f_w x (c0 + c1 x (pending_w + uncached_w) + c2 x running_w), with c0, c1, c2
-                 fitted fleet-wide and f_w per worker, online from observed TTFTs
+    ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w)
+                 c0..c4 fitted fleet-wide, f_w per worker, from every observed TTFT
     score_w    = ttft_w + ``work_weight`` x c1 x f_w x uncached_w
 The second term charges the prefill this request adds to the worker, which delays every later
 request there: greedy TTFT alone would send a follow-up of a prefix still being prefilled on its
@@ -54,7 +51,7 @@ from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteReq
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.registry import PolicySpec
-from proxy.routing.ttft_model import TtftModel, TtftPrior
+from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 
 
 @dataclass(frozen=True)
@@ -102,9 +99,7 @@ class TtftParams:
 
 class _InFlight(NamedTuple):
     request: RouteRequest
-    uncached: int
-    work: int
-    running: int
+    features: Features
     confirmed_blocks: int
     # The worker's scrape signature when we sent it (unseen by the engine while it is current).
     signature: tuple[object, ...]
@@ -117,10 +112,16 @@ class Estimate(NamedTuple):
     ttft_s: float
     score: float
     matched_blocks: int
-    uncached: int
-    pending: int
-    running: int
+    features: Features
     saturated: bool
+
+    @property
+    def uncached(self) -> int:
+        return int(self.features.uncached)
+
+    @property
+    def pending(self) -> int:
+        return int(self.features.unseen + self.features.queued)
 
 
 def _signature(worker: WorkerSnapshot) -> tuple[object, ...]:
@@ -147,22 +148,23 @@ class TtftCost:
 
     # -- model inputs --------------------------------------------------------------------------
 
-    def pending_prefill(self, worker: WorkerSnapshot) -> int:
+    def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
+        """(unseen, queued): our tokens sent since the last scrape, and that scrape's queue."""
         own = self._in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
         if not scraped:
-            return sum(e.uncached for e in own.values())
+            return sum(int(e.features.uncached) for e in own.values()), 0
         current = _signature(worker)
         unseen = 0
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
                 break
-            unseen += entry.uncached
+            unseen += int(entry.features.uncached)
         if worker.waiting_uncached_tokens is not None:
-            engine = worker.waiting_uncached_tokens
+            queued = worker.waiting_uncached_tokens
         else:
-            engine = int((worker.queued or 0) * self._mean_uncached)
-        return engine + unseen
+            queued = int((worker.queued or 0) * self._mean_uncached)
+        return unseen, queued
 
     def running(self, worker: WorkerSnapshot) -> int:
         return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
@@ -185,12 +187,11 @@ class TtftCost:
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = self.index.held(worker.url, request.block_hashes)
         cached = min(prefix_tokens(matched, request.block_tokens), request.prompt_tokens)
-        uncached = request.prompt_tokens - cached
-        pending = self.pending_prefill(worker)
-        running = self.running(worker)
-        ttft = self.model.predict(worker.url, pending + uncached, running)
-        score = ttft + self.params.work_weight * uncached * self.model.seconds_per_token(worker.url)
-        return Estimate(worker.url, ttft, score, matched, uncached, pending, running, self.saturated(worker))
+        unseen, queued = self.pending_prefill(worker)
+        x = Features(request.prompt_tokens - cached, unseen, queued, self.running(worker))
+        ttft = self.model.predict(worker.url, x)
+        score = ttft + self.params.work_weight * x.uncached * self.model.seconds_per_token(worker.url)
+        return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker))
 
     # -- Policy --------------------------------------------------------------------------------
 
@@ -234,9 +235,7 @@ class TtftCost:
         for table in self._in_flight.values():
             table.pop(key, None)  # a retry of the same request routes it again
         table = self._in_flight.setdefault(chosen.url, {})
-        table[key] = _InFlight(
-            request, chosen.uncached, chosen.pending + chosen.uncached, chosen.running, confirmed, signature
-        )
+        table[key] = _InFlight(request, chosen.features, confirmed, signature)
         if len(table) > self.params.max_tracked_per_worker:
             del table[next(iter(table))]
 
@@ -252,15 +251,14 @@ class TtftCost:
             confirmed_blocks=entry.confirmed_blocks,
             cached_tokens=self._reported_cached(completion),
         )
-        uncached = entry.uncached
+        x = entry.features
         if completion.cached_tokens is not None and completion.prompt_tokens:
-            # Reported tokens may count differently from our estimate: keep our units.
+            # What the worker actually computed, rescaled to our token estimate of the prompt.
             share = 1.0 - min(completion.cached_tokens, completion.prompt_tokens) / completion.prompt_tokens
-            uncached = round(request.prompt_tokens * share)
-        self._mean_uncached += 0.05 * (uncached - self._mean_uncached)
+            x = x._replace(uncached=round(request.prompt_tokens * share))
+        self._mean_uncached += 0.05 * (x.uncached - self._mean_uncached)
         if completion.ttft is not None:
-            work = entry.work - entry.uncached + uncached
-            self.model.learn(completion.worker, work, entry.running, completion.ttft)
+            self.model.learn(completion.worker, x, completion.ttft)
 
     @staticmethod
     def _reported_cached(completion: Completion) -> int | None:

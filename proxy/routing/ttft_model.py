@@ -1,31 +1,45 @@
 """The TTFT model behind the ``ttft`` policy, learned online from observed first-token times.
 
-    ttft(w) = f_w x (c0 + c1 x work + c2 x running)
+    ttft(w) = f_w x (c0 + c1 x uncached + c2 x unseen + c3 x queued + c4 x running)
 
-* ``work``: prefill tokens the worker must process before this request's first token (queued
-  work ahead of it plus its own uncached prompt); ``running``: requests in its decode batch,
-  whose decode steps the prefill is interleaved with.
-* ``c0, c1, c2``: one fleet-wide fit by recursive least squares with forgetting (features scaled
-  to thousands of tokens and tens of requests so one prior strength suits all three), fed every
-  finished request: (work and running at decision time, observed TTFT). Coefficients start at a
-  prior (``c1`` = 1 / prior prefill rate) and are clamped at >= 0 when used. 1 / c1 is the
-  learned prefill rate.
+* ``uncached``: this request's own prompt tokens not in the worker's cache; ``unseen``: uncached
+  tokens of our requests sent there since its last scrape; ``queued``: the waiting uncached
+  tokens that scrape reported (which may have drained since: a scrape is up to an interval old,
+  which is why it has its own coefficient); ``running``: requests in its decode batch, whose
+  decode steps the prefill is interleaved with.
+* ``c0 .. c4``: one fleet-wide fit by recursive least squares with forgetting (token features in
+  thousands, running in tens, so one prior strength suits all), fed every finished request with
+  its features at decision time and its observed TTFT. Coefficients start at a prior (``c1`` =
+  ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used; 1 / c1
+  is the learned prefill rate.
 * ``f_w``: the worker's own speed factor, an EWMA of observed / fleet-predicted TTFT clamped to
-  [1/4, 4], so a slower GPU or a worker also fed by other proxies is charged accordingly.
+  [1/4, 4] with the fleet mean kept at 1, so a slower GPU or a worker also fed by other proxies
+  is charged accordingly.
 * An observation is clipped to 10x the prediction first: one request stuck behind a stall must not
   swing the fit.
 
-Cost: O(1) per prediction; a 3x3 update per finished request.
+Cost: O(1) per prediction; a 5x5 update per finished request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-# Feature scales: work in thousands of tokens, running in tens of requests.
-_WORK_SCALE = 1000.0
-_RUNNING_SCALE = 10.0
+# Feature scales: tokens in thousands, running requests in tens.
+_TOKENS = 1000.0
+_RUNNING = 10.0
 _FACTOR_BOUNDS = (0.25, 4.0)
+
+
+class Features(NamedTuple):
+    uncached: float
+    unseen: float
+    queued: float
+    running: float
+
+    def vector(self) -> list[float]:
+        return [1.0, self.uncached / _TOKENS, self.unseen / _TOKENS, self.queued / _TOKENS, self.running / _RUNNING]
 
 
 class OnlineLinear:
@@ -67,38 +81,35 @@ class TtftPrior:
 
 class TtftModel:
     def __init__(self, prior: TtftPrior, *, forgetting: float = 0.995, factor_alpha: float = 0.05) -> None:
+        per_k = _TOKENS / prior.prefill_tokens_per_s
         self._fit = OnlineLinear(
-            [prior.base_s, _WORK_SCALE / prior.prefill_tokens_per_s, _RUNNING_SCALE * prior.decode_s_per_running],
+            [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running],
             prior_variance=0.01,
             forgetting=forgetting,
         )
         self._factor: dict[str, float] = {}
         self._factor_alpha = factor_alpha
 
-    @staticmethod
-    def _features(work: float, running: float) -> list[float]:
-        return [1.0, work / _WORK_SCALE, running / _RUNNING_SCALE]
-
-    def coefficients(self) -> tuple[float, float, float]:
-        """(base s, seconds per prefill token, seconds per running request), clamped at >= 0."""
-        c0, c1, c2 = (max(0.0, t) for t in self._fit.theta)
-        return c0, c1 / _WORK_SCALE, c2 / _RUNNING_SCALE
+    def coefficients(self) -> tuple[float, ...]:
+        """(base s, s per uncached token, s per unseen token, s per queued token, s per running)."""
+        c = [max(0.0, t) for t in self._fit.theta]
+        return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING)
 
     def seconds_per_token(self, url: str) -> float:
-        return self.coefficients()[1] * self.factor(url)
+        """This worker's prefill cost of one more uncached token of the request itself."""
+        return max(0.0, self._fit.theta[1]) / _TOKENS * self.factor(url)
 
     def factor(self, url: str) -> float:
         return self._factor.get(url, 1.0)
 
-    def fleet_predict(self, work: float, running: float) -> float:
-        c0, c1, c2 = self.coefficients()
-        return c0 + c1 * work + c2 * running
+    def fleet_predict(self, x: Features) -> float:
+        return sum(max(0.0, t) * v for t, v in zip(self._fit.theta, x.vector(), strict=True))
 
-    def predict(self, url: str, work: float, running: float) -> float:
-        return self.factor(url) * self.fleet_predict(work, running)
+    def predict(self, url: str, x: Features) -> float:
+        return self.factor(url) * self.fleet_predict(x)
 
-    def learn(self, url: str, work: float, running: float, ttft: float) -> None:
-        fleet = max(self.fleet_predict(work, running), 1e-4)
+    def learn(self, url: str, x: Features, ttft: float) -> None:
+        fleet = max(self.fleet_predict(x), 1e-4)
         observed = min(ttft, 10 * fleet * self.factor(url))
         own = self.factor(url)
         ratio = min(max(observed / fleet, _FACTOR_BOUNDS[0]), _FACTOR_BOUNDS[1])
@@ -109,7 +120,7 @@ class TtftModel:
             for key in self._factor:
                 self._factor[key] /= mean
         # The fleet fit sees the observation with this worker's own speed taken out.
-        self._fit.update(self._features(work, running), observed / self._factor[url])
+        self._fit.update(x.vector(), observed / self._factor[url])
 
     def known(self) -> list[str]:
         return list(self._factor)

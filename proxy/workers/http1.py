@@ -31,6 +31,10 @@ class UpstreamClosed(ConnectionError):
     """The worker closed the connection before the response was complete."""
 
 
+class UpstreamProtocolError(ConnectionError):
+    """The worker's response was not valid HTTP/1.1 (the connection is dropped)."""
+
+
 class Http1Connection(asyncio.Protocol):
     """One connection; at most one request on it at a time. Also the response object."""
 
@@ -39,6 +43,7 @@ class Http1Connection(asyncio.Protocol):
         self._idle = idle_timeout_s
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.pool: Http1Pool | None = None  # set while leased from a pool
         self._reset()
 
     def _reset(self) -> None:
@@ -75,14 +80,14 @@ class Http1Connection(asyncio.Protocol):
             end = self._head.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._head) > MAX_HEAD_BYTES:
-                    self._fail(ValueError("upstream response head too large"))
+                    self._fail(UpstreamProtocolError("upstream response head too large"))
                 return
             head, data = self._head[:end], self._head[end + 4:]
             self._head = b""
             try:
                 self._parse_head(head)
             except ValueError as e:
-                self._fail(e)
+                self._fail(UpstreamProtocolError(str(e)))
                 return
         if data and not self.complete:
             if self._framing == "chunked":
@@ -142,7 +147,7 @@ class Http1Connection(asyncio.Protocol):
     def _feed_chunked(self, data: bytes) -> None:
         buf = self._cbuf + data if self._cbuf else data
         pos, size = 0, len(buf)
-        pieces = []
+        pieces: list[bytes] = []
         while pos < size:
             if self._remaining > 0:  # inside a chunk's data (+ its trailing CRLF)
                 take = min(self._remaining, size - pos)
@@ -158,22 +163,15 @@ class Http1Connection(asyncio.Protocol):
                 pos += 2
                 self._remaining = -1
                 continue
-            if self._remaining == -3:  # trailers after the last chunk: skip to the blank line
+            if self._remaining == -3:  # trailer lines after the last chunk, up to an empty one
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     break
+                empty = end == pos
                 pos = end + 2
-                if end == pos - 2 and buf[end - 2:end] != b"\r\n" and end != pos - 2:
-                    continue
-                if buf[pos - 2 - 0:pos] == b"\r\n" and (end == pos - 2) and buf.startswith(b"\r\n", end):
-                    pass
-                if end + 2 - pos == 0 and end == (pos - 2):
-                    pass
-                if buf[end - 0:end + 2] == b"\r\n" and end == pos - 2 and (end == 0 or buf[end - 2:end] == b"\r\n"
-                                                                          or self._trailer_start == end):
+                if empty:
                     self._finish()
                     break
-                self._trailer_start = pos
                 continue
             end = buf.find(b"\r\n", pos)
             if end < 0:
@@ -182,19 +180,16 @@ class Http1Connection(asyncio.Protocol):
             try:
                 length = int(size_text, 16)
             except ValueError:
-                self._fail(ValueError(f"bad chunk size {size_text[:20]!r}"))
+                self._fail(UpstreamProtocolError(f"bad chunk size {size_text[:20]!r}"))
                 return
             pos = end + 2
             if length == 0:
                 self._remaining = -3
-                self._trailer_start = pos
                 continue
             self._remaining = length
         self._cbuf = buf[pos:] if pos < size else b""
         if pieces:
             self._push(b"".join(pieces) if len(pieces) > 1 else pieces[0])
-
-    _trailer_start = 0
 
     def _push(self, data: bytes) -> None:
         if not data:
@@ -278,7 +273,7 @@ class Http1Connection(asyncio.Protocol):
         return data
 
     async def read(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             data = await self.readany()
             if not data:
@@ -323,14 +318,17 @@ class Http1Pool:
     async def request(self, path: str, body: bytes, headers: Mapping[str, str]) -> Http1Connection:
         """Send a POST and return the connection once the response head arrived."""
         await self._slots.acquire()
+        conn: Http1Connection | None = None
         try:
             conn = await self._connection()
             conn.send(self.head(path, len(body), headers) + body)
             await conn.wait_head()
         except BaseException:
             self._slots.release()
+            if conn is not None:
+                conn.close()
             raise
-        conn.pool = self  # type: ignore[attr-defined]
+        conn.pool = self
         return conn
 
     async def _connection(self) -> Http1Connection:
@@ -348,7 +346,10 @@ class Http1Pool:
         return proto
 
     def release(self, conn: Http1Connection) -> None:
-        """Return ``conn`` after its response: kept for reuse when it was read to the end."""
+        """Return ``conn`` after its response: kept for reuse when it was read to the end (idempotent)."""
+        if conn.pool is not self:
+            return
+        conn.pool = None
         self._slots.release()
         if conn.reusable and not self._closed:
             self._idle.append((conn, asyncio.get_running_loop().time()))

@@ -1,13 +1,17 @@
-"""Connections to workers: one pooled keep-alive aiohttp session per worker.
+"""Connections to workers: generation requests on the lean ``http1`` client, the rest on aiohttp.
+
+Both keep pooled keep-alive connections per worker. Generation (``post``) uses ``http1.Http1Pool``
+— it is the hot path, see that module for why; probes, scrapes and ``/abort_request`` use one
+aiohttp session per worker.
 
 * Keep-alive: connections are reused; ``upstream.keepalive_timeout_s`` stays below SGLang's
   (uvicorn's 5 s) so we never write into a connection the worker is about to close.
-* TCP_NODELAY: aiohttp sets it on every connection (``BaseProtocol.connection_made``), for our
-  client sockets and the server sockets it accepts alike. Small SSE writes then leave at once
-  instead of waiting out a delayed ACK (~40 ms per streamed request otherwise); the integration
-  test ``test_proxy_nagle`` checks that behaviour end to end.
-* Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` between reads (aiohttp sock_read);
-  the first byte and the total deadline are enforced by the pipeline around the whole exchange.
+* TCP_NODELAY on every socket: ``http1`` sets it on its connections, aiohttp on the ones it opens
+  and on the client sockets our server accepts (``BaseProtocol.connection_made``). Small SSE writes
+  then leave at once instead of waiting out a delayed ACK (~40 ms per streamed request
+  otherwise); the integration test ``test_proxy_nagle`` checks that behaviour end to end.
+* Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` of silence from the worker; the
+  first byte and the total deadline are enforced by the pipeline around the whole exchange.
 * Side requests (``abort``) run as tracked background tasks and are awaited on ``close()``.
 """
 
@@ -21,14 +25,16 @@ from collections.abc import Mapping
 import aiohttp
 
 from proxy.config import UpstreamConfig
+from proxy.workers.http1 import Http1Connection, Http1Pool
 
 log = logging.getLogger("radixgate.upstream")
 
-# Connection-level failures worth trying another worker for.
+# Connection-level failures worth trying another worker for (refused, reset, closed mid-response,
+# malformed response). TimeoutError is an OSError too: callers catch it first.
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (
-    aiohttp.ClientConnectionError,  # refused, reset, server disconnected
+    OSError,
+    aiohttp.ClientConnectionError,
     aiohttp.ClientPayloadError,
-    ConnectionError,
 )
 
 
@@ -36,6 +42,7 @@ class UpstreamPool:
     def __init__(self, cfg: UpstreamConfig) -> None:
         self.cfg = cfg
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._pools: dict[str, Http1Pool] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.idle_timeout_s)
@@ -51,10 +58,25 @@ class UpstreamPool:
             self._sessions[url] = s
         return s
 
-    async def post(self, url: str, path: str, body: bytes,
-                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
-        """Send one request; returns once the response headers arrived (body not read)."""
-        return await self.session(url).post(url + path, data=body, headers=headers)
+    async def post(self, url: str, path: str, body: bytes, headers: Mapping[str, str]) -> Http1Connection:
+        """Send one request on the hot-path client; returns once the response head arrived.
+
+        The caller reads the body (``read`` / ``readany``) and must ``release`` the response.
+        """
+        pool = self._pools.get(url)
+        if pool is None:
+            pool = self._pools[url] = Http1Pool(
+                url, limit=self.cfg.max_connections_per_worker, keepalive_s=self.cfg.keepalive_timeout_s,
+                connect_timeout_s=self.cfg.connect_timeout_s, idle_timeout_s=self.cfg.idle_timeout_s)
+        return await pool.request(path, body, headers)
+
+    @staticmethod
+    def release(resp: Http1Connection) -> None:
+        """Done with a response: its connection is reused if it was read to the end, else closed."""
+        if resp.pool is not None:
+            resp.pool.release(resp)
+        else:
+            resp.close()
 
     async def get(self, url: str, path: str, timeout_s: float) -> tuple[int, str]:
         """A small GET (probe, scrape); aiohttp errors surface as ``OSError``."""
@@ -90,6 +112,9 @@ class UpstreamPool:
 
     def forget(self, url: str) -> None:
         """The worker left: close its pool in the background."""
+        pool = self._pools.pop(url, None)
+        if pool is not None:
+            pool.close()
         s = self._sessions.pop(url, None)
         if s is not None:
             self._spawn(s.close())
@@ -106,6 +131,9 @@ class UpstreamPool:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         sessions, self._sessions = list(self._sessions.values()), {}
         for s in sessions:
             await s.close()

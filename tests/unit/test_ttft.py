@@ -87,15 +87,17 @@ def test_own_in_flight_prefill_counts_until_the_engine_reports_it_running() -> N
     big = prompt(1, 200)
     d = policy.select(big, fleet())
     w = d.worker.removeprefix("http://")
-    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == big.prompt_tokens
-    assert policy.pending_prefill(fleet(**{w: {"running": 1}})[URLS.index(d.worker)]) == 0
+    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == (big.prompt_tokens, 0)
+    # Once a scrape shows a new state, the engine's own queue figure takes over.
+    scraped = fleet(**{w: {"running": 1, "waiting_uncached_tokens": 7}})[URLS.index(d.worker)]
+    assert policy.pending_prefill(scraped) == (0, 7)
     # The next unique prompt avoids the worker with a queued prefill.
     assert policy.select(prompt(2, 200), fleet()).worker != d.worker
 
 
 def test_queued_requests_without_token_counts_are_costed_at_the_mean_prefill() -> None:
     policy = TtftCost(TtftParams())
-    assert policy.pending_prefill(WorkerSnapshot("x", queued=3)) == 3 * 1024
+    assert policy.pending_prefill(WorkerSnapshot("x", queued=3)) == (0, 3 * 1024)
 
 
 def test_the_prefill_rate_is_learned_from_observed_ttft() -> None:
@@ -149,7 +151,7 @@ def test_a_failed_request_teaches_nothing_and_leaves_no_pending_work() -> None:
     r = prompt(1, 100)
     d = policy.select(r, fleet())
     policy.on_complete(Completion(worker=d.worker, request=r, ok=False))
-    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == 0
+    assert policy.pending_prefill(fleet()[URLS.index(d.worker)]) == (0, 0)
     assert policy.index.match(d.worker, r.block_hashes).confirmed == 0
 
 
@@ -158,8 +160,8 @@ def test_a_retried_request_is_pending_only_on_its_last_worker() -> None:
     r = prompt(1, 100)
     first = policy.select(r, fleet())
     second = policy.select(r, [w for w in fleet() if w.url != first.worker])
-    assert policy.pending_prefill(fleet()[URLS.index(first.worker)]) == 0
-    assert policy.pending_prefill(fleet()[URLS.index(second.worker)]) == r.prompt_tokens
+    assert policy.pending_prefill(fleet()[URLS.index(first.worker)]) == (0, 0)
+    assert policy.pending_prefill(fleet()[URLS.index(second.worker)]) == (r.prompt_tokens, 0)
 
 
 def test_a_restarted_worker_loses_its_prefix_affinity() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from proxy.routing.ttft_model import OnlineLinear, TtftModel, TtftPrior
+from proxy.routing.ttft_model import Features, OnlineLinear, TtftModel, TtftPrior
 
 
 def test_least_squares_recovers_a_noiseless_linear_law() -> None:
@@ -21,27 +21,32 @@ def test_least_squares_recovers_a_noiseless_linear_law() -> None:
 def test_the_model_learns_prefill_rate_and_decode_interference() -> None:
     model = TtftModel(TtftPrior(base_s=0.0, prefill_tokens_per_s=50_000, decode_s_per_running=0.0))
     rng = random.Random(1)
-    for _ in range(2000):
-        work, running = rng.uniform(0, 8000), rng.uniform(0, 64)
-        model.learn("w", work, running, 0.01 + work / 20_000 + 0.002 * running)
-    base, spt, per_running = model.coefficients()
-    assert spt == pytest.approx(1 / 20_000, rel=0.1)
+    for _ in range(3000):
+        x = Features(rng.uniform(0, 8000), rng.uniform(0, 4000), rng.uniform(0, 4000), rng.uniform(0, 64))
+        # Stale queue figures matter half as much as fresh work.
+        model.learn("w", x, 0.01 + (x.uncached + x.unseen + 0.5 * x.queued) / 20_000 + 0.002 * x.running)
+    base, per_uncached, per_unseen, per_queued, per_running = model.coefficients()
+    assert per_uncached == pytest.approx(1 / 20_000, rel=0.1)
+    assert per_unseen == pytest.approx(1 / 20_000, rel=0.1)
+    assert per_queued == pytest.approx(0.5 / 20_000, rel=0.15)
     assert per_running == pytest.approx(0.002, rel=0.15)
     assert base == pytest.approx(0.01, abs=0.01)
 
 
 def test_one_stalled_request_moves_the_fit_only_a_little() -> None:
     model = TtftModel(TtftPrior())
-    before = model.fleet_predict(2000, 10)
-    model.learn("w", 2000, 10, 1000.0)  # a 1000 s outlier
-    assert model.fleet_predict(2000, 10) < 20 * before
+    x = Features(2000, 0, 0, 10)
+    before = model.fleet_predict(x)
+    model.learn("w", x, 1000.0)  # a 1000 s outlier
+    assert model.fleet_predict(x) < 20 * before
 
 
 def test_speed_factors_stay_relative_to_the_fleet() -> None:
     model = TtftModel(TtftPrior(), factor_alpha=0.2)
+    x = Features(4000, 0, 0, 5)
     for _ in range(100):
         for url, slow in (("a", 3.0), ("b", 1.0), ("c", 1.0)):
-            model.learn(url, 4000, 5, slow * model.fleet_predict(4000, 5))
+            model.learn(url, x, slow * model.fleet_predict(x))
     assert model.factor("a") > 2 * model.factor("b")
     assert sum(model.factor(u) for u in "abc") / 3 == pytest.approx(1.0)
     model.forget("a")

@@ -12,7 +12,9 @@ when installed (``pip install -e '.[bench]'``): ``sglang-router`` 0.3.2 and ``vl
 with ``--policy round_robin``.
 
 Cells: streaming (``/generate``, 64 output tokens, one SSE event per token) and non-streaming, at
-concurrency 1, 32 and 128, each cell bounded by a request count and a time cap. Per target and
+concurrency 1, 32 and 128, each cell bounded by a request count and a time cap, and run as
+``--rounds`` interleaved rounds (direct, radixgate, peers, direct, …) so that load from other
+processes on a shared machine lands on every target alike. Per target and
 cell: TTFT p50 / p99 (time to the first SSE event; streams only), end-to-end p50 / p99, requests
 per second, relayed SSE events per second, the target process's CPU seconds per request (user +
 system, children included), and its peak resident memory. "Added" columns subtract the direct
@@ -34,6 +36,7 @@ import platform
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -262,6 +265,19 @@ async def run_cell(target: Target, mode: str, concurrency: int, count: int, cap_
     return cell
 
 
+def merge(into: Cell, part: Cell) -> None:
+    into.requests += part.requests
+    into.errors += part.errors
+    into.wall_s += part.wall_s
+    into.events += part.events
+    into.ttft += part.ttft
+    into.e2e += part.e2e
+    if part.cpu_s is not None:
+        into.cpu_s = (into.cpu_s or 0.0) + part.cpu_s
+    if part.rss_mb is not None:
+        into.rss_mb = max(into.rss_mb or 0.0, part.rss_mb)
+
+
 # -- report ---------------------------------------------------------------------------------------------
 
 def fmt(v: float | None, digits: int = 1) -> str:
@@ -310,7 +326,7 @@ async def main_async(args: argparse.Namespace) -> None:
     counts = {c: counts.get(c, 1000) for c in args.concurrency}
     log_dir = RESULTS.parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    profile_out = log_dir / "radixgate.prof" if args.profile else None
+    profile_out = Path(tempfile.gettempdir()) / "radixgate_bench.prof" if args.profile else None
     configs = [SimConfig(profile="zero", max_running_requests=1024)] * args.workers
     async with Fleet.subprocesses(configs) as fleet, \
             running([t for t in build_targets(fleet.urls, profile_out=profile_out)
@@ -321,8 +337,13 @@ async def main_async(args: argparse.Namespace) -> None:
         cells: list[Cell] = []
         for mode in args.modes:
             for conc in args.concurrency:
+                merged = {t.name: Cell(t.name, mode, conc) for t in targets}
+                for _ in range(args.rounds):  # interleaved rounds: load from elsewhere hits all alike
+                    for t in targets:
+                        merge(merged[t.name], await run_cell(t, mode, conc, counts[conc] // args.rounds,
+                                                             args.cap_s / args.rounds))
                 for t in targets:
-                    cell = await run_cell(t, mode, conc, counts[conc], args.cap_s)
+                    cell = merged[t.name]
                     cells.append(cell)
                     print(f"  {mode:10} c={conc:<3} {t.name:14} {cell.requests:5} req in {cell.wall_s:5.1f} s "
                           f"ttft p50 {fmt(cell.pct('ttft', .5))} ms  e2e p50 {fmt(cell.pct('e2e', .5))} ms  "
@@ -348,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
-    parser.add_argument("--cap-s", type=float, default=8.0, help="time cap per cell, seconds")
+    parser.add_argument("--cap-s", type=float, default=12.0, help="time cap per cell and target, seconds")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell")
     parser.add_argument("--profile", action="store_true", help="only direct + radixgate, radixgate under cProfile")
     parser.add_argument("--targets", nargs="+", default=["radixgate", "sglang-router", "vllm-router"],
                         help="which proxies to measure (direct is always measured)")

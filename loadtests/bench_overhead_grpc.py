@@ -17,6 +17,9 @@ At concurrency 1 and 32, each request streams ``--max-new-tokens`` tokens. TTFT 
 token-bearing chunk; e2e = send → end of stream. "Added" = a path's percentile minus the direct
 path's same percentile. The goal: gRPC's added TTFT and e2e within 20% of HTTP's.
 
+Last, the transport floor: grpc.aio and aiohttp alone (no proxy), one and ``--max-new-tokens``+1
+messages per call, wall and CPU per call; what a Python gRPC front cannot go below.
+
 Every loop is bounded by a request count; the whole run by ``--time-limit-s``.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import grpc
+import psutil
 
 from loadtests.simworker.config import SimConfig
 from loadtests.simworker.fleet import Fleet
@@ -50,6 +55,10 @@ class Samples:
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     errors: int = 0
+    # Messages (gRPC) or body reads (HTTP) per answer, as the client received them.
+    messages: list[int] = field(default_factory=list)
+    # CPU seconds radixgate's process spent while this path ran (0 for direct).
+    proxy_cpu_s: float = 0.0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -58,8 +67,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 @contextlib.asynccontextmanager
-async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int]]:
-    """Run ``python -m proxy serve`` with a gRPC port; yield (http_port, grpc_port)."""
+async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int, psutil.Process]]:
+    """Run ``python -m proxy serve`` with a gRPC port; yield (http_port, grpc_port, its process)."""
     env = {**os.environ, "RADIXGATE_TELEMETRY__LOG_REQUESTS": "false"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", "--port", "0", "--admin-port", "0", "--grpc-port", "-1",
@@ -71,7 +80,7 @@ async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int]]:
         if not line.startswith("READY"):
             raise RuntimeError(f"radixgate did not start: {line!r}")
         fields = dict(part.split("=", 1) for part in line.split()[1:])
-        yield int(fields["http"].rsplit(":", 1)[1]), int(fields["grpc"])
+        yield int(fields["http"].rsplit(":", 1)[1]), int(fields["grpc"]), psutil.Process(proc.pid)
     finally:
         proc.terminate()
         with contextlib.suppress(TimeoutError):
@@ -81,39 +90,51 @@ async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int]]:
             await proc.wait()
 
 
-def http_call(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float]]]:
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def http_call(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float, int]]]:
     body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
 
-    async def one() -> tuple[float, float]:
+    async def one() -> tuple[float, float, int]:
         t0 = time.perf_counter()
         first = 0.0
+        reads = 0
         async with session.post(f"{url}/generate", json=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}")
-            async for line in r.content:
-                if not first and line.startswith(b"data:") and not line.startswith(b"data: [DONE]"):
+            async for chunk in r.content.iter_any():
+                reads += 1
+                if not first and b"data: {" in chunk:
                     first = time.perf_counter()
-        return first - t0, time.perf_counter() - t0
+        return first - t0, time.perf_counter() - t0, reads
 
     return one
 
 
-def grpc_call(stub: pb_grpc.GenerationStub, max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float]]]:
+def grpc_call(stubs: list[pb_grpc.GenerationStub], max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float, int]]]:
+    """Calls spread round-robin over ``stubs`` (one per channel: one HTTP/2 connection each)."""
     request = pb.GenerateRequest(text=PROMPT, sampling=pb.SamplingParams(max_new_tokens=max_new_tokens,
                                                                          ignore_eos=True))
+    turn = itertools.count()
 
-    async def one() -> tuple[float, float]:
+    async def one() -> tuple[float, float, int]:
+        stub = stubs[next(turn) % len(stubs)]
         t0 = time.perf_counter()
         first = 0.0
+        messages = 0
         async for chunk in stub.Generate(request, timeout=60):
+            messages += 1
             if not first and chunk.token_count:
                 first = time.perf_counter()
-        return first - t0, time.perf_counter() - t0
+        return first - t0, time.perf_counter() - t0, messages
 
     return one
 
 
-async def run_batch(call: Callable[[], Awaitable[tuple[float, float]]], n: int, concurrency: int,
+async def run_batch(call: Callable[[], Awaitable[tuple[float, float, int]]], n: int, concurrency: int,
                     into: Samples) -> None:
     left = n
 
@@ -122,12 +143,13 @@ async def run_batch(call: Callable[[], Awaitable[tuple[float, float]]], n: int, 
         while left > 0:
             left -= 1
             try:
-                ttft, e2e = await call()
+                ttft, e2e, messages = await call()
             except (RuntimeError, aiohttp.ClientError, grpc.aio.AioRpcError):
                 into.errors += 1
                 continue
             into.ttft.append(ttft)
             into.e2e.append(e2e)
+            into.messages.append(messages)
 
     await asyncio.gather(*(loop() for _ in range(concurrency)))
 
@@ -137,13 +159,18 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, Samples]]:
     worker = SimConfig(profile=args.profile, max_running_requests=256)
     async with Fleet.subprocesses([worker]) as fleet:
         worker_url = fleet.urls[0]
-        async with radixgate(worker_url) as (http_port, grpc_port), aiohttp.ClientSession(
+        async with radixgate(worker_url) as (http_port, grpc_port, proxy_proc), aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=128), timeout=aiohttp.ClientTimeout(total=60)
-        ) as session, grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        ) as session, contextlib.AsyncExitStack() as channels:
+            stubs = []
+            for i in range(args.grpc_channels):
+                # Distinct channel args, or grpc would share one connection between the channels.
+                channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("bench.channel", i)])
+                stubs.append(pb_grpc.GenerationStub(await channels.enter_async_context(channel)))
             calls = {
                 "direct": http_call(session, worker_url, args.max_new_tokens),
                 "http": http_call(session, f"http://127.0.0.1:{http_port}", args.max_new_tokens),
-                "grpc": grpc_call(pb_grpc.GenerationStub(channel), args.max_new_tokens),
+                "grpc": grpc_call(stubs, args.max_new_tokens),
             }
             for call in calls.values():  # warm the connection pools and the proxy before measuring
                 await run_batch(call, 32, 8, Samples())
@@ -153,15 +180,20 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, Samples]]:
                 for r in range(args.rounds):
                     order = PATHS[r % 3:] + PATHS[: r % 3]
                     for name in order:
+                        before = cpu_seconds(proxy_proc)
                         await run_batch(calls[name], per_round, concurrency, per_path[name])
+                        if name != "direct":
+                            per_path[name].proxy_cpu_s += cpu_seconds(proxy_proc) - before
                 results[f"c{concurrency}"] = per_path
     return results
 
 
 def report(results: dict[str, dict[str, Samples]]) -> dict[str, object]:
+    """Print the table; return it as a dict. Times in ms; cpu = radixgate's CPU ms per request;
+    msgs = mean gRPC messages (HTTP: body reads) per answer."""
     out: dict[str, object] = {}
     print(f"{'conc':>4} {'path':>6} {'n':>5} {'err':>3} | {'TTFT p50':>9} {'p99':>8} | {'e2e p50':>8} {'p99':>8} |"
-          f" {'+TTFT p50':>9} {'+p99':>8} | {'+e2e p50':>9} {'+p99':>8}   (ms)")
+          f" {'+TTFT p50':>9} {'+p99':>8} | {'+e2e p50':>9} {'+p99':>8} | {'cpu':>5} {'msgs':>5}   (ms)")
     for conc, per_path in results.items():
         base = per_path["direct"]
         rows: dict[str, dict[str, float]] = {}
@@ -172,18 +204,78 @@ def report(results: dict[str, dict[str, Samples]]) -> dict[str, object]:
                    "e2e_p50": pct(s.e2e, 50), "e2e_p99": pct(s.e2e, 99)}
             for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
                 row[f"added_{k}"] = row[k] - pct(base.ttft if k.startswith("ttft") else base.e2e, int(k[-2:]))
+            row["proxy_cpu_ms_per_request"] = 1000 * s.proxy_cpu_s / max(1, len(s.e2e))
+            row["messages_per_answer"] = statistics.mean(s.messages)
             rows[name] = row
-            ms = {k: v * 1000 for k, v in row.items() if k not in ("n", "errors")}
+            ms = {k: v * 1000 for k, v in row.items() if k.endswith(("_p50", "_p99"))}
             print(f"{conc[1:]:>4} {name:>6} {row['n']:>5.0f} {row['errors']:>3.0f} | {ms['ttft_p50']:9.2f} "
                   f"{ms['ttft_p99']:8.2f} | {ms['e2e_p50']:8.2f} {ms['e2e_p99']:8.2f} | "
                   f"{ms['added_ttft_p50']:9.2f} {ms['added_ttft_p99']:8.2f} | {ms['added_e2e_p50']:9.2f} "
-                  f"{ms['added_e2e_p99']:8.2f}")
+                  f"{ms['added_e2e_p99']:8.2f} | {row['proxy_cpu_ms_per_request']:5.2f} "
+                  f"{row['messages_per_answer']:5.1f}")
         ratios = {k: rows["grpc"][f"added_{k}"] / rows["http"][f"added_{k}"]
                   for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99") if rows["http"][f"added_{k}"] > 0}
         print("     grpc added / http added: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
               + "   (goal <= 1.20)")
-        out[conc] = {"paths": rows, "grpc_over_http_added": ratios,
-                     "median_e2e_ms": {p: statistics.median(per_path[p].e2e) * 1000 for p in PATHS}}
+        out[conc] = {"paths": rows, "grpc_over_http_added": ratios}
+    return out
+
+
+async def library_floor(messages: int, calls: int = 500) -> dict[str, float]:
+    """The transports alone, no proxy: a grpc.aio server writing ``messages`` small messages per call
+    vs an aiohttp SSE handler writing as many events, each read by its usual client in this process.
+    Wall and CPU (client + server) per call, ms: the least any Python gRPC front can cost."""
+    from aiohttp import web
+
+    class Writer(pb_grpc.GenerationServicer):
+        async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
+            for _ in range(messages):
+                await context.write(pb.GenerateResponse(text="tok ", token_count=1))
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(messages):
+            await resp.write(b'data: {"text":"tok "}\n\n')
+        await resp.write_eof()
+        return resp
+
+    server = grpc.aio.server()
+    pb_grpc.add_GenerationServicer_to_server(Writer(), server)  # type: ignore[no-untyped-call]
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    app = web.Application()
+    app.router.add_post("/g", sse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    http_port = runner.addresses[0][1]
+    out: dict[str, float] = {}
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, aiohttp.ClientSession() as s:
+            stub = pb_grpc.GenerationStub(channel)
+
+            async def grpc_once() -> None:
+                async for _ in stub.Generate(pb.GenerateRequest(text="x")):
+                    pass
+
+            async def http_once() -> None:
+                async with s.post(f"http://127.0.0.1:{http_port}/g", data=b"{}") as r:
+                    async for _ in r.content:
+                        pass
+
+            for name, once in (("grpc", grpc_once), ("http", http_once)):
+                await once()
+                c0, t0 = time.process_time(), time.perf_counter()
+                for _ in range(calls):
+                    await once()
+                out[f"{name}_wall_ms"] = (time.perf_counter() - t0) / calls * 1000
+                out[f"{name}_cpu_ms"] = (time.process_time() - c0) / calls * 1000
+    finally:
+        await server.stop(0)
+        await runner.cleanup()
+    print(f"transport floor, {messages} messages per call, no proxy (ms per call): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 
 
@@ -192,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1200, help="requests per path per concurrency")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds per concurrency")
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--grpc-channels", type=int, default=1,
+                        help="client channels (HTTP/2 connections) the gRPC calls are spread over")
     parser.add_argument("--profile", default="zero",
                         help="simworker profile: zero (no model time: the harshest case, every token is "
                              "back to back) or e.g. llama-3.1-8b-h100 (real decode pacing)")
@@ -205,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = uvloop.run(bounded())
     summary = report(results)
+    summary["transport_floor"] = {str(n): uvloop.run(library_floor(n)) for n in (1, args.max_new_tokens + 1)}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)

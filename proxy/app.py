@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
@@ -33,9 +34,11 @@ from proxy.clock import Clock, MonotonicClock
 from proxy.config import Config
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.frontends.http import build_admin_app, build_public_app
+from proxy.limits import ConnectionGate, GatedListener, RateLimiter, handler_options, serve_gated
 from proxy.pipeline import Pipeline
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
+from proxy.security import guard_http_app, load_api_keys
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.health import HealthChecker
@@ -95,6 +98,14 @@ class App:
                                       log_prompts=config.telemetry.log_prompts))
         self._wire()
         self.public_app = build_public_app(config, self.pipeline, self.ready)
+        # API keys and the per-client rate limit guard both public ports (proxy/security.py).
+        self.api_keys = load_api_keys(config.security, os.environ)
+        lim = config.limits
+        self.rate_limiter = (RateLimiter(lim.rate_limit_rps, lim.rate_limit_burst, lim.rate_limit_clients)
+                             if lim.rate_limit_rps > 0 else None)
+        self.connections = ConnectionGate(lim.max_connections)
+        guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
+                       reject=self.pipeline.reject)
         self.admin_app = build_admin_app(self.pipeline)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0
@@ -102,6 +113,7 @@ class App:
         self.grpc_port = 0
         self.draining = False
         self._runners: list[web.AppRunner] = []
+        self._listeners: list[GatedListener] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._grpc: _Frontend | None = None
 
@@ -151,7 +163,8 @@ class App:
         self._spawn(self.scraper.run())
         await self.diagnosis.start()
         self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
-        self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True)
+        self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True,
+                                           gate=self.connections)
         if cfg.server.grpc_port:
             from proxy.frontends.grpc import GrpcFrontend
 
@@ -165,16 +178,24 @@ class App:
             self.workers.set_members(urls)
             first_set.set()
 
-    async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool) -> int:
+    async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool,
+                     gate: ConnectionGate | None = None) -> int:
         ssl_context = None
         if tls and self.config.tls.enabled:
             from proxy.frontends.tls import http_ssl_context
 
             ssl_context = http_ssl_context(self.config.tls)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                               shutdown_timeout=max(1.0, self.config.server.drain_grace_s))
+        options: dict[str, Any] = {"access_log": None}
+        if gate is not None:  # the public port: limits.* apply to its connections
+            options.update(handler_options(self.config.limits))
+        runner = web.AppRunner(app, handler_cancellation=True,
+                               shutdown_timeout=max(1.0, self.config.server.drain_grace_s), **options)
         await runner.setup()
         self._runners.append(runner)
+        if gate is not None:
+            listener = await serve_gated(runner, host, port, gate=gate, options=options, ssl_context=ssl_context)
+            self._listeners.append(listener)
+            return listener.port
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         return int(runner.addresses[0][1])
@@ -195,6 +216,9 @@ class App:
         if self._grpc is not None:
             # What is left of the grace lets drained calls send their last message and status.
             await self._grpc.stop(max(0.0, grace - (self.clock.now() - drain_started)))
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()

@@ -118,8 +118,35 @@ class AdmissionConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
+    # Public-port request limits; proxy/limits.py states each rule. 0 turns a count or rate limit off.
     max_body_bytes: int = 8 * 1024 * 1024
     max_prompt_chars: int = 2_000_000
+    # Longest request line or single header field (bytes), and most header fields: 400 beyond.
+    max_header_bytes: int = 8190
+    max_headers: int = 128
+    # Open client connections on the public port; one more is answered 503 and closed.
+    max_connections: int = 4096
+    # A client connection with no request in progress is closed after this (also bounds a client
+    # that never finishes sending its headers). Above the usual 600 s load-balancer idle timeout,
+    # so a balancer in front closes first and never writes into a connection we are closing.
+    idle_timeout_s: float = 620.0
+    # Reading the request body must finish within this: 408 beyond (a client trickling its body).
+    body_timeout_s: float = 60.0
+    # Per-client token bucket on the generation endpoints: rate_limit_rps sustained, bursts of
+    # rate_limit_burst; 429 with Retry-After beyond. 0 = off. Clients: API key, else peer address.
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int = 20
+    # Bound on the clients tracked at once (least recently seen forgotten first).
+    rate_limit_clients: int = 10_000
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    # API keys for the public HTTP and gRPC ports (Authorization: Bearer KEY, or x-api-key: KEY).
+    # Keys come from a file (one per line, # comments) and/or the environment variable named here
+    # (comma-separated); none found = no authentication. Keys never appear in the config or logs.
+    api_keys_file: str = ""
+    api_keys_env: str = "RADIXGATE_API_KEYS"
 
 
 @dataclass(frozen=True)
@@ -219,6 +246,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
@@ -355,6 +383,14 @@ def validate(cfg: Config) -> None:
         (cfg.health.eject_after_failures >= 1, "health.eject_after_failures: must be >= 1"),
         (cfg.health.eject_cooldown_s >= 0, "health.eject_cooldown_s: must be >= 0"),
         (cfg.limits.max_body_bytes > 0, "limits.max_body_bytes: must be > 0"),
+        (cfg.limits.max_header_bytes >= 256, "limits.max_header_bytes: must be >= 256"),
+        (cfg.limits.max_headers >= 8, "limits.max_headers: must be >= 8"),
+        (cfg.limits.max_connections >= 0, "limits.max_connections: must be >= 0 (0 = no limit)"),
+        (cfg.limits.idle_timeout_s > 0, "limits.idle_timeout_s: must be > 0"),
+        (cfg.limits.body_timeout_s > 0, "limits.body_timeout_s: must be > 0"),
+        (cfg.limits.rate_limit_rps >= 0, "limits.rate_limit_rps: must be >= 0 (0 = off)"),
+        (cfg.limits.rate_limit_burst >= 1, "limits.rate_limit_burst: must be >= 1"),
+        (cfg.limits.rate_limit_clients >= 1, "limits.rate_limit_clients: must be >= 1"),
         (cfg.telemetry.log_level in {"debug", "info", "warning", "error"},
          "telemetry.log_level: one of debug, info, warning, error"),
     ]

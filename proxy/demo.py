@@ -133,8 +133,11 @@ async def main_async(args: argparse.Namespace) -> int:
     sim = SimConfig(profile=args.profile, time_scale=args.time_scale, enable_metrics=True,
                     enable_cache_report=True, max_total_tokens=args.kv_tokens,
                     max_running_requests=args.max_running_requests)
-    print(f"radixgate demo: {args.workers} simulated SGLang workers ({args.profile}, time scale "
-          f"{args.time_scale:g}, KV pool {args.kv_tokens} tokens, max running {args.max_running_requests})")
+    if args.worker:
+        print(f"radixgate demo: {len(args.worker)} external SGLang-protocol workers: {', '.join(args.worker)}")
+    else:
+        print(f"radixgate demo: {args.workers} simulated SGLang workers ({args.profile}, time scale "
+              f"{args.time_scale:g}, KV pool {args.kv_tokens} tokens, max running {args.max_running_requests})")
     print(f"workload: shared prefix, {args.groups} groups x {args.prompts_per_group} prompts, "
           f"{args.system_tokens}-token system prompt + {args.question_tokens}-token question, "
           f"{args.output_tokens} output tokens; {len(specs)} requests, Poisson {args.rate:g} req/s "
@@ -161,7 +164,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 doc = d
             if args.save_dir:
                 _save(args.save_dir, policy, summary, d)
-    print("\nClient-side results (same trace, caches flushed between runs)")
+    how = ("same shape, fresh text per run" if args.worker else "same trace, caches flushed between runs")
+    print(f"\nClient-side results ({how})")
     for s in results:
         _print_summary(s)
     if len(results) > 1 and results[0].ttft and results[1].ttft:

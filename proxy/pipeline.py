@@ -7,8 +7,9 @@
 3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
    serve the model.
 4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
-   first byte of the answer reaches the client, a connect error, a 5xx or a 503 (queue full /
-   starting) moves the request to another worker, at most ``upstream.max_retries`` times. A
+   first byte of the answer reaches the client, a connect error, a 5xx, a 503 (queue full /
+   starting) or a first-byte timeout moves the request to another worker, at most
+   ``upstream.max_retries`` times (a refused connection on the last one answers 503). A
    stream is handed to the frontend only once its first complete event arrived, so a failed
    attempt costs the client nothing but time.
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
@@ -29,9 +30,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from proxy.admission import Admission, Lease
 from proxy.clock import Clock
@@ -44,10 +43,11 @@ from proxy.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from proxy.records import CompletedRequest, Finished, body_with_rid
 from proxy.request import GenerateRequest
 from proxy.routing.base import Completion, Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
-from proxy.sse import DONE_EVENT, ErrorEvent, EventDecoder, FinalMeta, StreamAccountant, TextDelta, meta_from
+from proxy.sse import ErrorEvent, EventDecoder, FinalMeta, StreamAccountant, TextDelta, error_event, meta_from
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
@@ -56,48 +56,14 @@ from proxy.workers.http1 import Http1Connection
 from proxy.workers.registry import WorkerRegistry
 from proxy.workers.upstream import CONNECT_ERRORS, UpstreamPool
 
-
-@dataclass(frozen=True, slots=True)
-class CompletedRequest:
-    """One finished request, as metrics, the log line and observers see it."""
-
-    rid: str
-    frontend: str
-    dialect: str
-    stream: bool
-    worker: str | None
-    status: int
-    outcome: str  # ok | error | cancelled
-    cause: str | None
-    retries: int
-    policy: str
-    decision: Decision | None
-    route: RouteRequest | None
-    admission: str | None
-    admission_wait: float | None
-    timing: RequestTiming
-    finish_reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """The last item of ``Exchange.events()``."""
-
-    meta: FinalMeta
-    worker: str
-    rid: str
-    timing: RequestTiming
+# Re-exported: callers import the pipeline's records from here.
+__all__ = ["CompletedRequest", "Exchange", "Finished", "Pipeline", "body_with_rid", "error_event"]
 
 
 class _Retry(Exception):
     def __init__(self, cause: str, error: RadixgateError, *, sick: bool) -> None:
         super().__init__(error.message)
         self.cause, self.error, self.sick = cause, error, sick
-
-
-def error_event(err: RadixgateError) -> bytes:
-    body = {"error": {"message": err.message, "type": err.kind, "code": err.status}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE_EVENT
 
 
 class Pipeline:
@@ -293,18 +259,31 @@ class Exchange:
                 if not first:
                     raise _Retry("stream_broken", UpstreamError("worker closed the stream before any output"),
                                  sick=True)
+                if first.startswith(b'data: {"error"') and _busy_error(first):
+                    # SGLang opens a stream, then aborts a request its full queue cannot take.
+                    raise _Retry("worker_busy", Overloaded("every worker tried is busy (queue full)",
+                                                           retry_after=1.0), sick=False)
                 self._first, self._first_at = first, p.clock.now()
                 t.first_byte = self._first_at
         except TimeoutError:
             self._drop(resp)
             p.upstream.abort(worker, self.rid)  # it may be generating (or hung): free its slot
-            p.metrics.inc(p.metrics.upstream_failures, worker, "timeout", worker=worker)
-            raise UpstreamTimeout(f"worker sent nothing within {wait:.3g} s") from None
+            timeout = UpstreamTimeout(f"worker sent nothing within {wait:.3g} s")
+            if wait < cfg.first_byte_timeout_s:  # the request's own deadline ran out: no time to retry
+                p.metrics.inc(p.metrics.upstream_failures, worker, "timeout", worker=worker)
+                raise timeout from None
+            raise _Retry("timeout", timeout, sick=True) from None  # nothing reached the client yet
         except CONNECT_ERRORS as e:
             self._drop(resp)
-            raise _Retry("connect_error", UpstreamError(f"worker connection failed: {e!r}"), sick=True) from None
+            # When every worker tried refused or dropped the connection, none is up: 503 + Retry-After.
+            raise _Retry("connect_error", NoHealthyWorker(f"worker connection failed: {e!r}", retry_after=1.0),
+                         sick=True) from None
         except _Retry:
             self._drop(resp)
+            raise
+        except asyncio.CancelledError:
+            if resp is not None and self._resp is None:
+                self._resp = resp  # the client left while we read an answer: _end closes, frees, aborts
             raise
 
     def _drop(self, resp: Http1Connection | None) -> None:
@@ -449,8 +428,10 @@ class Exchange:
     def _outcome(self, exc: BaseException | None) -> tuple[str, str | None]:
         if isinstance(exc, RadixgateError):
             return "error", exc.cause
-        if exc is not None and not isinstance(exc, GeneratorExit):
+        if isinstance(exc, asyncio.CancelledError | ConnectionError):  # the client went away
             return "cancelled", "client_disconnect"
+        if exc is not None:
+            return "error", "internal"
         if self.error is not None:
             return "error", self.error.cause
         if not self._upstream_done and self.streaming:
@@ -462,22 +443,13 @@ class Exchange:
         return "ok", None
 
 
-def body_with_rid(req: GenerateRequest, rid: str | None) -> bytes:
-    """The bytes to forward: the caller's own, with ``"rid"`` spliced in when ``rid`` is given.
-
-    Batches (several prompts) take a list of rids; they are forwarded unchanged.
-    """
-    raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
-    if rid is None or _is_batch(req.payload):
-        return raw
-    if req.body and "rid" not in req.payload:
-        i = raw.index(b"{") + 1  # splice: the caller's bytes stay as they were
-        return raw[:i] + b'"rid":' + json.dumps(rid).encode() + b"," + raw[i:]
-    return json.dumps({**req.payload, "rid": rid}, separators=(",", ":")).encode()
-
-
-def _is_batch(payload: dict[str, Any]) -> bool:
-    """A batch request (several prompts) takes a list of rids; we leave those alone."""
-    text, ids, prompt = payload.get("text"), payload.get("input_ids"), payload.get("prompt")
-    return (isinstance(text, list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
-            or (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)))
+def _busy_error(first: bytes) -> bool:
+    """Whether a stream's first event is a 503 error (queue full / starting): safe to retry."""
+    for event in first.split(b"\n\n"):
+        if event.startswith(b"data: "):
+            try:
+                err = json.loads(event[6:]).get("error") or {}
+            except (ValueError, AttributeError):
+                return False
+            return isinstance(err, dict) and 503 in (err.get("code"), err.get("status_code"))
+    return False

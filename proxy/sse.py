@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.errors import RadixgateError
 from proxy.request import Dialect
 
 DONE = b"[DONE]"
@@ -260,3 +261,9 @@ class EventDecoder:
         if not pieces and not usage:
             return []
         return [TextDelta("".join(pieces), (), _int(usage.get("completion_tokens")))]
+
+
+def error_event(err: RadixgateError) -> bytes:
+    """An error event then ``[DONE]``: how a stream that broke after it began ends."""
+    body = {"error": {"message": err.message, "type": err.kind, "code": err.status}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE_EVENT

@@ -9,7 +9,7 @@ diagnosis (NVML idle gaps included) can be exercised on a real GPU; it is not SG
 
 ``cached_tokens`` is the engine's own prefix match: the shim wraps
 ``PagedAttentionCache.search_prefix_match`` (which returns the matched block count) and reports
-blocks × block size for that request, so the hit rate is measured, not assumed.
+the matched tokens for that request, so the hit rate is measured, not assumed.
 
 Prompts are tokenized with the simulated worker's deterministic tokenizer, so the proxy's
 character-based prefix estimate lines up exactly as it does against the simulator.
@@ -48,9 +48,12 @@ class Engine:
         engine = self
 
         def recording_match(cache: Any, request_id: str, prompt_ids: list[int]) -> int:
-            blocks = int(original(cache, request_id, prompt_ids))
-            engine.matched_tokens[request_id] = blocks * cache.block_size
-            return blocks
+            matched = int(original(cache, request_id, prompt_ids))
+            # Releases differ: some return matched blocks, 5.17 returns matched tokens. A block count
+            # times the block size can never exceed the prompt, so a larger product means tokens.
+            tokens = matched * cache.block_size
+            engine.matched_tokens[request_id] = matched if tokens > len(prompt_ids) else tokens
+            return matched
 
         cb_cache.PagedAttentionCache.search_prefix_match = recording_match  # type: ignore[method-assign]
 
@@ -62,7 +65,7 @@ class Engine:
         torch.manual_seed(0)
         torch.set_default_dtype(torch.bfloat16)
         with torch.device("cuda"):
-            model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa_paged")
+            model = LlamaForCausalLM._from_config(config, attn_implementation="paged|sdpa")
         model = model.to(torch.bfloat16)
         model.eval()
         self.params = sum(p.numel() for p in model.parameters())

@@ -8,16 +8,22 @@ export PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/radixgate-gpu}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+declare -A pids
 for port in 31001 31002; do
   python3 loadtests/gpu/engine_server.py --port $port --mem-fraction 0.3 > "$OUT/engine_$port.log" 2>&1 &
-  sleep 20  # stagger start-up: the second engine sizes its KV pool from what the first left free
+  pids[$port]=$!
+  sleep 15  # stagger start-up: the second engine sizes its KV pool from what the first left free
 done
 for port in 31001 31002; do
-  for _ in $(seq 1 300); do grep -q READY "$OUT/engine_$port.log" && break; sleep 1; done
+  for _ in $(seq 1 240); do
+    grep -q READY "$OUT/engine_$port.log" && break
+    kill -0 "${pids[$port]}" 2>/dev/null || break
+    sleep 1
+  done
   grep READY "$OUT/engine_$port.log" || { echo "engine $port failed"; tail -40 "$OUT/engine_$port.log"; exit 1; }
 done
 python3 -m proxy demo --worker http://127.0.0.1:31001 --worker http://127.0.0.1:31002 \
   --groups 8 --prompts-per-group 8 --system-tokens 4096 --question-tokens 128 --output-tokens 48 \
-  --rate "${RATE:-3}" --slo-ttft-s 1.0 --save-dir "$OUT" 2>&1 | tee "$OUT/demo.txt"
+  --rate "${RATE:-3}" --slo-ttft-s 1.0 --save-dir "$OUT" --policy ttft --compare round_robin cache_aware 2>&1 | tee "$OUT/demo.txt"
 echo "demo exit: ${PIPESTATUS[0]}"
 tail -5 "$OUT/engine_31001.log"

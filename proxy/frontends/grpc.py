@@ -12,14 +12,23 @@ Services on ``server.grpc_port``:
   change reaches watchers without polling.
 * ``grpc.reflection.v1alpha.ServerReflection`` — lists all of the above.
 
+Messages: one ``GenerateResponse`` per run of upstream events that arrived together
+(``Exchange.event_runs``): one token each while the client keeps up, several when it falls behind,
+never a wait to batch. gRPC's per-message cost is about ten times aiohttp's, so this is what keeps
+a slow reader from falling further behind. The last run travels with ``final``.
+
+Each call runs its exchange in a task of its own: the handler returns (and gRPC sends OK) as soon
+as the last message is written, while the exchange closes (metrics, log, policy feedback) behind
+it — the order HTTP has, where ``write_eof`` comes before the exchange closes.
+
 Deadlines and cancellation: the call's remaining time becomes ``GenerateRequest.timeout_s``, which
 the pipeline applies as the upstream timeout. When the caller cancels (or its deadline passes),
-grpc.aio cancels the handler; the cancellation unwinds the pipeline's exchange, which closes the
-upstream stream and sends ``/abort_request`` to the worker.
+grpc.aio cancels the handler, the handler cancels the exchange's task, and the unwinding exchange
+closes the upstream stream and sends ``/abort_request`` to the worker.
 
 Errors: a ``RadixgateError`` ends the call with its own ``grpc_code`` (the table in errors.py) and
 its message. An error the worker reports (an HTTP status or an error event mid-stream) maps through
-``errors.from_upstream_status``. The call is ended only after the exchange has closed, so the
+``errors.from_upstream_status``. A failed call is ended only after the exchange has closed, so the
 pipeline records the request's real outcome, not a cancellation.
 
 Stop: ``begin_drain`` turns health NOT_SERVING at once (new Generate calls are refused by admission
@@ -34,6 +43,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +58,9 @@ from proxy.errors import BadRequest, RadixgateError, from_upstream_status
 from proxy.frontends.grpc_messages import final_message, to_generate_request, tokens_added, worker_state
 from proxy.frontends.tls import grpc_server_credentials
 from proxy.pipeline import Exchange, Finished
-from proxy.request import Dialect
+from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
+from proxy.security import GrpcGuard
 from proxy.sse import ErrorEvent, TextDelta
 
 if TYPE_CHECKING:
@@ -91,7 +102,9 @@ class GrpcFrontend:
         self._health: Any = None  # grpc_health's aio HealthServicer (untyped upstream)
         self._readiness_changed = asyncio.Event()
         self._follower: asyncio.Task[None] | None = None
+        self._draining: asyncio.Task[None] | None = None
         self._active = 0
+        self._calls: set[asyncio.Task[None]] = set()  # running exchanges (strong references)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -99,7 +112,10 @@ class GrpcFrontend:
     async def start(self) -> int:
         cfg = self._app.config
         limit = cfg.limits.max_body_bytes
-        server = grpc.aio.server(options=[
+        # API key, per-client rate limit and unparseable messages → INVALID_ARGUMENT (proxy/security.py).
+        guard = GrpcGuard(keys=self._app.api_keys, limiter=self._app.rate_limiter, clock=self._app.clock,
+                          reject=self._app.pipeline.reject)
+        server = grpc.aio.server(interceptors=[guard], options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 0),
         ])
@@ -126,7 +142,7 @@ class GrpcFrontend:
         if self._follower is not None:
             self._follower.cancel()
         if self._health is not None:
-            asyncio.get_running_loop().create_task(self._health.enter_graceful_shutdown())
+            self._draining = asyncio.get_running_loop().create_task(self._health.enter_graceful_shutdown())
 
     async def stop(self, grace_s: float) -> None:
         with contextlib.suppress(ValueError):
@@ -136,6 +152,8 @@ class GrpcFrontend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
             self._follower = None
+        if self._draining is not None:
+            await self._draining
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if grace_s > 0:
@@ -178,17 +196,44 @@ class GrpcFrontend:
             dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG
             pipeline.reject(FRONTEND, dialect.value, e, received)
             return _Outcome(error=e)
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[_Outcome] = loop.create_future()
+        task = loop.create_task(self._exchange(req, received, context, stream, answered))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        try:
+            return await answered
+        except asyncio.CancelledError:
+            task.cancel()  # the caller left: unwinding the exchange aborts the upstream request
+            raise
+
+    async def _exchange(self, req: GenerateRequest, received: float, context: Any, stream: bool,
+                        answered: asyncio.Future[_Outcome]) -> None:
+        """Run one exchange; answer the call as soon as its last message is out, then let the exchange
+        close (metrics, log, policy feedback) after the caller already has its status, as HTTP does."""
         self._active += 1
         self._idle.clear()
+        out: _Outcome
         try:
-            async with pipeline.exchange(req, received=received) as ex:
-                return await self._consume(ex, context, stream=stream)
+            async with self._app.pipeline.exchange(req, received=received) as ex:
+                out = await self._consume(ex, context, stream=stream)
+                if out.error is None and not answered.done():
+                    answered.set_result(out)
+                    await asyncio.sleep(0)  # let the handler return (and send OK) before the bookkeeping
         except RadixgateError as e:
-            return _Outcome(error=e)
+            out = _Outcome(error=e)
+        except asyncio.CancelledError:
+            answered.cancel()
+            raise
+        except Exception as e:  # a bug, or a write racing the call's end: answer, never hang the call
+            log.warning("grpc call ended by %r", e)
+            out = _Outcome(error=RadixgateError(f"internal error: {type(e).__name__}"))
         finally:
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
+        if not answered.done():
+            answered.set_result(out)
 
     async def _consume(self, ex: Exchange, context: Any, *, stream: bool) -> _Outcome:
         """One message per run of events that arrived together; the last one carries ``final``."""
@@ -235,9 +280,9 @@ class GrpcFrontend:
 
 
 async def _fail(context: Any, err: RadixgateError) -> None:
-    if err.retry_after:
-        context.set_trailing_metadata((("retry-after", str(max(1, round(err.retry_after)))),))
-    await context.abort(err.grpc_code, err.message)
+    """End the call with the error's code and message; ``retry-after`` (seconds) when it has one."""
+    trailer = (("retry-after", str(max(1, math.ceil(err.retry_after)))),) if err.retry_after else ()
+    await context.abort(err.grpc_code, err.message, trailer)
 
 
 class _Generation(generate_pb2_grpc.GenerationServicer):

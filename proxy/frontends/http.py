@@ -14,6 +14,7 @@ Errors answer in the caller's dialect (``errors.to_body``), with ``Retry-After``
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,6 +27,7 @@ from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, to_body
 from proxy.pipeline import Pipeline
 from proxy.request import Dialect, GenerateRequest
 
+log = logging.getLogger("radixgate.http")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 FRONTEND = "http"
 
@@ -125,6 +127,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
         except RadixgateError as e:
             pipeline.reject(FRONTEND, dialect.value, e, received)
             return error_response(e, dialect)
+        resp: web.StreamResponse | None = None
         try:
             async with pipeline.exchange(req, received=received) as ex:
                 if not ex.streaming:
@@ -137,6 +140,11 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
                 return resp
         except RadixgateError as e:
             return error_response(e, dialect)
+        except Exception:
+            if resp is not None:
+                raise  # mid-stream: aiohttp closes the connection
+            log.exception("internal error serving %s", request.path)
+            return error_response(RadixgateError("internal error"), dialect)
 
     def route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:

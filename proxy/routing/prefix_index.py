@@ -7,45 +7,43 @@ Rule:
   * Fed by routing decisions: ``record`` touches every block of the routed prompt, tail first and
     head last, so the head is the most recent and eviction takes tails first — as SGLang's radix
     cache evicts leaves first. The set of blocks held therefore stays prefix-closed, and
-    ``match`` finds the longest held prefix by binary search.
+    ``match`` finds the longest held prefix by binary search. Every touch stamps the block with
+    the index's touch counter, so an entry knows when it was last used.
   * Each block is *predicted* when a decision put it there and *confirmed* once a request that
     contains it finished on that worker (the worker prefilled it, so it held it).
-  * Corrected by what workers report. When a request's reported ``cached_tokens`` fall short of
-    the confirmed blocks it matched at decision time, the worker evicted blocks we still list:
-    it keeps less of our traffic than we assumed (its KV pool also holds decode tokens and other
-    proxies' traffic). The capacity then shrinks multiplicatively (x``SHRINK``, evicting the
-    oldest entries) and each confirmed prediction recovers part of the gap to the KV pool
-    (AIMD, as TCP). Only confirmed blocks count as evidence, so a burst of requests sharing a
-    prefix that is still being prefilled is not mistaken for an eviction. The blocks of the
-    finished request itself stay: the worker has just prefilled them.
+  * Corrected by what workers report. A request whose reported ``cached_tokens`` fall short of
+    the confirmed blocks it matched shows that the worker had evicted block k (the first one
+    not reported) while we still listed it. The worker evicts least recently used first, so
+    everything we last touched before block k (as stamped when the request was routed) is gone
+    there too: those entries are evicted here, oldest first. The blocks of the finished request
+    itself stay, confirmed: the worker has just prefilled them. Only confirmed blocks count as
+    evidence, so a burst of requests sharing a prefix still being prefilled is not mistaken for
+    an eviction. This keeps the index in step with a worker whose cache turns over faster than
+    our own traffic explains (decode tokens, other proxies), without forgetting more than it
+    must: a forgotten prefix scatters its next requests across workers.
   * Reset when the worker's snapshot ``generation`` changes (restart, cache flush); dropped when
     the worker leaves.
 
 Complexity: ``match`` O(log blocks) dict lookups; ``record`` O(blocks of the prompt); memory about
-200 bytes per block held (8 workers x 500k tokens in 16-token blocks ~ 50 MB worst case).
+130 bytes per block held (8 workers x 500k tokens in 16-token blocks: ~30 MB of Python heap).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from proxy.routing.base import WorkerSnapshot
-from proxy.routing.prefix_key import block_sizes, prefix_tokens
+from proxy.routing.prefix_key import block_sizes, blocks_within, prefix_tokens
 
 # Capacity assumed before a worker reports its KV pool size (Llama-3-8B on one H100, as llm-d).
 DEFAULT_CAPACITY_TOKENS = 500_000
-# The learned capacity never falls below this share of the KV pool.
-MIN_CAPACITY_FRACTION = 0.05
-# Share of the gap to the KV pool recovered per confirmed prediction.
-CAPACITY_RECOVERY = 0.05
 
-# On eviction evidence the capacity is multiplied by this.
-SHRINK = 0.7
-
-# A block's entry packs (tokens, confirmed) into one small int.
+# A block's entry packs (last touch, tokens, confirmed) into one int.
 _CONFIRMED = 1
+_TOUCH_SHIFT = 33  # tokens take bits 1..32
+_LOW = (1 << _TOUCH_SHIFT) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +58,12 @@ class Match:
 class WorkerIndex:
     """The bounded LRU of one worker."""
 
-    __slots__ = ("_blocks", "capacity", "generation", "kv_tokens", "tokens")
+    __slots__ = ("_blocks", "_touches", "capacity", "generation", "kv_tokens", "tokens")
 
     def __init__(self, kv_tokens: int, generation: int = 0) -> None:
-        # block hash -> (tokens << 1) | confirmed; order = recency, oldest first.
+        # block hash -> (last touch << 33) | (tokens << 1) | confirmed; order = recency, oldest first.
         self._blocks: OrderedDict[int, int] = OrderedDict()
+        self._touches = 0
         self.kv_tokens = max(1, kv_tokens)
         self.capacity = self.kv_tokens
         self.tokens = 0
@@ -82,6 +81,11 @@ class WorkerIndex:
         confirmed = _longest(hashes[:held], lambda h: bool(blocks[h] & _CONFIRMED))
         return Match(held, confirmed)
 
+    def last_touches(self, hashes: Sequence[int]) -> tuple[int, ...]:
+        """When each of these (held) blocks was last touched: evidence for ``correct``."""
+        blocks = self._blocks
+        return tuple(blocks[h] >> _TOUCH_SHIFT for h in hashes)
+
     def record(
         self, hashes: Sequence[int], block_tokens: int, *, confirmed: bool = False, held: int | None = None
     ) -> None:
@@ -92,62 +96,66 @@ class WorkerIndex:
         blocks = self._blocks
         if held is None:
             held = _longest(hashes, blocks.__contains__)
+        self._touches += 1
+        stamp = self._touches << _TOUCH_SHIFT
         flag = _CONFIRMED if confirmed else 0
         tail = hashes[held:]
-        if any(map(blocks.__contains__, tail)):
-            self._record_one_by_one(hashes, block_tokens, flag)
+        if any(map(blocks.__contains__, tail)):  # holes (a hash collision): go one by one
+            head: Sequence[int] = hashes
+            tail = ()
         else:
             head = hashes[:held]
-            if flag:
-                for h in head:
-                    blocks[h] |= _CONFIRMED
             sizes = block_sizes(block_tokens, len(hashes))[held:]
             # Oldest first: the tail's last block, ..., its first; then the held head, block 0 last.
-            blocks.update(zip(reversed(tail), [(size << 1) | flag for size in reversed(sizes)], strict=True))
+            blocks.update(zip(reversed(tail), [stamp | (size << 1) | flag for size in reversed(sizes)], strict=True))
             self.tokens += sum(sizes)
-            deque(map(blocks.move_to_end, reversed(head)), maxlen=0)
+        pop = blocks.pop
+        for i in range(len(head) - 1, -1, -1):
+            h = head[i]
+            entry = pop(h, None)
+            if entry is None:
+                size = block_sizes(block_tokens, i + 1)[i]
+                self.tokens += size
+                blocks[h] = stamp | (size << 1) | flag
+            else:
+                blocks[h] = stamp | (entry & _LOW) | flag
         if self.tokens > self.capacity:
             self._evict()
 
-    def _record_one_by_one(self, hashes: Sequence[int], block_tokens: int, flag: int) -> None:
-        blocks = self._blocks
-        sizes = block_sizes(block_tokens, len(hashes))
-        for i in range(len(hashes) - 1, -1, -1):
-            h = hashes[i]
-            entry = blocks.get(h)
-            if entry is None:
-                self.tokens += sizes[i]
-                blocks[h] = (sizes[i] << 1) | flag
-            else:
-                blocks[h] = entry | flag
-                blocks.move_to_end(h)
-
-    def correct(self, block_tokens: int, confirmed_blocks: int, cached_tokens: int) -> None:
-        """Learn from a finished request that matched ``confirmed_blocks`` confirmed blocks."""
-        if confirmed_blocks <= 0:
-            return
-        predicted = prefix_tokens(confirmed_blocks, block_tokens)
+    def correct(self, block_tokens: int, touches: Sequence[int], cached_tokens: int) -> bool:
+        """A request matched ``len(touches)`` confirmed blocks, last touched at ``touches`` before
+        it was routed, and the worker reported ``cached_tokens``. Returns True on eviction evidence.
+        """
+        confirmed = len(touches)
+        if confirmed == 0:
+            return False
+        predicted = prefix_tokens(confirmed, block_tokens)
         # One block of slack: token counts are estimates and the worker rounds to pages.
-        slack = predicted - prefix_tokens(confirmed_blocks - 1, block_tokens)
-        if cached_tokens + slack >= predicted:
-            self.capacity += int((self.kv_tokens - self.capacity) * CAPACITY_RECOVERY)
-        else:
-            floor = max(1, int(self.kv_tokens * MIN_CAPACITY_FRACTION))
-            self.capacity = max(floor, int(self.capacity * SHRINK))
-            self._evict()
+        if cached_tokens + predicted - prefix_tokens(confirmed - 1, block_tokens) >= predicted:
+            return False
+        first_missing = blocks_within(cached_tokens, block_tokens, confirmed)
+        cutoff = touches[first_missing]
+        blocks = self._blocks
+        while blocks:
+            key = next(iter(blocks))
+            entry = blocks[key]
+            if entry >> _TOUCH_SHIFT > cutoff:
+                break
+            del blocks[key]
+            self.tokens -= (entry & _LOW) >> 1
+        return True
 
     def resize(self, kv_tokens: int) -> None:
         kv_tokens = max(1, kv_tokens)
         if kv_tokens != self.kv_tokens:
-            self.capacity = max(1, self.capacity * kv_tokens // self.kv_tokens)
-            self.kv_tokens = kv_tokens
+            self.kv_tokens = self.capacity = kv_tokens
             self._evict()
 
     def _evict(self) -> None:
         blocks, tokens, capacity = self._blocks, self.tokens, self.capacity
         popitem = blocks.popitem
         while tokens > capacity and blocks:
-            tokens -= popitem(False)[1] >> 1
+            tokens -= (popitem(False)[1] & _LOW) >> 1
         self.tokens = tokens
 
 
@@ -210,16 +218,24 @@ class PrefixIndex:
     def record(self, url: str, hashes: Sequence[int], block_tokens: int, *, held: int | None = None) -> None:
         self.worker(url).record(hashes, block_tokens, held=held)
 
+    def last_touches(self, url: str, hashes: Sequence[int]) -> tuple[int, ...]:
+        index = self._workers.get(url)
+        return index.last_touches(hashes) if index is not None else ()
+
     def complete(
-        self, url: str, hashes: Sequence[int], block_tokens: int, *, confirmed_blocks: int, cached_tokens: int | None
-    ) -> None:
-        """A request finished on ``url``: correct by its report, then confirm its blocks."""
+        self, url: str, hashes: Sequence[int], block_tokens: int, *, touches: Sequence[int], cached_tokens: int | None
+    ) -> bool:
+        """A request finished on ``url``: correct by its report, then confirm its blocks.
+
+        ``touches``: ``last_touches`` of the confirmed blocks it matched, taken when it was routed.
+        Returns True when the report showed an eviction we had not predicted.
+        """
         index = self._workers.get(url)
         if index is None:
-            return
-        if cached_tokens is not None:
-            index.correct(block_tokens, confirmed_blocks, cached_tokens)
+            return False
+        evicted = cached_tokens is not None and index.correct(block_tokens, touches, cached_tokens)
         index.record(hashes, block_tokens, confirmed=True)
+        return evicted
 
     def urls(self) -> list[str]:
         return list(self._workers)

@@ -65,7 +65,9 @@ class TtftParams:
     # EWMA weight of one observation in a worker's speed factor.
     factor_alpha: float = 0.05
     # Weight of the prefill this request adds to the chosen worker (0 = greedy TTFT).
-    work_weight: float = 1.0
+    work_weight: float = 3.0
+    # Score per request already running there: the decode slowdown a TTFT fit cannot see.
+    decode_balance_s: float = 0.01
     # Scores within max(tie_abs_s, tie_rel * best) of the best are tied.
     tie_rel: float = 0.1
     tie_abs_s: float = 0.005
@@ -85,6 +87,7 @@ class TtftParams:
             "forgetting": 0.5 <= self.forgetting <= 1,
             "factor_alpha": 0 <= self.factor_alpha <= 1,
             "work_weight": self.work_weight >= 0,
+            "decode_balance_s": self.decode_balance_s >= 0,
             "tie_rel": self.tie_rel >= 0,
             "tie_abs_s": self.tie_abs_s >= 0,
             "token_usage_limit": 0 < self.token_usage_limit <= 1,
@@ -100,7 +103,8 @@ class TtftParams:
 class _InFlight(NamedTuple):
     request: RouteRequest
     features: Features
-    confirmed_blocks: int
+    # Last touches of the confirmed blocks it matched, before this request touched them.
+    touches: tuple[int, ...]
     # The worker's scrape signature when we sent it (unseen by the engine while it is current).
     signature: tuple[object, ...]
 
@@ -190,7 +194,8 @@ class TtftCost:
         unseen, queued = self.pending_prefill(worker)
         x = Features(request.prompt_tokens - cached, unseen, queued, self.running(worker))
         ttft = self.model.predict(worker.url, x)
-        score = ttft + self.params.work_weight * x.uncached * self.model.seconds_per_token(worker.url)
+        p = self.params
+        score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
         return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker))
 
     # -- Policy --------------------------------------------------------------------------------
@@ -230,12 +235,13 @@ class TtftCost:
         self._decisions += 1
         self._last_pick[chosen.url] = self._decisions
         confirmed = self.index.confirmed(chosen.url, request.block_hashes, chosen.matched_blocks)
+        touches = self.index.last_touches(chosen.url, request.block_hashes[:confirmed])
         self.index.record(chosen.url, request.block_hashes, request.block_tokens, held=chosen.matched_blocks)
         key = id(request)
         for table in self._in_flight.values():
             table.pop(key, None)  # a retry of the same request routes it again
         table = self._in_flight.setdefault(chosen.url, {})
-        table[key] = _InFlight(request, chosen.features, confirmed, signature)
+        table[key] = _InFlight(request, chosen.features, touches, signature)
         if len(table) > self.params.max_tracked_per_worker:
             del table[next(iter(table))]
 
@@ -248,7 +254,7 @@ class TtftCost:
             completion.worker,
             request.block_hashes,
             request.block_tokens,
-            confirmed_blocks=entry.confirmed_blocks,
+            touches=entry.touches,
             cached_tokens=self._reported_cached(completion),
         )
         x = entry.features

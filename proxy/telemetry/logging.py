@@ -56,6 +56,9 @@ class BatchedLineHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
+        self.add_line(line)
+
+    def add_line(self, line: str) -> None:
         self._lines.append(line)
         self._size += len(line) + 1
         if self._size >= self.max_bytes:
@@ -134,4 +137,16 @@ class RequestLogger:
         fields = request_fields(done)
         if self.log_prompts and done.route is not None and done.route.prompt_text:
             fields["prompt"] = done.route.prompt_text
-        self._log.info(json.dumps(fields, separators=(",", ":")))
+        line = json.dumps(fields, separators=(",", ":"))
+        sink = self._sink()
+        if sink is not None:
+            sink.add_line(line)  # the line is all that handler writes: skip building a LogRecord
+        else:
+            self._log.info(line)
+
+    def _sink(self) -> BatchedLineHandler | None:
+        """The logger's only destination when that is a BatchedLineHandler (as ``setup_logging`` sets)."""
+        handlers = self._log.handlers
+        if len(handlers) == 1 and not self._log.propagate and isinstance(handlers[0], BatchedLineHandler):
+            return handlers[0]
+        return None

@@ -54,6 +54,16 @@ async def metrics_text(app: App) -> str:
         return await r.text()
 
 
+async def settled(app: App, name: str, value: float, **labels: str) -> str:
+    """/metrics once ``name{labels}`` reached ``value`` (the exchange records just after the call ends)."""
+
+    async def reached() -> bool:
+        return sample(await metrics_text(app), name, **labels) == value
+
+    await eventually(reached, timeout_s=5, what=f"{name}{labels} == {value}")
+    return await metrics_text(app)
+
+
 def sample(text: str, name: str, **labels: str) -> float:
     """The value of one sample in Prometheus text, 0 when absent."""
     for line in text.splitlines():
@@ -183,6 +193,8 @@ async def test_no_healthy_worker_is_unavailable(harness: Harness, channel_factor
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.GenerateUnary(text_request(), timeout=5)
     assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "healthy" in (info.value.details() or "")
+    assert ("retry-after", "1") in tuple(info.value.trailing_metadata() or ())
 
 
 async def _not_ready(app: App) -> bool:
@@ -205,9 +217,8 @@ async def test_a_cancelled_stream_aborts_the_upstream_request_and_frees_the_work
     assert fleet.workers[0].engine.scheduler.has_work()
     call.cancel()
     await eventually(lambda: _idle(fleet), timeout_s=5, what="worker freed")
-    text = await metrics_text(app)
+    text = await settled(app, "radixgate_errors_total", 1, frontend="grpc", cause="client_disconnect")
     assert sample(text, "radixgate_upstream_aborts_total", worker=fleet.urls[0]) == 1
-    assert sample(text, "radixgate_errors_total", frontend="grpc", cause="client_disconnect") == 1
 
 
 async def test_a_deadline_shorter_than_the_generation_is_deadline_exceeded_and_aborts_upstream(
@@ -221,8 +232,7 @@ async def test_a_deadline_shorter_than_the_generation_is_deadline_exceeded_and_a
             await call
         assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     await eventually(lambda: _idle(fleet), timeout_s=5, what="worker freed")
-    text = await metrics_text(app)
-    assert sample(text, "radixgate_upstream_aborts_total", worker=fleet.urls[0]) == 2
+    await settled(app, "radixgate_upstream_aborts_total", 2, worker=fleet.urls[0])
 
 
 async def test_metrics_count_grpc_requests_under_frontend_grpc(
@@ -232,9 +242,8 @@ async def test_metrics_count_grpc_requests_under_frontend_grpc(
     stub = pb_grpc.GenerationStub(open_channel(channel_factory, app))
     await stub.GenerateUnary(text_request(max_new_tokens=2), timeout=10)
     await _drain(stub.Generate(text_request(max_new_tokens=2), timeout=10))
-    text = await metrics_text(app)
+    text = await settled(app, "radixgate_requests_succeeded_total", 2, frontend="grpc")
     assert sample(text, "radixgate_requests_accepted_total", frontend="grpc") == 2
-    assert sample(text, "radixgate_requests_succeeded_total", frontend="grpc") == 2
     assert sample(text, "radixgate_requests_accepted_total", frontend="http") == 0
     assert 'frontend="grpc"' in text and "radixgate_ttft_seconds_bucket" in text
 

@@ -139,3 +139,43 @@ async def test_drain_lets_in_flight_streams_finish(harness: Harness, client: aio
         rest = await r.text()
     await stopping
     assert rest.endswith("data: [DONE]\n\n")
+
+
+async def test_a_stream_that_opens_with_a_queue_full_error_moves_to_another_worker(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """SGLang may open a stream and then abort it with a 503 event: nothing was sent yet, so retry."""
+    from aiohttp import web
+
+    async def queue_full(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"error": {"message": "The request queue is full.", "code": 503}}\n\n'
+                         b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    full = web.Application()
+    full.router.add_post("/generate", queue_full)
+    full.router.add_get("/health", ok)
+    runner = web.AppRunner(full)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        busy = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        fleet = await harness.fleet([SimConfig(time_scale=FAST)])
+        app = await harness.proxy([busy, *fleet.urls], **{"scrape.interval_s": 0})
+        body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 3}}
+        for _ in range(4):
+            async with client.post(base(app) + "/generate", json=body) as r:
+                text = await r.text()
+            assert r.status == 200 and "error" not in text and text.endswith("data: [DONE]\n\n")
+        m = await scrape(client, app)
+        assert total(m, "radixgate_upstream_failures_total", worker=busy, cause="worker_busy") >= 1
+        assert total(m, "radixgate_worker_ejections_total", worker=busy) == 0
+    finally:
+        await runner.cleanup()

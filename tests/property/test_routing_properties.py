@@ -48,10 +48,12 @@ def test_the_index_never_holds_more_tokens_than_its_capacity(capacity: int, ops:
     index = WorkerIndex(capacity)
     for tag, n, miss in ops:
         hashes = [tag * 10_000 + i for i in range(n)]
+        touches = index.last_touches(hashes[: index.match(hashes).confirmed])
         index.record(hashes, 16)
         if miss:
-            index.correct(16, confirmed_blocks=n, cached_tokens=0)
-        assert index.tokens <= index.capacity <= capacity
+            index.correct(16, touches, cached_tokens=0)
+        index.record(hashes, 16, confirmed=True)
+        assert index.tokens <= index.capacity == capacity
         assert index.tokens == sum(
             prefix_tokens(i + 1, 16) - prefix_tokens(i, 16) for t in range(21) for i in range(400) if t * 10_000 + i in index
         )

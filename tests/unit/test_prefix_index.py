@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.routing.base import WorkerSnapshot
-from proxy.routing.prefix_index import (
-    CAPACITY_RECOVERY,
-    MIN_CAPACITY_FRACTION,
-    SHRINK,
-    Match,
-    PrefixIndex,
-    WorkerIndex,
-)
+from proxy.routing.prefix_index import FleetCache, Match, PrefixIndex, WorkerIndex
 from proxy.routing.prefix_key import prefix_tokens
 
 BT = 16
@@ -66,40 +59,65 @@ def test_a_finished_request_confirms_its_blocks() -> None:
     index = PrefixIndex(10_000)
     index.record("w", chain(1, 4), BT)
     assert index.match("w", chain(1, 4)) == Match(4, 0)
-    index.complete("w", chain(1, 4), BT, confirmed_blocks=0, cached_tokens=0)
+    index.complete("w", chain(1, 4), BT, touches=(), cached_tokens=0)
     assert index.match("w", chain(1, 6)) == Match(4, 4)
 
 
-def test_a_report_short_of_confirmed_blocks_shrinks_capacity_and_evicts_the_oldest() -> None:
-    index = WorkerIndex(100 * BT)
-    for tag in range(1, 6):
-        index.record(chain(tag, 20), BT, confirmed=True)
-    assert index.tokens == 100 * BT
-    index.correct(BT, confirmed_blocks=20, cached_tokens=0)
-    assert index.capacity == int(100 * BT * SHRINK)
-    assert index.tokens <= index.capacity
-    assert index.match(chain(1, 20)).blocks < 20  # the oldest prompt lost blocks
-    assert index.match(chain(5, 20)).blocks == 20
+def routed(index: WorkerIndex, hashes: list[int]) -> tuple[int, ...]:
+    """Route a prompt: the touches of its confirmed blocks before this routing touches them."""
+    touches = index.last_touches(hashes[: index.match(hashes).confirmed])
+    index.record(hashes, BT)
+    return touches
+
+
+def test_an_unpredicted_eviction_forgets_everything_older_than_the_missing_block() -> None:
+    index = WorkerIndex(10**6)
+    shared = chain(9, 4)
+    index.record([*shared, *chain(1, 4)], BT, confirmed=True)  # old
+    index.record(chain(2, 4), BT, confirmed=True)  # touched after the shared prefix...
+    index.record(chain(3, 4), BT, confirmed=True)
+    touches = routed(index, [*shared, *chain(4, 2)])
+    # ...but the worker had evicted the shared prefix from block 2 on: all older than it goes.
+    assert index.correct(BT, touches, cached_tokens=2 * BT)
+    assert index.match([*shared, *chain(1, 4)]).blocks == 4  # block 0..3 touched by this request
+    assert chain(1, 1)[0] not in index  # prompt 1's tail was older than the missing block
+    assert index.match(chain(2, 4)).blocks == 4 and index.match(chain(3, 4)).blocks == 4
+    assert index.tokens == sum(16 for h in [*shared, *chain(4, 2), *chain(2, 4), *chain(3, 4)] if h in index)
 
 
 def test_a_report_within_one_block_of_the_prediction_is_not_an_eviction() -> None:
-    index = WorkerIndex(100 * BT)
-    index.capacity = 50 * BT
-    index.correct(BT, confirmed_blocks=10, cached_tokens=9 * BT + 1)
-    assert index.capacity == 50 * BT + int(50 * BT * CAPACITY_RECOVERY)
-
-
-def test_capacity_never_shrinks_below_its_floor() -> None:
-    index = WorkerIndex(1000)
-    for _ in range(100):
-        index.correct(BT, confirmed_blocks=10, cached_tokens=0)
-    assert index.capacity == int(1000 * MIN_CAPACITY_FRACTION)
+    index = WorkerIndex(10**6)
+    index.record(chain(1, 10), BT, confirmed=True)
+    index.record(chain(2, 10), BT, confirmed=True)
+    touches = routed(index, chain(1, 12))
+    assert not index.correct(BT, touches, cached_tokens=9 * BT + 1)
+    assert index.match(chain(2, 10)).blocks == 10
 
 
 def test_unconfirmed_matches_teach_nothing() -> None:
-    index = WorkerIndex(1000)
-    index.correct(BT, confirmed_blocks=0, cached_tokens=0)
-    assert index.capacity == 1000
+    index = WorkerIndex(10**6)
+    index.record(chain(2, 10), BT)
+    touches = routed(index, chain(2, 10))
+    assert touches == ()
+    assert not index.correct(BT, touches, cached_tokens=0)
+    assert len(index) == 10
+
+
+def test_the_finished_request_stays_confirmed_after_an_eviction() -> None:
+    index = PrefixIndex(10**6)
+    index.record("w", chain(1, 8), BT)
+    index.complete("w", chain(1, 8), BT, touches=(), cached_tokens=None)
+    touches = index.last_touches("w", chain(1, 8))
+    index.record("w", chain(1, 8), BT)
+    assert index.complete("w", chain(1, 8), BT, touches=touches, cached_tokens=0)
+    assert index.match("w", chain(1, 8)) == Match(8, 8)
+
+
+def test_the_fleet_cache_counts_what_one_big_cache_would_hold() -> None:
+    cache = FleetCache(10**6)
+    assert cache.observe(chain(1, 10), BT, 500) == 0
+    assert cache.observe(chain(1, 12), BT, 500) == 10 * BT
+    assert cache.observe(chain(1, 12), BT, 100) == 100  # never more than the prompt
 
 
 def test_a_new_generation_resets_the_worker_and_a_new_kv_size_resizes_it() -> None:

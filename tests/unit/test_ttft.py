@@ -134,16 +134,20 @@ def test_completion_confirms_the_prompt_in_the_index() -> None:
     assert policy.index.match(d.worker, r.block_hashes).confirmed == 20
 
 
-def test_a_confirmed_prefix_reported_missing_shrinks_the_index() -> None:
+def test_a_confirmed_prefix_reported_missing_evicts_older_entries() -> None:
     policy = TtftCost(TtftParams())
+    old = prompt(7, 10)
+    d_old = policy.select(old, fleet())
+    finish(policy, old, d_old.worker, ttft=0.1, cached=0)
     r1 = prompt(1, 20, shared=20)
-    d = policy.select(r1, fleet())
+    d = policy.select(r1, fleet(**{u.removeprefix("http://"): {"stale": True} for u in URLS if u != d_old.worker}))
+    assert d.worker == d_old.worker
     finish(policy, r1, d.worker, ttft=0.1, cached=0)
-    capacity = policy.index.worker(d.worker).capacity
     r2 = prompt(2, 30, shared=20)
     assert policy.select(r2, fleet()).worker == d.worker
-    finish(policy, r2, d.worker, ttft=0.1, cached=0)  # the worker had evicted it
-    assert policy.index.worker(d.worker).capacity < capacity
+    finish(policy, r2, d.worker, ttft=0.1, cached=0)  # the worker had evicted the shared prefix
+    assert policy.index.match(d.worker, old.block_hashes).blocks == 0  # older than it: gone
+    assert policy.index.match(d.worker, r2.block_hashes).confirmed == 30
 
 
 def test_a_failed_request_teaches_nothing_and_leaves_no_pending_work() -> None:

@@ -1,0 +1,255 @@
+"""The fault matrix: real simulated workers with fault knobs, a real proxy, real sockets.
+
+Each test names the fault and asserts what the client saw, what the proxy counted, and that the
+fleet recovered. Time: workers run faster than real time; waits are polls with a bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from loadtests.simworker.config import SimConfig
+from loadtests.simworker.testing import load
+from proxy.app import App
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.reliability import StreamResult, accounting, scrape, stream, total
+
+PROMPT = "Write a detailed travel guide to the coastal towns of Portugal. " * 6
+
+
+def body(tokens: int, *, streamed: bool = True) -> dict[str, object]:
+    return {"text": PROMPT, "stream": streamed, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+
+
+async def running(client: aiohttp.ClientSession, url: str) -> int:
+    return int((await load(client, url))["num_running_reqs"])
+
+
+async def healthy(client: aiohttp.ClientSession, app: App, worker: str) -> bool:
+    return total(await scrape(client, admin(app)), "radixgate_worker_healthy", worker=worker) == 1
+
+
+def balanced(m: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> bool:
+    accepted, succeeded, failed = accounting(m)
+    return accepted == succeeded + failed
+
+
+async def test_a_worker_killed_mid_stream_ends_its_streams_with_an_error_spares_the_others_and_comes_back(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=2.0), SimConfig(time_scale=2.0)])
+    victim, survivor = fleet.urls
+    app = await harness.proxy(fleet.urls, **{"health.eject_after_failures": 2, "health.eject_cooldown_s": 0.5})
+    loop = asyncio.get_running_loop()
+    streams = [asyncio.ensure_future(stream(client, base(app) + "/generate", body(400))) for _ in range(4)]
+    await eventually(lambda: _both_running(client, victim, survivor, 2), what="two streams on each worker")
+    killed_at = loop.time()
+    fleet.workers[0].set_faults(die_after_tokens=1)  # the next token kills it: every connection drops
+    results: list[StreamResult] = await asyncio.gather(*streams)
+    broken = [r for r in results if not r.ok]
+    whole = [r for r in results if r.ok]
+    assert len(broken) == 2 and len(whole) == 2
+    for r in broken:  # an explicit error, then [DONE], on a clean close, promptly
+        assert r.status == 200 and r.explicit_error and r.error is not None
+        assert r.error["code"] == 502 and r.error["message"]
+        assert r.events[-1] == "[DONE]" and r.tokens  # tokens came first, then the error
+    for r in whole:  # the other worker's streams never noticed
+        final = r.tokens[-1]["meta_info"]
+        assert final["completion_tokens"] == 400 and final["finish_reason"]["type"] == "length"
+    assert loop.time() - killed_at < 1.5  # the two whole streams finish about then too
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_retries_total") == 0  # bytes had reached the clients: no retry
+    assert total(m, "radixgate_upstream_failures_total", worker=victim, cause="stream_broken") == 2
+    assert total(m, "radixgate_worker_ejections_total", worker=victim) == 1
+    assert total(m, "radixgate_worker_healthy", worker=victim) == 0
+    assert total(m, "radixgate_errors_total", cause="upstream_error") == 2 and balanced(m)
+
+    fleet.workers[0].set_faults(die_after_tokens=None)
+    await fleet.workers[0].start()  # same port, empty cache
+    await eventually(lambda: healthy(client, app, victim), what="re-admission of the restarted worker")
+    after = [await stream(client, base(app) + "/generate", body(4)) for _ in range(4)]
+    assert all(r.ok for r in after)
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_e2e_seconds_count", worker=victim, outcome="ok") >= 1  # routed to again
+
+
+async def _both_running(client: aiohttp.ClientSession, a: str, b: str, n: int) -> bool:
+    return await running(client, a) == n and await running(client, b) == n
+
+
+async def test_a_worker_that_hangs_before_the_first_token_is_timed_out_and_the_request_retried_elsewhere(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_hang_before_first_token=True),
+                                 SimConfig(time_scale=FAST)])
+    hung, fine = fleet.urls
+    # Probes off and no ejection: every other request is routed to the hung worker on purpose.
+    app = await harness.proxy(fleet.urls, **{"upstream.first_byte_timeout_s": 0.3, "health.interval_s": 0,
+                                             "health.eject_after_failures": 100})
+    loop = asyncio.get_running_loop()
+    for streamed in (True, False, True, False):
+        started = loop.time()
+        r = await stream(client, base(app) + "/generate", body(8, streamed=streamed))
+        assert r.status == 200 and (r.ok if streamed else r.error is None)
+        assert loop.time() - started < 1.5  # at most one first-byte timeout, never a hang
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_upstream_failures_total", worker=hung, cause="timeout") == 2
+    assert total(m, "radixgate_retries_total", cause="timeout") == 2
+    assert total(m, "radixgate_requests_succeeded_total") == 4 and balanced(m)
+    assert total(m, "radixgate_e2e_seconds_count", worker=fine, outcome="ok") == 4
+    await eventually(lambda: _idle(client, hung), what="the hung requests released on the worker")
+    assert app.admission.core.outstanding(hung) == 0
+
+
+async def _idle(client: aiohttp.ClientSession, url: str) -> bool:
+    loads = await load(client, url)
+    return int(loads["num_running_reqs"]) == 0 and int(loads["num_waiting_reqs"]) == 0
+
+
+async def test_a_hung_worker_with_no_alternative_answers_504_in_bounded_time(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_hang_before_first_token=True)])
+    app = await harness.proxy(fleet.urls, **{"upstream.first_byte_timeout_s": 0.3, "health.interval_s": 0})
+    r = await stream(client, base(app) + "/generate", body(8))
+    assert r.status == 504 and r.error is not None and r.elapsed_s < 1.5
+
+
+async def test_5xx_answers_are_retried_on_another_worker_before_anything_reached_the_client(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_error_rate=1.0), SimConfig(time_scale=FAST)])
+    failing = fleet.urls[0]
+    app = await harness.proxy(fleet.urls, **{"health.eject_after_failures": 1000})
+    results = [await stream(client, base(app) + "/generate", body(6, streamed=i % 2 == 0)) for i in range(8)]
+    assert [r.status for r in results] == [200] * 8
+    m = await scrape(client, admin(app))
+    fails = total(m, "radixgate_upstream_failures_total", worker=failing, cause="http_5xx")
+    assert fails == 4 and total(m, "radixgate_retries_total", cause="http_5xx") == fails  # round robin: half
+    assert total(m, "radixgate_requests_succeeded_total") == 8 and balanced(m)
+
+
+async def test_a_full_worker_queue_503_moves_requests_elsewhere_without_ejecting_the_worker(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    full = SimConfig(time_scale=FAST, max_running_requests=1, max_queued_requests=1)
+    fleet = await harness.fleet([full, SimConfig(time_scale=FAST)])
+    small = fleet.urls[0]
+    # The proxy's own admission would shield the small worker: lift it so its queue overflows.
+    app = await harness.proxy(fleet.urls, **{"admission.per_worker_limit": 16, "health.eject_after_failures": 1})
+    results = await asyncio.gather(*(stream(client, base(app) + "/generate", body(60)) for _ in range(12)))
+    assert all(r.ok for r in results), [r.status for r in results]
+    m = await scrape(client, admin(app))
+    busy = total(m, "radixgate_upstream_failures_total", worker=small, cause="worker_busy")
+    assert busy >= 1 and total(m, "radixgate_retries_total", cause="worker_busy") == busy
+    assert total(m, "radixgate_worker_ejections_total", worker=small) == 0
+    assert total(m, "radixgate_worker_healthy", worker=small) == 1 and balanced(m)
+
+
+async def test_a_slow_starting_worker_gets_no_request_until_it_is_healthy(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    starting = SimConfig(time_scale=FAST, fault_slow_start=50.0)  # 1 s of "starting" (503) in real time
+    fleet = await harness.fleet([starting, SimConfig(time_scale=FAST)])
+    slow = fleet.urls[0]
+    app = await harness.proxy(fleet.urls)
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_worker_healthy", worker=slow) == 0  # its first probe said 503
+    sent = 0
+    while not await healthy(client, app, slow):  # requests all through the start-up
+        r = await stream(client, base(app) + "/generate", body(2, streamed=sent % 2 == 0))
+        assert r.status == 200
+        sent += 1
+        assert sent < 2000
+    assert sent >= 5
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_upstream_failures_total", worker=slow) == 0  # never tried while starting
+    assert total(m, "radixgate_retries_total") == 0
+    for _ in range(4):
+        assert (await stream(client, base(app) + "/generate", body(2))).ok
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_e2e_seconds_count", worker=slow, outcome="ok") >= 1  # healthy: routed to
+
+
+async def test_with_every_worker_down_requests_get_a_fast_503_with_retry_after_then_recover(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    app = await harness.proxy(fleet.urls, **{"health.eject_after_failures": 2})
+    assert (await stream(client, base(app) + "/generate", body(2))).ok
+    for w in fleet.workers:
+        await w.stop()
+    loop = asyncio.get_running_loop()
+    for i in range(6):  # from the very first request on, before probes noticed anything
+        started = loop.time()
+        async with client.post(base(app) + "/generate", json=body(2, streamed=i % 2 == 0)) as r:
+            answer = await r.json()
+            assert r.status == 503, answer
+            assert int(r.headers["Retry-After"]) >= 1 and answer["error"]["message"]
+        assert loop.time() - started < 0.5
+    async with client.get(base(app) + "/ready") as r:
+        assert r.status == 503
+    for w in fleet.workers:
+        await w.start()
+
+    async def ready() -> bool:
+        async with client.get(base(app) + "/ready") as r:
+            return r.status == 200
+
+    await eventually(ready, what="readiness after the workers came back")
+    assert all([(await stream(client, base(app) + "/generate", body(2))).ok for _ in range(4)])
+    assert balanced(await scrape(client, admin(app)))
+
+
+async def test_clients_that_leave_mid_stream_have_their_upstream_aborted_and_every_slot_freed(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0), SimConfig(time_scale=1.0)])
+    app = await harness.proxy(fleet.urls)
+    responses = [await client.post(base(app) + "/generate", json=body(5000)) for _ in range(6)]
+    for r in responses:
+        assert r.status == 200
+        await r.content.readuntil(b"\n\n")  # the stream is flowing
+    assert sum([await running(client, url) for url in fleet.urls]) == 6
+    for r in responses:
+        r.close()
+    await eventually(lambda: _all_idle(client, fleet.urls), what="both workers idle after the clients left")
+
+    async def freed() -> bool:
+        m = await scrape(client, admin(app))
+        return (total(m, "radixgate_upstream_aborts_total") == 6
+                and total(m, "radixgate_errors_total", cause="client_disconnect") == 6
+                and total(m, "radixgate_worker_in_flight_requests") == 0 and balanced(m))
+
+    await eventually(freed, what="aborts sent, disconnects counted, in-flight back to 0")
+    assert app.pipeline.active == 0
+    assert all(app.admission.core.outstanding(url) == 0 for url in fleet.urls)
+
+
+async def _all_idle(client: aiohttp.ClientSession, urls: list[str]) -> bool:
+    return all([await _idle(client, url) for url in urls])
+
+
+async def test_clients_that_leave_a_non_streamed_request_free_the_worker_and_the_connection_pool(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0)])
+    worker = fleet.urls[0]
+    # Two pooled connections at most: a leaked one per departed client would starve the worker.
+    app = await harness.proxy(fleet.urls, **{"upstream.max_connections_per_worker": 2})
+    for _ in range(3):
+        pending = asyncio.ensure_future(client.post(base(app) + "/generate", json=body(5000, streamed=False)))
+        await eventually(lambda: _has_running(client, worker), what="the request running on the worker")
+        pending.cancel()
+        try:
+            await pending
+        except asyncio.CancelledError:
+            pass
+        await eventually(lambda: _idle(client, worker), what="the worker dropping the abandoned request")
+    async with asyncio.timeout(5):
+        r = await stream(client, base(app) + "/generate", body(4, streamed=False))
+    assert r.status == 200
+
+    async def counted() -> bool:
+        m = await scrape(client, admin(app))
+        return (total(m, "radixgate_errors_total", cause="client_disconnect") == 3
+                and total(m, "radixgate_worker_in_flight_requests") == 0 and balanced(m))
+
+    await eventually(counted, what="three disconnects counted and no request left in flight")
+
+
+async def _has_running(client: aiohttp.ClientSession, url: str) -> bool:
+    return await running(client, url) == 1

@@ -3,7 +3,10 @@
 Membership comes from a ``WorkerSource`` (``watch()`` yields the full URL set first and on every
 change; ``StaticSource`` here, DNS / Kubernetes in ``discovery*.py``). Health results, request
 results and scrapes are reported in; after each report the registry republishes a tuple of frozen
-``WorkerSnapshot``s. Routing reads them (plus our live in-flight counts) per request.
+``WorkerSnapshot``s. Routing reads them (plus our live in-flight counts) per request. With active
+probes on, a worker is healthy only once a probe has passed: a new or slow-starting worker gets no
+request before that (the app runs one probe round before serving, so a fleet that is up at start
+is routed to at once).
 
 Listeners: ``on_publish`` after every republish (admission limits follow scraped
 ``max_running_requests``); ``on_change`` when membership, health or a worker's generation changed
@@ -59,6 +62,7 @@ class _Worker:
     scraped_at: float | None = None
     generation: int = 0
     models: tuple[str, ...] = ()
+    probed_ok: bool = False  # a probe has passed since the worker joined
 
 
 class WorkerRegistry:
@@ -116,6 +120,12 @@ class WorkerRegistry:
         change = w.tracker.on_probe(ok, self._clock.now())
         if change is Change.UP:
             self._bump(w, "recovered")  # it was down: assume its cache did not survive
+        if ok and not w.probed_ok:
+            w.probed_ok = True  # its first passing probe: it may take requests from now on
+            if change is None:
+                log.info("worker %s: first probe passed", url)
+                self._publish(changed=True)
+                return
         self._after(w, change)
 
     def report_request(self, url: str, ok: bool) -> Change | None:
@@ -169,7 +179,7 @@ class WorkerRegistry:
             seen = w.scraped_at if w.scraped_at is not None else w.joined_at
             snaps.append(WorkerSnapshot(
                 url=w.url,
-                healthy=w.tracker.available(now),
+                healthy=self._routable(w, now),
                 running=e.running, queued=e.queued, waiting_uncached_tokens=e.waiting_uncached_tokens,
                 token_usage=e.token_usage, cache_hit_rate=e.cache_hit_rate,
                 max_running_requests=e.max_running_requests, max_total_tokens=e.max_total_tokens,
@@ -186,10 +196,13 @@ class WorkerRegistry:
             for cb in self.on_change:
                 cb(self._published)
 
+    def _routable(self, w: _Worker, now: float) -> bool:
+        return w.tracker.available(now) and (w.probed_ok or not w.tracker.probes_on)
+
     def refresh(self) -> None:
         """Re-evaluate time-dependent state (staleness, ejection cooldown) and republish."""
         now = self._clock.now()
-        self._publish(changed=any(s.healthy != self._workers[s.url].tracker.available(now)
+        self._publish(changed=any(s.healthy != self._routable(self._workers[s.url], now)
                                   for s in self._published if s.url in self._workers))
 
     def snapshots(self) -> list[WorkerSnapshot]:

@@ -8,7 +8,7 @@
    whose indexes are already warm. Prints p50 / p99 / max in microseconds.
 2. Index memory: fill 8 ``WorkerIndex`` of 500k KV tokens each to capacity with 16-token blocks
    (the worst case: short prompts, every block one unit), and report the resident-set growth
-   (psutil) and the Python heap held (tracemalloc).
+   (psutil).
 
 Goals (issue 4): decision <= 200 us p99 on a 32k-token prompt; index <= 100 MB for 8 x 500k.
 """
@@ -20,7 +20,6 @@ import gc
 import random
 import statistics
 import time
-import tracemalloc
 
 import psutil
 
@@ -67,25 +66,20 @@ def bench_decisions(policy_name: str, iterations: int, n_workers: int, prompt_to
     return samples[iterations // 10 :]  # drop warm-up
 
 
-def bench_index_memory(n_workers: int, kv_tokens: int, block_tokens: int = 16) -> tuple[float, float, int]:
+def bench_index_memory(n_workers: int, kv_tokens: int, block_tokens: int = 16) -> tuple[float, int]:
+    """(resident-set growth in MB, blocks held) after filling every worker's index to capacity."""
     gc.collect()
     process = psutil.Process()
     rss_before = process.memory_info().rss
-    tracemalloc.start()
     indexes = [WorkerIndex(kv_tokens) for _ in range(n_workers)]
     rng = random.Random(1)
     for index in indexes:
-        # Short prompts (all one-unit blocks), distinct hashes, until the LRU is full.
+        # Short prompts (all one-unit blocks, the most entries per token), until the LRU is full.
         while index.tokens < kv_tokens:
             index.record([rng.getrandbits(64) for _ in range(2 * BLOCKS_PER_DOUBLING)], block_tokens)
-    _, peak = tracemalloc.get_traced_memory()
-    held = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
     gc.collect()
     rss_after = process.memory_info().rss
-    blocks = sum(len(i) for i in indexes)
-    del peak
-    return (rss_after - rss_before) / 2**20, held / 2**20, blocks
+    return (rss_after - rss_before) / 2**20, sum(len(i) for i in indexes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,9 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.policies.split(","):
         s = bench_decisions(name, args.iterations, args.workers, args.prompt_tokens, args.seed)
         print(f"{name:<16} {statistics.median(s):8.0f} {percentile(s, 0.99):8.0f} {max(s):8.0f}")
-    rss_mb, heap_mb, blocks = bench_index_memory(args.workers, args.kv_tokens)
+    rss_mb, blocks = bench_index_memory(args.workers, args.kv_tokens)
     print(f"prefix index, {args.workers} workers x {args.kv_tokens} KV tokens in 16-token blocks: "
-          f"{blocks} blocks, RSS +{rss_mb:.1f} MB, Python heap {heap_mb:.1f} MB")
+          f"{blocks} blocks, resident set +{rss_mb:.1f} MB")
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ RADIXGATE_POLICIES = ("ttft", "least_load", "round_robin", "consistent_hash", "c
 def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arrivals: list[float],
             replicas: int) -> dict[str, Any]:
     sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
+    params = json.loads(args.params).get(policy, {})
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
-                               scrape_interval_s=args.scrape_interval, seed=args.seed)
+                               scrape_interval_s=args.scrape_interval, seed=args.seed, params=params)
     done = [o for o in outcomes if o.first is not None and o.done is not None]
     touched: dict[str, set[str]] = defaultdict(set)
     for o in outcomes:
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="radixgate policies, and (http mode) sglang-router")
     ap.add_argument("--replicas", type=int, default=1, help="also run --replica-policy behind this many proxies")
     ap.add_argument("--replica-policy", default="ttft")
+    ap.add_argument("--params", default="{}", help='sim mode: policy params, e.g. {"ttft": {"work_weight": 2}}')
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", default="llama-3.1-8b-h100", choices=sorted(PROFILES))
     ap.add_argument("--kv-tokens", type=int, default=None, help="KV pool per worker (default: the profile's)")

@@ -50,6 +50,9 @@ log = logging.getLogger("radixgate")
 
 # How long start() waits for a dynamic source's first worker set before serving without workers.
 FIRST_MEMBERSHIP_TIMEOUT_S = 10.0
+# After stop()'s own drain, what aiohttp still gives a handler (twice: to finish, then once
+# cancelled). The drain already waited the grace period; anything left now is cut.
+CLOSE_AFTER_DRAIN_S = 0.5
 
 
 class _Frontend(Protocol):
@@ -123,6 +126,7 @@ class App:
         w.on_publish.append(self.admission.update_workers)
         w.on_change.append(self.policy.on_worker_change)
         w.on_join.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
+        w.on_join.append(self.health.probe_soon)  # a new worker takes requests once a probe passed
         w.on_leave.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
         w.on_leave.append(self.upstream.forget)
         w.on_leave.append(m.forget_worker)
@@ -189,7 +193,7 @@ class App:
         if gate is not None:  # the public port: limits.* apply to its connections
             options.update(handler_options(self.config.limits))
         runner = web.AppRunner(app, handler_cancellation=True,
-                               shutdown_timeout=max(1.0, self.config.server.drain_grace_s), **options)
+                               shutdown_timeout=CLOSE_AFTER_DRAIN_S, **options)
         await runner.setup()
         self._runners.append(runner)
         if gate is not None:

@@ -93,7 +93,9 @@ class UpstreamConfig:
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    policy: str = "round_robin"
+    # Default: estimated TTFT with prefix affinity (proxy/routing/ttft_cost.py); see the README's
+    # "Routing" section for the measured comparison with the other policies.
+    policy: str = "ttft"
     # Policy-specific parameters, validated by the policy registry at start-up.
     params: Mapping[str, Any] = field(default_factory=dict)
     # Characters per token when no tokenizer is available (prefix hashing estimate).

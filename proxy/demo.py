@@ -145,6 +145,7 @@ async def main_async(args: argparse.Namespace) -> int:
     policies = [args.policy] + [p for p in args.compare if p != args.policy]
     results: list[RunSummary] = []
     doc: dict[str, Any] | None = None
+    verdicts: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
         if args.worker:
             urls = list(args.worker)
@@ -162,6 +163,8 @@ async def main_async(args: argparse.Namespace) -> int:
             results.append(summary)
             if i == 0:
                 doc = d
+            if d is not None:
+                verdicts[policy] = str(d['verdict']['summary'])
             if args.save_dir:
                 _save(args.save_dir, policy, summary, d)
     how = ("same shape, fresh text per run" if args.worker else "same trace, caches flushed between runs")
@@ -172,6 +175,9 @@ async def main_async(args: argparse.Namespace) -> int:
         a, b = _pct(results[0].ttft, 0.95), _pct(results[1].ttft, 0.95)
         if a and b:
             print(f"  -> {results[0].policy} TTFT p95 is {a / b:.2f}x {results[1].policy}'s")
+    print("\nradixgate's verdict on each run")
+    for policy, line in verdicts.items():
+        print(f"  {policy:<12} {line}")
     if doc is not None:
         print(f"\nWhat radixgate reports for the {results[0].policy} run (GET /diagnosis on its admin port)\n")
         print(render_text(doc))
@@ -216,16 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--profile", default="llama-3.1-8b-h100")
     p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--kv-tokens", type=int, default=12_000, help="each worker's KV pool (tokens)")
+    p.add_argument("--kv-tokens", type=int, default=24_000, help="each worker's KV pool (tokens)")
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--policy", default=config_mod.RoutingConfig().policy, help="policy under test")
-    p.add_argument("--compare", nargs="*", default=["round_robin"], help="baseline policies")
-    p.add_argument("--groups", type=int, default=12)
-    p.add_argument("--prompts-per-group", type=int, default=12)
-    p.add_argument("--system-tokens", type=int, default=2048)
+    p.add_argument("--compare", nargs="*", default=["round_robin", "cache_aware"],
+                   help="baseline policies (cache_aware = SGLang router's algorithm)")
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--prompts-per-group", type=int, default=16)
+    p.add_argument("--system-tokens", type=int, default=4096)
     p.add_argument("--question-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=64)
-    p.add_argument("--rate", type=float, default=8.0, help="arrivals per second")
+    p.add_argument("--rate", type=float, default=20.0, help="arrivals per second")
     p.add_argument("--slo-ttft-s", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--worker", action="append", default=[], metavar="URL",

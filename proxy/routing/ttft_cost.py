@@ -42,12 +42,15 @@ Params (``TtftParams``) and defaults below.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import xxhash
+
 from proxy.config import ConfigError
 from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.registry import PolicySpec
@@ -71,6 +74,11 @@ class TtftParams:
     # Scores within max(tie_abs_s, tie_rel * best) of the best are tied.
     tie_rel: float = 0.1
     tie_abs_s: float = 0.005
+    # Among tied workers with equal matches: "hash" = rendezvous hash of the prompt's first
+    # ``key_blocks`` blocks (independent proxies agree where a new prefix goes), "recent" = the
+    # least recently picked (the most even spread of unique prompts from one proxy).
+    tie_break: str = "recent"
+    key_blocks: int = 16
     token_usage_limit: float = 0.95
     # Our own in-flight requests above which a worker counts as saturated; 0 = off.
     max_in_flight: int = 0
@@ -94,6 +102,8 @@ class TtftParams:
             "max_in_flight": self.max_in_flight >= 0,
             "default_capacity_tokens": self.default_capacity_tokens > 0,
             "max_tracked_per_worker": self.max_tracked_per_worker > 0,
+            "tie_break": self.tie_break in ("hash", "recent"),
+            "key_blocks": self.key_blocks >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -148,6 +158,7 @@ class TtftCost:
         # url -> {id(request): _InFlight}, in dispatch order.
         self._in_flight: dict[str, dict[int, _InFlight]] = {}
         self._last_pick: dict[str, int] = {}
+        self._url_seeds: dict[str, int] = {}
         self._decisions = 0
 
     # -- model inputs --------------------------------------------------------------------------
@@ -210,7 +221,7 @@ class TtftCost:
         best = min(e.score for e in pool)
         margin = max(self.params.tie_abs_s, self.params.tie_rel * best)
         tied = [e for e in pool if e.score <= best + margin]
-        chosen = min(tied, key=lambda e: (-e.matched_blocks, self._last_pick.get(e.url, -1)))
+        chosen = min(tied, key=self._tie_order(request))
         longest = max(e.matched_blocks for e in estimates)
         if len(candidates) == 1:
             branch = "only"
@@ -230,6 +241,20 @@ class TtftCost:
             matched_blocks=chosen.matched_blocks,
             reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
         )
+
+    def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, int]]:
+        """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
+        hashes = request.block_hashes
+        if self.params.tie_break == "hash" and (hashes or request.session_key):
+            key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
+            return lambda e: (-e.matched_blocks, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
+        return lambda e: (-e.matched_blocks, self._last_pick.get(e.url, -1))
+
+    def _url_seed(self, url: str) -> int:
+        seed = self._url_seeds.get(url)
+        if seed is None:
+            seed = self._url_seeds[url] = xxhash.xxh3_64_intdigest(url.encode())
+        return seed
 
     def _remember(self, request: RouteRequest, chosen: Estimate, signature: tuple[object, ...]) -> None:
         self._decisions += 1

@@ -10,7 +10,9 @@ Rule, per worker (``HealthTracker``, pure, time from the caller):
   (with probes off, the end of the cooldown does).
 * A worker takes requests when it is up and not ejected.
 
-``HealthChecker`` is the loop: every ``interval_s`` it probes every worker concurrently (0 = off).
+``HealthChecker`` is the loop: every ``interval_s`` it probes every worker concurrently (0 = off);
+``probe_soon(url)`` probes one worker at once (a worker that just joined takes no request before a
+probe passed — see ``registry.py``).
 """
 
 from __future__ import annotations
@@ -98,13 +100,26 @@ class HealthChecker:
         self._probe = probe
         self._report = report
         self._urls = urls
+        self._soon: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         if self.cfg.interval_s <= 0:
             return
-        while True:
-            await asyncio.sleep(self.cfg.interval_s)
-            await self.probe_all()
+        try:
+            while True:
+                await asyncio.sleep(self.cfg.interval_s)
+                await self.probe_all()
+        finally:
+            for task in self._soon:
+                task.cancel()
+
+    def probe_soon(self, url: str) -> None:
+        """Probe ``url`` now, not at the next round (no-op with probes off)."""
+        if self.cfg.interval_s <= 0:
+            return
+        task = asyncio.get_running_loop().create_task(self._check(url))
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self._check(url) for url in self._urls()))

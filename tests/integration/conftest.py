@@ -36,6 +36,9 @@ class Harness:
         settings: dict[str, Any] = {
             "workers.static": list(urls), "server.port": 0, "server.admin_port": 0,
             "server.drain_grace_s": 2.0, "health.interval_s": 0.05, "scrape.interval_s": 0.05,
+            # These tests spread identical prompts over workers; the default (ttft) would keep
+            # them together. Tests of a policy name it.
+            "routing.policy": "round_robin",
         }
         settings.update({k.replace("__", "."): v for k, v in overrides.items()})
         app = App(load(env={}, overrides=settings), registry=CollectorRegistry())

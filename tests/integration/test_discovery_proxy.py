@@ -32,6 +32,12 @@ async def worker_urls(client: aiohttp.ClientSession, app: App) -> set[str]:
     return {w["url"] for w in (body["workers"] if isinstance(body, dict) else body)}
 
 
+async def healthy_urls(client: aiohttp.ClientSession, app: App) -> set[str]:
+    async with client.get(f"{admin(app)}/workers") as r:
+        body = await r.json()
+    return {w["url"] for w in (body["workers"] if isinstance(body, dict) else body) if w.get("healthy")}
+
+
 async def metrics_text(client: aiohttp.ClientSession, app: App) -> str:
     async with client.get(f"{admin(app)}/metrics") as r:
         return await r.text()
@@ -78,7 +84,7 @@ async def test_kubernetes_discovery_drives_membership_routing_and_metric_label_s
         await api.delete("endpointslices", NS, "sglang-b")
 
         async def only_w2() -> bool:
-            return await worker_urls(client, app) == {w2}
+            return await worker_urls(client, app) == {w2} and await healthy_urls(client, app) == {w2}
         await eventually(only_w2, what="the removed workers to leave")
         for i in range(4):
             assert await generate(client, app, f"after {i}") == 200
@@ -105,7 +111,8 @@ async def test_dns_srv_discovery_follows_the_records_as_they_change(
         zone.srv[SRV_NAME] = [(0, 0, port_of(w1), "sglang-1.test")]
 
         async def swapped() -> bool:
-            return await worker_urls(client, app) == {w1}
+            # A newly discovered worker takes traffic once its first health probe passes.
+            return await worker_urls(client, app) == {w1} and await healthy_urls(client, app) == {w1}
         await eventually(swapped, what="the SRV change to reach the proxy")
         assert await generate(client, app, "again") == 200
         assert f'worker="{w0}"' not in await metrics_text(client, app)

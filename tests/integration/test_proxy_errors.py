@@ -82,7 +82,7 @@ async def test_worker_dying_mid_stream_ends_with_an_error_event_and_done(
 
 async def test_upstream_timeout_is_504(harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_hang_before_first_token=True)])
-    app = await harness.proxy(fleet.urls, **{"upstream.first_byte_timeout_s": 0.3})
+    app = await harness.proxy(fleet.urls, **{"upstream.first_byte_timeout_s": 0.3, "health.interval_s": 0})
     body = {"model": "", "prompt": PROMPT, "stream": True, "max_tokens": 4}
     async with client.post(base(app) + "/v1/completions", json=body) as r:
         assert r.status == 504

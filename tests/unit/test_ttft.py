@@ -195,3 +195,19 @@ def test_one_healthy_worker_is_the_only_choice_and_none_raises() -> None:
 def test_bad_params_name_their_field(field, value) -> None:
     with pytest.raises(ConfigError, match=f"routing.params.{field}"):
         TtftParams(**{field: value}).validate()
+
+
+def test_with_hash_tie_breaks_independent_proxies_place_a_new_prefix_alike() -> None:
+    params = TtftParams(tie_break="hash")
+    a, b = TtftCost(params), TtftCost(params)
+    a.select(prompt(50, 10), fleet())  # a has routed something else before: its recency differs
+    for tag in range(20):
+        r = prompt(tag, 40)
+        assert a.select(r, fleet()).worker == b.select(r, fleet()).worker
+
+
+def test_with_recent_tie_breaks_one_proxy_alternates_exactly() -> None:
+    policy = TtftCost(TtftParams(tie_break="recent"))
+    picks = [policy.select(prompt(tag, 40), fleet()).worker for tag in range(4)]
+    # Each pick leaves one more unseen request behind, so ties break toward the idle workers.
+    assert sorted(picks) == URLS

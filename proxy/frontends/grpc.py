@@ -86,7 +86,7 @@ def _address(host: str, port: int) -> str:
 
 @dataclasses.dataclass(slots=True)
 class _Outcome:
-    """What a generation call ends with, decided inside the exchange and acted on after it closed."""
+    """What a generation call ends with: the unary text and final, or the error to end the call with."""
 
     error: RadixgateError | None = None
     text_parts: list[str] = dataclasses.field(default_factory=list)

@@ -102,7 +102,8 @@ async def test_sigterm_under_load_cuts_no_stream(harness: Harness, tmp_path: Pat
     assert tally.cut == []
     assert tally.in_flight_at_sigterm >= 8 and tally.complete >= 12 + tally.in_flight_at_sigterm - 1
     assert tally.refused >= 1  # requests that came during the drain were refused, not lost
-    assert ready_seen and set(ready_seen) == {503}  # not ready from the signal on
+    # Not ready from the moment the signal is handled (a probe may still beat the signal).
+    assert 503 in ready_seen and 200 not in ready_seen[ready_seen.index(503):]
     assert exited_after < 20.0  # done when the streams were, well inside the grace period
 
 

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stream-interval", type=int, default=16, help="http mode: tokens per streamed chunk")
     ap.add_argument("--slo-ttft", type=float, default=0.5, help="TTFT SLO in simulated seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="", help="comma-separated seeds: mean table over them (workload + arrivals)")
+    ap.add_argument("--each-seed", action="store_true", help="with --seeds, also print every seed's table")
     args = ap.parse_args(argv)
     kwargs: dict[str, Any] = {"seed": args.seed, "scale": args.scale, **json.loads(args.workload_args)}
     specs = WORKLOADS[args.workload](**kwargs)
@@ -110,19 +113,44 @@ def main(argv: list[str] | None = None) -> None:
         specs = specs[: args.requests]
     sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
     kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
-    available = available_ratio(specs, kv * args.workers)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     for rate in (float(r) for r in args.rates.split(",")):
-        arrivals = poisson_times(rate, len(specs), random.Random(args.seed))
-        if args.mode == "http":
-            rows = asyncio.run(run_http_rate(args, specs, arrivals))
-        else:
-            rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
-            if args.replicas > 1:
-                rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
-        print_table(f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
-                    f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "
-                    f"({args.profile}), {args.mode} mode, TTFT SLO {args.slo_ttft:g} s", rows, available,
-                    box_load=args.mode == "http")
+        runs: list[list[dict[str, Any]]] = []
+        availables: list[float] = []
+        for seed in seeds:
+            args.seed = seed
+            specs = WORKLOADS[args.workload](**{**kwargs, "seed": seed})[: args.requests or None]
+            arrivals = poisson_times(rate, len(specs), random.Random(seed))
+            availables.append(available_ratio(specs, kv * args.workers))
+            available = availables[-1]
+            if args.mode == "http":
+                rows = asyncio.run(run_http_rate(args, specs, arrivals))
+            else:
+                rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
+                if args.replicas > 1:
+                    rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
+            runs.append(rows)
+            title = (f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
+                     f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "
+                     f"({args.profile}), {args.mode} mode, TTFT SLO {args.slo_ttft:g} s")
+            if len(seeds) == 1 or args.each_seed:
+                print_table(f"{title}, seed {seed}", rows, available, box_load=args.mode == "http")
+        if len(seeds) > 1:
+            print_table(f"{title}, mean over seeds {args.seeds}", mean_rows(runs), statistics.fmean(availables),
+                        box_load=args.mode == "http")
+
+
+def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Field-wise mean of the same router's row over several runs."""
+    out = []
+    for i, first in enumerate(runs[0]):
+        row: dict[str, Any] = dict(first)
+        for key, value in first.items():
+            if isinstance(value, float) or (isinstance(value, int) and key != "sent"):
+                row[key] = statistics.fmean(r[i][key] for r in runs)
+        row["ok"] = round(row["ok"])
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

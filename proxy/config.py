@@ -64,6 +64,9 @@ class HealthConfig:
     # An ejected worker stays out at least this long; then one passing probe (or, with probes off,
     # the end of the cooldown) re-admits it.
     eject_cooldown_s: float = 5.0
+    # Passive ejection takes out at most this fraction of the workers at once (always at least one):
+    # requests that make every worker fail (a poison input) must not empty the fleet. Probes are not capped.
+    max_ejected_fraction: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -384,6 +387,7 @@ def validate(cfg: Config) -> None:
         (cfg.admission.unknown_worker_limit >= 1, "admission.unknown_worker_limit: must be >= 1"),
         (cfg.health.eject_after_failures >= 1, "health.eject_after_failures: must be >= 1"),
         (cfg.health.eject_cooldown_s >= 0, "health.eject_cooldown_s: must be >= 0"),
+        (0 < cfg.health.max_ejected_fraction <= 1, "health.max_ejected_fraction: must be in (0, 1]"),
         (cfg.limits.max_body_bytes > 0, "limits.max_body_bytes: must be > 0"),
         (cfg.limits.max_header_bytes >= 256, "limits.max_header_bytes: must be >= 256"),
         (cfg.limits.max_headers >= 8, "limits.max_headers: must be >= 8"),

@@ -6,9 +6,9 @@ one token; a request that finds less than one is refused (429, ``Retry-After`` =
 next token). So a client may send ``burst`` requests at once and ``rate`` per second sustained.
 At most ``max_clients`` buckets are kept; the least recently seen client is forgotten first and
 comes back with a full bucket — the state its bucket would have reached anyway after ``burst /
-rate`` idle seconds. O(1) per request. A client is its API key when it presents one (hashed, so the
-table holds no secrets), else its peer address; ``X-Forwarded-For`` is not trusted (any client can
-write it).
+rate`` idle seconds. O(1) per request. A client is its API key when keys are checked (hashed, so
+the table holds no secrets), else its peer address; an unchecked key or ``X-Forwarded-For`` names
+nobody (any client can write either, and would get a fresh bucket each time).
 
 Connections (``ConnectionGate``, ``serve_gated``). At most ``max_connections`` client connections
 are open on the public port at once; one more is answered ``503`` with ``Connection: close`` and

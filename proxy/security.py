@@ -144,8 +144,14 @@ def guard_http_app(app: web.Application, *, keys: ApiKeys, limiter: RateLimiter 
 
         app.middlewares.append(authenticate)
     if limiter is not None:
+        # A key names the client only when keys are checked: else any caller could mint fresh buckets.
         app.middlewares.append(rate_limit_middleware(
-            limiter, clock, paths=frozenset(GENERATION_PATHS), credential=_http_key, refuse=refuse))
+            limiter, clock, paths=frozenset(GENERATION_PATHS), credential=_http_key if keys else _no_key,
+            refuse=refuse))
+
+
+def _no_key(request: web.Request) -> None:
+    return None
 
 
 # -- gRPC ------------------------------------------------------------------------------------------
@@ -179,6 +185,7 @@ class GrpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                  frontend: str = "grpc") -> None:
         self._keys, self._limiter, self._clock, self._reject = keys, limiter, clock, reject
         self._frontend = frontend
+        self._wrapped: dict[str, Any] = {}  # method → its guarded handler (built once)
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -193,12 +200,14 @@ class GrpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 self._reject(self._frontend, Dialect.SGLANG.value, err, self._clock.now())
             return _refusing(handler, err)
         if generation and not handler.request_streaming:
-            return self._guarded(handler, details)
+            guarded = self._wrapped.get(method)
+            if guarded is None:
+                guarded = self._wrapped[method] = self._guarded(handler)
+            return guarded
         return handler
 
-    def _guarded(self, handler: Any, details: grpc.HandlerCallDetails) -> Any:
+    def _guarded(self, handler: Any) -> Any:
         parse = handler.request_deserializer
-        key = _metadata_key(details.invocation_metadata)
 
         def lenient(data: bytes) -> Any:
             try:
@@ -211,6 +220,7 @@ class GrpcGuard(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             if isinstance(request, _Malformed):
                 err = BadRequest(f"malformed request message ({request.reason})")
             elif self._limiter is not None:
+                key = _metadata_key(context.invocation_metadata()) if self._keys else None  # checked keys only
                 wait = self._limiter.check(client_identity(key, _peer_host(context.peer())), self._clock.now())
                 if wait > 0:
                     err = RateLimited(f"rate limit: at most {self._limiter.rate:g} requests/s per client; "

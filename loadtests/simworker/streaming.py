@@ -146,12 +146,13 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
             await response.write(sse(stream_error(req.finish_reason["message"], req.finish_reason["status_code"])))
             break
         n = len(req.output_ids)
+        finished = req.finished  # as of this chunk: the request may finish while the write below waits
         due = n > sent_tokens and (sent_tokens == 0 or n - sent_tokens >= cfg.stream_interval)
-        if not (due or req.finished):
+        if not (due or finished):
             continue
         text = req.output_text
         if dialect == "generate":
-            meta = protocol.meta_info(req, final=req.finished, metrics=cfg.enable_metrics,
+            meta = protocol.meta_info(req, final=finished, metrics=cfg.enable_metrics,
                                       wall_offset=worker.wall_offset)
             if cfg.incremental_streaming_output:
                 payload = protocol.generate_payload(req, text[sent_text:], req.output_ids[sent_tokens:n], meta)
@@ -163,7 +164,7 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
         first = False
         await response.write(sse(payload))
         sent_tokens, sent_text = n, len(text)
-        if req.finished:
+        if finished:
             break
     if include_usage and not _server_abort(req):
         await response.write(sse(protocol.openai_usage_chunk(req, cfg.served_model_name, dialect == "chat",

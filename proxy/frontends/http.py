@@ -13,9 +13,11 @@ Errors answer in the caller's dialect (``errors.to_body``), with ``Retry-After``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.config import Config
 from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, to_body
+from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline
 from proxy.request import Dialect, GenerateRequest
 
@@ -53,6 +56,25 @@ def _first(value: Any) -> Any:
     return value
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 everywhere (SGLang, radixgate.v1)
+
+
+def _valid_unicode(payload: Any) -> bool:
+    """False when a string in ``payload`` holds a lone surrogate (a worker would fail encoding it)."""
+    try:
+        json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_token_ids(field: str, value: Any) -> None:
+    for ids in value if value and isinstance(value[0], list) else [value]:
+        if not all(type(i) is int and 0 <= i <= MAX_TOKEN_ID for i in ids):
+            raise BadRequest(f"{field}: token ids must be integers in [0, {MAX_TOKEN_ID}]")
+
+
 def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> GenerateRequest:
     """The caller's bytes → a ``GenerateRequest``; ``BadRequest`` / ``PayloadTooLarge`` name the field."""
     try:
@@ -68,6 +90,14 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if not isinstance(stream, bool):
         raise BadRequest("stream: must be true or false")
     rid = payload.get("rid")
+    if rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(r, str) for r in rid))):
+        raise BadRequest("rid: must be a string (a list of strings for a batch)")
+    params = payload.get("sampling_params")
+    if params is not None and not (isinstance(params, dict)
+                                   or (isinstance(params, list) and params and all(isinstance(p, dict) for p in params))):
+        raise BadRequest("sampling_params: must be an object (a list of objects for a batch)")
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
+        raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
     text: str | None = None
     ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
@@ -75,6 +105,13 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         msgs = payload.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
             raise BadRequest("messages: required, a non-empty list of message objects")
+        for i, m in enumerate(msgs):
+            role, content = m.get("role"), m.get("content")
+            if not isinstance(role, str) or not role:
+                raise BadRequest(f"messages[{i}].role: must be a non-empty string")
+            if content is not None and not (isinstance(content, str) or (
+                    isinstance(content, list) and all(isinstance(part, dict) for part in content))):
+                raise BadRequest(f"messages[{i}].content: must be a string or a list of content parts")
         messages, size = msgs, len(raw)
     else:
         names = ("text", "input_ids") if dialect is Dialect.SGLANG else ("prompt",)
@@ -92,6 +129,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
             text = head
         elif isinstance(head, list) and all(isinstance(i, int) for i in head):
             ids = head
+            _check_token_ids(given[0], value)
         elif given[0] != "input_embeds":
             raise BadRequest(f"{given[0]}: must be text or token ids")
     if size > cfg.limits.max_prompt_chars:
@@ -120,9 +158,12 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{cfg.limits.max_body_bytes}")
             try:
-                raw = await request.read()
+                async with asyncio.timeout(cfg.limits.body_timeout_s):
+                    raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise PayloadTooLarge(f"body: over the limit of {cfg.limits.max_body_bytes} bytes") from None
+            except TimeoutError:
+                raise RequestTimeout(f"body: not received within {cfg.limits.body_timeout_s:g} s") from None
             req = parse_request(dialect, raw, request.headers, cfg)
         except RadixgateError as e:
             pipeline.reject(FRONTEND, dialect.value, e, received)
@@ -140,6 +181,10 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
                 return resp
         except RadixgateError as e:
             return error_response(e, dialect)
+        except ConnectionResetError:
+            if resp is None:
+                raise
+            return resp  # the client left mid-stream (recorded as a disconnect): nothing to log
         except Exception:
             if resp is not None:
                 raise  # mid-stream: aiohttp closes the connection

@@ -7,15 +7,17 @@ Rule:
   * Fed by routing decisions: ``record`` touches every block of the routed prompt, tail first and
     head last, so the head is the most recent and eviction takes tails first — as SGLang's radix
     cache evicts leaves first. The set of blocks held therefore stays prefix-closed, and
-    ``match`` finds the longest held prefix by binary search. Every touch stamps the block with
-    the index's touch counter, so an entry knows when it was last used.
+    ``match`` finds the longest held prefix by binary search. A block is stamped with the index's
+    touch counter when it is inserted and whenever a finished request confirms it (restamping on
+    every routing decision would cost the decision path a Python loop per block).
   * Each block is *predicted* when a decision put it there and *confirmed* once a request that
     contains it finished on that worker (the worker prefilled it, so it held it).
   * Corrected by what workers report. A request whose reported ``cached_tokens`` fall short of
     the confirmed blocks it matched shows that the worker had evicted block k (the first one
     not reported) while we still listed it. The worker evicts least recently used first, so
     everything we last touched before block k (as stamped when the request was routed) is gone
-    there too: those entries are evicted here, oldest first. The blocks of the finished request
+    there too: those entries are evicted here, oldest first (by stamp, which can only be older
+    than the true last use, so the correction errs on keeping). The blocks of the finished request
     itself stay, confirmed: the worker has just prefilled them. Only confirmed blocks count as
     evidence, so a burst of requests sharing a prefix still being prefilled is not mistaken for
     an eviction. This keeps the index in step with a worker whose cache turns over faster than
@@ -30,7 +32,7 @@ Complexity: ``match`` O(log blocks) dict lookups; ``record`` O(blocks of the pro
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -109,16 +111,22 @@ class WorkerIndex:
             # Oldest first: the tail's last block, ..., its first; then the held head, block 0 last.
             blocks.update(zip(reversed(tail), [stamp | (size << 1) | flag for size in reversed(sizes)], strict=True))
             self.tokens += sum(sizes)
-        pop = blocks.pop
-        for i in range(len(head) - 1, -1, -1):
-            h = head[i]
-            entry = pop(h, None)
-            if entry is None:
-                size = block_sizes(block_tokens, i + 1)[i]
-                self.tokens += size
-                blocks[h] = stamp | (size << 1) | flag
-            else:
-                blocks[h] = stamp | (entry & _LOW) | flag
+        if confirmed or not tail:
+            # Off the decision path (or a prompt with holes): restamp and confirm one by one.
+            pop = blocks.pop
+            for i in range(len(head) - 1, -1, -1):
+                h = head[i]
+                entry = pop(h, None)
+                if entry is None:
+                    size = block_sizes(block_tokens, i + 1)[i]
+                    self.tokens += size
+                    blocks[h] = stamp | (size << 1) | flag
+                else:
+                    blocks[h] = stamp | (entry & _LOW) | flag
+        else:
+            # On the decision path: only move the held head to the recent end (C-level loop); its
+            # stamps keep the last confirmation, an older time, so a correction errs on keeping.
+            deque(map(blocks.move_to_end, reversed(head)), maxlen=0)
         if self.tokens > self.capacity:
             self._evict()
 

@@ -17,8 +17,8 @@ holder to an idle worker and pay that prefix twice. With it, reuse wins unless t
 and decode batch cost more than recomputing the prefix elsewhere (``work_weight`` 0 = greedy).
 Pick the smallest score among workers that are not saturated; scores within
 ``max(tie_abs_s, tie_rel x best)`` of the best count as tied, and among those the longest prefix
-match wins (affinity), then the least recently picked worker (so unique prompts spread evenly
-even at concurrency 1, never "first in the list"). Saturated: stale snapshot, ``token_usage >=
+match wins (affinity), then the worker with the fewest recent picks, then the least recently
+picked (so unique prompts spread evenly even at concurrency 1, never "first in the list"). Saturated: stale snapshot, ``token_usage >=
 token_usage_limit``, every running slot taken with a queue behind it, or our own
 ``in_flight >= max_in_flight`` (0 = off; admission normally bounds it). If every worker is
 saturated the smallest score among all wins.
@@ -76,7 +76,7 @@ class TtftParams:
     tie_abs_s: float = 0.005
     # Among tied workers with equal matches: "hash" = rendezvous hash of the prompt's first
     # ``key_blocks`` blocks (independent proxies agree where a new prefix goes), "recent" = the
-    # least recently picked (the most even spread of unique prompts from one proxy).
+    # fewest recent picks, then the least recently picked (the most even spread from one proxy).
     tie_break: str = "recent"
     key_blocks: int = 16
     token_usage_limit: float = 0.95
@@ -108,6 +108,11 @@ class TtftParams:
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"routing.params.{name}: out of range ({getattr(self, name)!r})")
+
+
+# Recent picks decay by this per decision (a window of ~64 decisions).
+RECENT_WINDOW = 64
+_RECENT_DECAY = 1.0 - 1.0 / RECENT_WINDOW
 
 
 class _InFlight(NamedTuple):
@@ -158,6 +163,8 @@ class TtftCost:
         # url -> {id(request): _InFlight}, in dispatch order.
         self._in_flight: dict[str, dict[int, _InFlight]] = {}
         self._last_pick: dict[str, int] = {}
+        # url -> (decayed count of recent picks, decision number it was last updated at)
+        self._recent: dict[str, tuple[float, int]] = {}
         self._url_seeds: dict[str, int] = {}
         self._decisions = 0
 
@@ -242,13 +249,18 @@ class TtftCost:
             reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
         )
 
-    def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, int]]:
+    def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
         """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
         hashes = request.block_hashes
         if self.params.tie_break == "hash" and (hashes or request.session_key):
             key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
-            return lambda e: (-e.matched_blocks, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
-        return lambda e: (-e.matched_blocks, self._last_pick.get(e.url, -1))
+            return lambda e: (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
+        return lambda e: (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
+
+    def recent_picks(self, url: str) -> float:
+        """Picks of ``url`` over roughly the last ``RECENT_WINDOW`` decisions (exponential decay)."""
+        count, at = self._recent.get(url, (0.0, self._decisions))
+        return count * _RECENT_DECAY ** (self._decisions - at)
 
     def _url_seed(self, url: str) -> int:
         seed = self._url_seeds.get(url)
@@ -257,6 +269,7 @@ class TtftCost:
         return seed
 
     def _remember(self, request: RouteRequest, chosen: Estimate, signature: tuple[object, ...]) -> None:
+        self._recent[chosen.url] = (self.recent_picks(chosen.url) + 1.0, self._decisions + 1)
         self._decisions += 1
         self._last_pick[chosen.url] = self._decisions
         confirmed = self.index.confirmed(chosen.url, request.block_hashes, chosen.matched_blocks)
@@ -304,7 +317,7 @@ class TtftCost:
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._last_pick):
+        for table in (self._in_flight, self._last_pick, self._recent):
             for url in [u for u in table if u not in present]:
                 del table[url]
         for url in [u for u in self.model.known() if u not in present]:

@@ -7,7 +7,9 @@ Rule, per worker (``HealthTracker``, pure, time from the caller):
 * Passive: ``eject_after_failures`` failed requests in a row (connect error or 5xx other than 503 —
   a 503 "queue full" is back-pressure, not sickness) eject the worker; any success resets the count.
   An ejected worker stays out at least ``eject_cooldown_s``; then the next passing probe re-admits it
-  (with probes off, the end of the cooldown does).
+  (with probes off, the end of the cooldown does). The registry caps passive ejection at
+  ``max_ejected_fraction`` of the workers (at least one), so requests that fail everywhere — a
+  poison input — cannot empty the fleet; active probes are not capped.
 * A worker takes requests when it is up and not ejected.
 
 ``HealthChecker`` is the loop: every ``interval_s`` it probes every worker concurrently (0 = off);
@@ -79,13 +81,14 @@ class HealthTracker:
             return Change.DOWN
         return None
 
-    def on_request(self, ok: bool, now: float) -> Change | None:
-        """A request to the worker finished: ``ok`` False for connect errors and non-503 5xx."""
+    def on_request(self, ok: bool, now: float, *, may_eject: bool = True) -> Change | None:
+        """A request to the worker finished: ``ok`` False for connect errors and non-503 5xx.
+        ``may_eject`` False: count the failure but stay in (the fleet's ejection cap is reached)."""
         if ok:
             self._request_fail_run = 0
             return None
         self._request_fail_run += 1
-        if self._ejected_at is None and self._request_fail_run >= self._cfg.eject_after_failures:
+        if may_eject and self._ejected_at is None and self._request_fail_run >= self._cfg.eject_after_failures:
             self._ejected_at = now
             return Change.EJECTED
         return None

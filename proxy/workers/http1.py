@@ -240,7 +240,11 @@ class Http1Connection(asyncio.Protocol):
         self._reset()
         self._last = self._loop.time()
         self._arm()
-        self.transport.write(data)
+        try:
+            self.transport.write(data)
+        except RuntimeError as e:  # uvloop: the worker closed it and the close is not delivered yet
+            self.closed = True
+            raise UpstreamClosed(f"the connection closed before the request was sent ({e})") from None
 
     async def _wait(self) -> None:
         if self._exc is not None:
@@ -335,7 +339,8 @@ class Http1Pool:
         now = loop.time()
         while self._idle:
             conn, since = self._idle.pop()
-            if not conn.closed and now - since < self._keepalive:
+            if not conn.closed and now - since < self._keepalive and not (
+                    conn.transport is not None and conn.transport.is_closing()):
                 return conn
             conn.close()
         _, proto = await asyncio.wait_for(

@@ -132,9 +132,14 @@ class WorkerRegistry:
         w = self._workers.get(url)
         if w is None:
             return None
-        change = w.tracker.on_request(ok, self._clock.now())
+        change = w.tracker.on_request(ok, self._clock.now(), may_eject=ok or self._ejection_room())
         self._after(w, change)
         return change
+
+    def _ejection_room(self) -> bool:
+        """Whether one more passive ejection stays within ``health.max_ejected_fraction`` (at least one)."""
+        ejected = sum(1 for w in self._workers.values() if w.tracker.ejected)
+        return ejected < max(1, int(len(self._workers) * self._health_cfg.max_ejected_fraction))
 
     def report_scrape(self, url: str, state: EngineState | None, models: tuple[str, ...] | None) -> None:
         w = self._workers.get(url)

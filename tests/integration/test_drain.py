@@ -29,6 +29,7 @@ class Tally:
     cut: list[str] = field(default_factory=list)
     in_flight_at_sigterm: int = 0
     running: int = 0
+    established: asyncio.Event = field(default_factory=asyncio.Event)  # 12 streams completed
 
 
 def config(urls: list[str], grace_s: float) -> dict[str, object]:
@@ -56,6 +57,8 @@ async def one(session: aiohttp.ClientSession, proxy: ProxyProcess, tally: Tally,
         return False
     if r.ok and r.tokens[-1]["meta_info"]["completion_tokens"] == tokens:
         tally.complete += 1
+        if tally.complete >= 12:
+            tally.established.set()
         return True
     tally.cut.append(f"status={r.status} done={r.done} error={r.error} clean={r.clean_close} events={len(r.events)}")
     return False
@@ -78,8 +81,7 @@ async def test_sigterm_under_load_cuts_no_stream(harness: Harness, tmp_path: Pat
                     return
 
         clients = [asyncio.ensure_future(client()) for _ in range(12)]
-        while tally.complete < 12:  # load established: streams finishing and starting all the time
-            await asyncio.sleep(0.02)
+        await asyncio.wait_for(tally.established.wait(), 30)  # load established: streams come and go
         tally.in_flight_at_sigterm = tally.running
         loop = asyncio.get_running_loop()
         sigterm_at = loop.time()
@@ -98,6 +100,8 @@ async def test_sigterm_under_load_cuts_no_stream(harness: Harness, tmp_path: Pat
         exited_after = loop.time() - sigterm_at
         await asyncio.wait_for(asyncio.gather(*clients), 30)
         await watcher
+    print(f"\ndrain under load: {tally.in_flight_at_sigterm} streams in flight at SIGTERM, {tally.complete} complete, "
+          f"{tally.refused} refused during the drain, {len(tally.cut)} cut; exit {code} after {exited_after:.2f} s")
     assert code == 0
     assert tally.cut == []
     assert tally.in_flight_at_sigterm >= 8 and tally.complete >= 12 + tally.in_flight_at_sigterm - 1

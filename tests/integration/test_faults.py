@@ -188,16 +188,15 @@ async def test_with_every_worker_down_requests_get_a_fast_503_with_retry_after_t
             assert r.status == 503, answer
             assert int(r.headers["Retry-After"]) >= 1 and answer["error"]["message"]
         assert loop.time() - started < 0.5
-    async with client.get(base(app) + "/ready") as r:
-        assert r.status == 503
+
+    async def ready_is(status: int) -> bool:
+        async with client.get(base(app) + "/ready") as r:
+            return r.status == status
+
+    await eventually(lambda: ready_is(503), what="not ready once the probes saw every worker down")
     for w in fleet.workers:
         await w.start()
-
-    async def ready() -> bool:
-        async with client.get(base(app) + "/ready") as r:
-            return r.status == 200
-
-    await eventually(ready, what="readiness after the workers came back")
+    await eventually(lambda: ready_is(200), what="readiness after the workers came back")
     assert all([(await stream(client, base(app) + "/generate", body(2))).ok for _ in range(4)])
     assert balanced(await scrape(client, admin(app)))
 
@@ -316,3 +315,20 @@ async def test_a_client_leaving_while_a_worker_trickles_a_non_streamed_answer_fr
         await eventually(counted, what="the departed client counted as a disconnect")
     finally:
         await runner.cleanup()
+
+
+async def test_requests_that_fail_on_every_worker_cannot_eject_the_whole_fleet(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """A poison input makes every worker answer 500: passive ejection stops at half the fleet."""
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, fault_error_rate=1.0) for _ in range(3)])
+    app = await start_proxy(harness, fleet.urls, **{"health.eject_after_failures": 1, "health.eject_cooldown_s": 60,
+                                                    "health.max_ejected_fraction": 0.5})
+    for _ in range(6):
+        r = await stream(client, base(app) + "/generate", body(2, streamed=False))
+        assert r.status in (502, 503)
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_worker_ejections_total") == 1  # int(3 * 0.5) = 1
+    assert total(m, "radixgate_worker_healthy") == 2
+    for w in fleet.workers:
+        w.set_faults(error_rate=0.0)
+    assert all([(await stream(client, base(app) + "/generate", body(2))).ok for _ in range(4)])  # no 503 window

@@ -102,16 +102,16 @@ class WorkerIndex:
         stamp = self._touches << _TOUCH_SHIFT
         flag = _CONFIRMED if confirmed else 0
         tail = hashes[held:]
-        if any(map(blocks.__contains__, tail)):  # holes (a hash collision): go one by one
+        holes = any(map(blocks.__contains__, tail))
+        if holes:  # blocks held beyond a missing one (a hash collision): go one by one
             head: Sequence[int] = hashes
-            tail = ()
         else:
             head = hashes[:held]
             sizes = block_sizes(block_tokens, len(hashes))[held:]
             # Oldest first: the tail's last block, ..., its first; then the held head, block 0 last.
             blocks.update(zip(reversed(tail), [stamp | (size << 1) | flag for size in reversed(sizes)], strict=True))
             self.tokens += sum(sizes)
-        if confirmed or not tail:
+        if confirmed or holes:
             # Off the decision path (or a prompt with holes): restamp and confirm one by one.
             pop = blocks.pop
             for i in range(len(head) - 1, -1, -1):

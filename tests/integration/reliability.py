@@ -52,6 +52,7 @@ class StreamResult:
     done: bool = False  # ended with data: [DONE]
     clean_close: bool = True  # the body ended without a transport error
     elapsed_s: float = 0.0
+    finished_at: float = 0.0  # event-loop time when the body ended
 
     @property
     def tokens(self) -> list[dict[str, Any]]:
@@ -78,7 +79,8 @@ async def stream(client: aiohttp.ClientSession, url: str, body: Mapping[str, Any
         if r.status != 200:
             with contextlib.suppress(aiohttp.ClientError, ValueError):
                 result.error = (await r.json(content_type=None)).get("error")
-            result.elapsed_s = loop.time() - started
+            result.finished_at = loop.time()
+            result.elapsed_s = result.finished_at - started
             return result
         try:
             raw = (await r.read()).decode()
@@ -94,7 +96,8 @@ async def stream(client: aiohttp.ClientSession, url: str, body: Mapping[str, Any
             result.done = True
         elif data.startswith('{"error"'):
             result.error = json.loads(data)["error"]
-    result.elapsed_s = loop.time() - started
+    result.finished_at = loop.time()
+    result.elapsed_s = result.finished_at - started
     return result
 
 

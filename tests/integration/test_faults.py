@@ -44,26 +44,24 @@ def balanced(m: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> bool:
 
 async def test_a_worker_killed_mid_stream_ends_its_streams_with_an_error_spares_the_others_and_comes_back(
         harness: Harness, client: aiohttp.ClientSession) -> None:
-    fleet = await harness.fleet([SimConfig(time_scale=2.0), SimConfig(time_scale=2.0)])
-    victim, survivor = fleet.urls
+    # The victim dies (every connection dropped, port closed) once it generated 80 tokens in all:
+    # mid-way through the two streams round robin gives it.
+    fleet = await harness.fleet([SimConfig(time_scale=2.0, fault_die_after_tokens=80), SimConfig(time_scale=2.0)])
+    victim = fleet.urls[0]
     app = await start_proxy(harness, fleet.urls, **{"health.eject_after_failures": 2, "health.eject_cooldown_s": 0.5})
-    loop = asyncio.get_running_loop()
-    streams = [asyncio.ensure_future(stream(client, base(app) + "/generate", body(400))) for _ in range(4)]
-    await eventually(lambda: _both_running(client, victim, survivor, 2), what="two streams on each worker")
-    killed_at = loop.time()
-    fleet.workers[0].set_faults(die_after_tokens=1)  # the next token kills it: every connection drops
-    results: list[StreamResult] = await asyncio.gather(*streams)
+    results: list[StreamResult] = await asyncio.gather(
+        *(stream(client, base(app) + "/generate", body(400)) for _ in range(4)))
     broken = [r for r in results if not r.ok]
     whole = [r for r in results if r.ok]
     assert len(broken) == 2 and len(whole) == 2
     for r in broken:  # an explicit error, then [DONE], on a clean close, promptly
         assert r.status == 200 and r.explicit_error and r.error is not None
         assert r.error["code"] == 502 and r.error["message"]
-        assert r.events[-1] == "[DONE]" and r.tokens  # tokens came first, then the error
+        assert r.events[-1] == "[DONE]" and 1 <= len(r.tokens) < 60  # tokens came first, then the error
+        assert r.elapsed_s < 1.5 and r.finished_at < min(w.finished_at for w in whole)
     for r in whole:  # the other worker's streams never noticed
         final = r.tokens[-1]["meta_info"]
         assert final["completion_tokens"] == 400 and final["finish_reason"]["type"] == "length"
-    assert loop.time() - killed_at < 1.5  # the two whole streams finish about then too
     m = await scrape(client, admin(app))
     assert total(m, "radixgate_retries_total") == 0  # bytes had reached the clients: no retry
     assert total(m, "radixgate_upstream_failures_total", worker=victim, cause="stream_broken") == 2
@@ -78,10 +76,6 @@ async def test_a_worker_killed_mid_stream_ends_its_streams_with_an_error_spares_
     assert all(r.ok for r in after)
     m = await scrape(client, admin(app))
     assert total(m, "radixgate_e2e_seconds_count", worker=victim, outcome="ok") >= 1  # routed to again
-
-
-async def _both_running(client: aiohttp.ClientSession, a: str, b: str, n: int) -> bool:
-    return await running(client, a) == n and await running(client, b) == n
 
 
 async def test_a_worker_that_hangs_before_the_first_token_is_timed_out_and_the_request_retried_elsewhere(

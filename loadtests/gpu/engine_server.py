@@ -73,7 +73,7 @@ class Engine:
         cbc = ContinuousBatchingConfig(
             block_size=args.block_size, max_batch_tokens=args.max_batch_tokens,
             max_memory_percent=args.mem_fraction, max_requests_per_batch=args.max_running_requests,
-            allow_block_sharing=True, scheduler_type="fifo",
+            allow_block_sharing=True, scheduler_type="fifo", use_cuda_graph=args.cuda_graph or None,
         )
         self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         self.manager.start()
@@ -297,6 +297,8 @@ def main() -> None:
     p.add_argument("--max-batch-tokens", type=int, default=8192)
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--mem-fraction", type=float, default=0.35)
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="capture CUDA graphs (the engine's lever against host-side stalls)")
     p.add_argument("--kv-tokens-hint", type=int, default=400_000,
                    help="KV capacity reported to the proxy (the engine sizes its pool from memory)")
     asyncio.run(main_async(p.parse_args()))

@@ -2,6 +2,7 @@
 # On the GPU machine (device tool): two real continuous-batching engines on one H200 behind
 # radixgate, the demo's workload through the default policy and round robin, diagnosis with NVML.
 #   bash loadtests/gpu/run_real_engine.sh        (writes into $OUT)
+#   ENGINE_ARGS=--cuda-graph COMPARE= bash loadtests/gpu/run_real_engine.sh   (the lever the verdict named)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD
@@ -10,7 +11,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 declare -A pids
 for port in 31001 31002; do
-  python3 loadtests/gpu/engine_server.py --port $port --mem-fraction 0.3 > "$OUT/engine_$port.log" 2>&1 &
+  python3 loadtests/gpu/engine_server.py --port $port --mem-fraction 0.3 ${ENGINE_ARGS:-} > "$OUT/engine_$port.log" 2>&1 &
   pids[$port]=$!
   sleep 15  # stagger start-up: the second engine sizes its KV pool from what the first left free
 done
@@ -24,6 +25,6 @@ for port in 31001 31002; do
 done
 python3 -m proxy demo --worker http://127.0.0.1:31001 --worker http://127.0.0.1:31002 \
   --groups 8 --prompts-per-group 8 --system-tokens 4096 --question-tokens 128 --output-tokens 48 \
-  --rate "${RATE:-3}" --slo-ttft-s 1.0 --save-dir "$OUT" --policy ttft --compare round_robin cache_aware 2>&1 | tee "$OUT/demo.txt"
+  --rate "${RATE:-3}" --slo-ttft-s 1.0 --save-dir "$OUT" --policy ttft --compare ${COMPARE-round_robin cache_aware} 2>&1 | tee "$OUT/demo.txt"
 echo "demo exit: ${PIPESTATUS[0]}"
 tail -5 "$OUT/engine_31001.log"

@@ -227,8 +227,8 @@ async def sample_rss(deadline: float, every_s: float, out: list[float]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     tally = Tally()
-    configs = [SimConfig(time_scale=args.time_scale, seed=args.seed + i, max_running_requests=32)
-               for i in range(args.workers)]
+    configs = [SimConfig(time_scale=args.time_scale, seed=args.seed + i, max_running_requests=32,
+                         max_total_tokens=args.kv_tokens) for i in range(args.workers)]
     async with Fleet.subprocesses(configs) as fleet:
         app = App(load(env={}, overrides={
             "workers.static": fleet.urls, "server.port": 0, "server.admin_port": 0, "routing.policy": args.policy,
@@ -282,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-every-s", type=float, default=5.0)
     p.add_argument("--time-scale", type=float, default=20.0, help="simulated workers run this much faster")
     p.add_argument("--policy", default="round_robin")
+    p.add_argument("--kv-tokens", type=int, help="each worker's KV pool (default: its profile's); the proxy's "
+                   "routing-quality cache is sized to the fleet's KV and grows until it holds that much")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args(argv)

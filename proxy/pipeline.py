@@ -317,6 +317,12 @@ class Exchange:
             self._gen = self._relay()
         return self._gen
 
+    @property
+    def last_chunk(self) -> bool:
+        """Whether the chunk ``chunks()`` just yielded is the stream's last (``[DONE]`` or an error event),
+        so a frontend can send it together with the end of its response (one write, not two)."""
+        return self._acct.done or self._acct.error is not None or self.error is not None
+
     async def _relay(self) -> AsyncGenerator[bytes, None]:
         p, t, acct = self.p, self.timing, self._acct
         data, now = self._first, self._first_at

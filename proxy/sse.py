@@ -129,6 +129,27 @@ def iter_payloads(data: bytes) -> list[bytes]:
     return out
 
 
+def last_output_payload(data: bytes) -> bytes | None:
+    """The last ``data:`` payload of a run that is neither ``[DONE]`` nor an error, or None.
+
+    Scans events from the end: a zero-delay worker's whole answer can arrive as one run, and only
+    its last output event (``meta_info``) is wanted, so splitting every event would be wasted work.
+    """
+    end = len(data)
+    while end > 0:
+        start = data.rfind(b"\n\n", 0, end)
+        event = data[start + 2 if start >= 0 else 0:end]
+        end = max(start, 0)
+        if b"data:" not in event:
+            continue
+        for line in reversed(event.split(b"\n")):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload != DONE and not payload.startswith(b'{"error"'):
+                    return payload
+    return None
+
+
 def openai_has_output(obj: Mapping[str, Any]) -> bool:
     for c in obj.get("choices") or ():
         if not isinstance(c, Mapping):
@@ -194,9 +215,9 @@ class StreamAccountant:
 
     def final(self) -> FinalMeta:
         if self._last is not None:
-            outputs = [p for p in iter_payloads(self._last) if p != DONE and not p.startswith(b'{"error"')]
-            if outputs:
-                meta_from(self.dialect, json.loads(outputs[-1]), self.meta)
+            last = last_output_payload(self._last)
+            if last is not None:
+                meta_from(self.dialect, json.loads(last), self.meta)
             self._last = None
         if self.meta.completion_tokens is None and self.token_events:
             self.meta.completion_tokens = self.token_events  # OpenAI stream without usage: chunks

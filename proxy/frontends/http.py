@@ -158,8 +158,11 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{cfg.limits.max_body_bytes}")
             try:
-                async with asyncio.timeout(cfg.limits.body_timeout_s):
+                if request.content.is_eof():  # the whole body already arrived: no timer to arm
                     raw = await request.read()
+                else:
+                    async with asyncio.timeout(cfg.limits.body_timeout_s):
+                        raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise PayloadTooLarge(f"body: over the limit of {cfg.limits.max_body_bytes} bytes") from None
             except TimeoutError:
@@ -176,8 +179,11 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
                 resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
                 await resp.prepare(request)
                 async for chunk in ex.chunks():
-                    await resp.write(chunk)
-                await resp.write_eof()
+                    if ex.last_chunk:
+                        await resp.write_eof(chunk)  # the last event and the stream's end in one write
+                    else:
+                        await resp.write(chunk)
+                await resp.write_eof()  # no-op unless the stream ended without a last event
                 return resp
         except RadixgateError as e:
             return error_response(e, dialect)

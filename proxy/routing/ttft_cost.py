@@ -79,6 +79,14 @@ class TtftParams:
     # fewest recent picks, then the least recently picked (the most even spread from one proxy).
     tie_break: str = "recent"
     key_blocks: int = 16
+    # "rendezvous": a cold prompt (no worker holds more than ``cold_blocks`` of it) goes to the
+    # rendezvous-hash winner among tied workers whose count of recent cold placements is within
+    # ``cold_slack`` of the fewest; a warm one to the hash winner among the longest matches.
+    cold_blocks: int = 1
+    cold_slack: float = 1.0
+    # Multiplier on our own unseen work (other proxies send theirs too): 1 = we are the only
+    # proxy; 0 = estimate it as the fleet's scraped active requests over our own in flight.
+    unseen_scale: float = 1.0
     token_usage_limit: float = 0.95
     # Our own in-flight requests above which a worker counts as saturated; 0 = off.
     max_in_flight: int = 0
@@ -102,8 +110,11 @@ class TtftParams:
             "max_in_flight": self.max_in_flight >= 0,
             "default_capacity_tokens": self.default_capacity_tokens > 0,
             "max_tracked_per_worker": self.max_tracked_per_worker > 0,
-            "tie_break": self.tie_break in ("hash", "recent"),
+            "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
             "key_blocks": self.key_blocks >= 1,
+            "cold_blocks": self.cold_blocks >= 0,
+            "cold_slack": self.cold_slack >= 0,
+            "unseen_scale": self.unseen_scale == 0 or self.unseen_scale >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -113,6 +124,9 @@ class TtftParams:
 # Recent picks decay by this per decision (a window of ~64 decisions).
 RECENT_WINDOW = 64
 _RECENT_DECAY = 1.0 - 1.0 / RECENT_WINDOW
+# Cold placements decay by this per cold decision.
+COLD_WINDOW = 256
+_COLD_DECAY = 1.0 - 1.0 / COLD_WINDOW
 
 
 class _InFlight(NamedTuple):
@@ -167,6 +181,10 @@ class TtftCost:
         self._recent: dict[str, tuple[float, int]] = {}
         self._url_seeds: dict[str, int] = {}
         self._decisions = 0
+        # url -> (decayed count of cold placements, cold decision number it was last updated at)
+        self._cold: dict[str, tuple[float, int]] = {}
+        self._cold_decisions = 0
+        self._traffic_scale = 1.0
 
     # -- model inputs --------------------------------------------------------------------------
 
@@ -182,11 +200,25 @@ class TtftCost:
             if entry.signature != current:
                 break
             unseen += int(entry.features.uncached)
+        unseen = round(unseen * self.traffic_scale())
         if worker.waiting_uncached_tokens is not None:
             queued = worker.waiting_uncached_tokens
         else:
             queued = int((worker.queued or 0) * self._mean_uncached)
         return unseen, queued
+
+    def traffic_scale(self) -> float:
+        """How many times our own traffic the fleet receives (``unseen_scale``, or its estimate)."""
+        return self.params.unseen_scale or self._traffic_scale
+
+    def _observe_traffic(self, workers: Sequence[WorkerSnapshot]) -> None:
+        if self.params.unseen_scale:
+            return
+        active = sum((w.running or 0) + (w.queued or 0) for w in workers)
+        own = sum(len(t) for t in self._in_flight.values())
+        if own >= 4 and active:
+            ratio = min(max(active / own, 1.0), 16.0)
+            self._traffic_scale += 0.05 * (ratio - self._traffic_scale)
 
     def running(self, worker: WorkerSnapshot) -> int:
         return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
@@ -223,13 +255,17 @@ class TtftCost:
         if not candidates:
             raise NoWorkerAvailable("no healthy worker")
         self.index.sync(workers)
+        self._observe_traffic(candidates)
         estimates = [self.estimate(request, w) for w in candidates]
         pool = [e for e in estimates if not e.saturated] or estimates
         best = min(e.score for e in pool)
         margin = max(self.params.tie_abs_s, self.params.tie_rel * best)
         tied = [e for e in pool if e.score <= best + margin]
-        chosen = min(tied, key=self._tie_order(request))
         longest = max(e.matched_blocks for e in estimates)
+        cold = self.params.tie_break == "rendezvous" and longest <= self.params.cold_blocks
+        chosen = min(tied, key=self._cold_order(request, tied) if cold else self._tie_order(request))
+        if cold:
+            self._count_cold(chosen.url)
         if len(candidates) == 1:
             branch = "only"
         elif all(e.saturated for e in estimates):
@@ -252,10 +288,25 @@ class TtftCost:
     def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
         """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
         hashes = request.block_hashes
-        if self.params.tie_break == "hash" and (hashes or request.session_key):
+        if self.params.tie_break != "recent" and (hashes or request.session_key):
             key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
             return lambda e: (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
         return lambda e: (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
+
+    def _cold_order(self, request: RouteRequest, tied: Sequence[Estimate]) -> Callable[[Estimate], tuple[int, float, int]]:
+        """Rendezvous hash among the tied workers not ahead of the fewest cold placements by more than the slack."""
+        key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
+        counts = {e.url: self.cold_placements(e.url) for e in tied}
+        bound = min(counts.values()) + self.params.cold_slack
+        return lambda e: (int(counts[e.url] > bound), 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
+
+    def cold_placements(self, url: str) -> float:
+        count, at = self._cold.get(url, (0.0, self._cold_decisions))
+        return count * _COLD_DECAY ** (self._cold_decisions - at)
+
+    def _count_cold(self, url: str) -> None:
+        self._cold[url] = (self.cold_placements(url) + 1.0, self._cold_decisions + 1)
+        self._cold_decisions += 1
 
     def recent_picks(self, url: str) -> float:
         """Picks of ``url`` over roughly the last ``RECENT_WINDOW`` decisions (exponential decay)."""
@@ -317,7 +368,7 @@ class TtftCost:
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._last_pick, self._recent):
+        for table in (self._in_flight, self._last_pick, self._recent, self._cold):
             for url in [u for u in table if u not in present]:
                 del table[url]
         for url in [u for u in self.model.known() if u not in present]:

@@ -19,7 +19,7 @@ and ``requests_failed_total == sum over cause of errors_total``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
 from proxy.routing.prefix_key import prefix_tokens
-from proxy.telemetry.fastmetrics import FastCounter, FastHistogram
+from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
 
 if TYPE_CHECKING:
     from proxy.diagnose.service import Diagnosis
@@ -56,6 +56,29 @@ NO_WORKER = "none"
 # Request-path metrics are FastCounter / FastHistogram (lock-free, see fastmetrics.py); the
 # helpers below also accept prometheus_client's own Counter / Histogram.
 AnyMetric = FastCounter | FastHistogram | Counter | Histogram  # worker label of a request that failed before one was chosen
+
+
+class _WorkerChildren(NamedTuple):
+    """A worker's labelled children that ``Metrics.record`` updates (one lookup per request)."""
+
+    upstream_ttfb: HistogramChild
+    ttft: HistogramChild
+    upstream_ttft: HistogramChild
+    itl: HistogramChild
+    decode: HistogramChild
+    worker_queue: HistogramChild
+    worker_ttft: HistogramChild
+    prompt_tokens: CounterChild
+    cached_tokens: CounterChild
+    completion_tokens: CounterChild
+
+
+class _EndChildren(NamedTuple):
+    result: CounterChild  # requests_succeeded or requests_failed
+    error: FastCounter | None  # errors_total (labelled by cause) when the request failed
+    proxy_overhead: HistogramChild
+    e2e: HistogramChild
+    worker: _WorkerChildren | None
 
 
 class StateProvider(Protocol):
@@ -153,6 +176,8 @@ class Metrics:
             ["worker"], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._by_worker: dict[str, list[tuple[AnyMetric, tuple[str, ...]]]] = {}
+        # (worker, frontend, outcome) -> the children a finished request updates (see record).
+        self._ends: dict[tuple[str | None, str, str], _EndChildren] = {}
         self._init_routing(r)
 
     # -- fast labelled access ----------------------------------------------------------------------
@@ -176,47 +201,74 @@ class Metrics:
         self.child(metric, *labels, worker=worker).observe(value)
 
     def record(self, done: CompletedRequest) -> None:
-        """Everything one finished request contributes (called once per request by the pipeline)."""
-        fe, t = done.frontend, done.timing
-        w = done.worker or NO_WORKER
-        self._record_routing(done)
+        """Everything one finished request contributes (called once per request by the pipeline).
+
+        Runs once per request on the event loop, so it reads the timing marks directly and takes the
+        labelled children from per-label-set bundles instead of one cache lookup per metric.
+        """
+        fe, t, outcome = done.frontend, done.timing, done.outcome
         wk = done.worker  # label sets naming a real worker are forgotten with it
-        if done.outcome == "ok":
-            self.inc(self.requests_succeeded, fe)
-        else:
-            self.inc(self.requests_failed, fe)
+        self._record_routing(done)
+        key = (wk, fe, outcome)
+        ends = self._ends.get(key)
+        if ends is None:
+            ends = self._ends[key] = self._end_children(wk, fe, outcome)
+        ends.result.inc()
+        if ends.error is not None:
             self.inc(self.errors, fe, done.cause or "unknown")
         if done.admission is not None and done.admission_wait is not None:
             self.observe(self.admission_wait, done.admission_wait, fe, done.admission)
-        if (v := t.proxy_overhead) is not None:
-            self.observe(self.proxy_overhead, v, fe)
-        if (v := t.e2e) is not None:
-            self.observe(self.e2e, v, w, fe, done.outcome, worker=wk)
+        received, dispatched = t.received, t.dispatched
+        if dispatched is not None:  # proxy_overhead: before dispatch, admission wait excluded
+            admitted = t.admitted
+            wait = max(0.0, admitted - received) if admitted is not None else 0.0
+            ends.proxy_overhead.observe(max(0.0, dispatched - received - wait))
+        if t.done is not None:
+            ends.e2e.observe(max(0.0, t.done - received))
         if wk is None:
             return
-        if (v := t.upstream_ttfb) is not None:
-            self.observe(self.upstream_ttfb, v, wk, worker=wk)
-        if (v := t.ttft) is not None:
-            self.observe(self.ttft, v, wk, fe, worker=wk)
-        if (v := t.upstream_ttft) is not None:
-            self.observe(self.upstream_ttft, v, wk, worker=wk)
+        w = ends.worker
+        assert w is not None
+        first_token = t.first_token
+        if dispatched is not None and t.upstream_headers is not None:
+            w.upstream_ttfb.observe(max(0.0, t.upstream_headers - dispatched))
+        if first_token is not None:
+            w.ttft.observe(max(0.0, first_token - received))
+            if dispatched is not None:
+                w.upstream_ttft.observe(max(0.0, first_token - dispatched))
+            if t.last_token is not None:
+                w.decode.observe(max(0.0, t.last_token - first_token))
         if t.token_gaps:
-            self.child(self.itl, wk, worker=wk).observe_many(t.token_gaps)
-        if (v := t.decode) is not None:
-            self.observe(self.decode, v, wk, worker=wk)
+            w.itl.observe_many(t.token_gaps)
         if t.worker_queue_time is not None:
-            self.observe(self.worker_queue, t.worker_queue_time, wk, worker=wk)
+            w.worker_queue.observe(t.worker_queue_time)
         if t.worker_first_token_latency is not None:
-            self.observe(self.worker_ttft, t.worker_first_token_latency, wk, worker=wk)
+            w.worker_ttft.observe(t.worker_first_token_latency)
         if t.prompt_tokens:
-            self.inc(self.prompt_tokens, wk, amount=t.prompt_tokens, worker=wk)
+            w.prompt_tokens.inc(t.prompt_tokens)
         if t.cached_tokens:
-            self.inc(self.cached_tokens, wk, amount=t.cached_tokens, worker=wk)
+            w.cached_tokens.inc(t.cached_tokens)
         if t.completion_tokens:
-            self.inc(self.completion_tokens, wk, amount=t.completion_tokens, worker=wk)
+            w.completion_tokens.inc(t.completion_tokens)
+
+    def _end_children(self, wk: str | None, fe: str, outcome: str) -> _EndChildren:
+        ok = outcome == "ok"
+        worker = None
+        if wk is not None:
+            worker = _WorkerChildren(*(self.child(m, *labels, worker=wk) for m, labels in (
+                (self.upstream_ttfb, (wk,)), (self.ttft, (wk, fe)), (self.upstream_ttft, (wk,)),
+                (self.itl, (wk,)), (self.decode, (wk,)), (self.worker_queue, (wk,)), (self.worker_ttft, (wk,)),
+                (self.prompt_tokens, (wk,)), (self.cached_tokens, (wk,)), (self.completion_tokens, (wk,)))))
+        return _EndChildren(
+            result=self.child(self.requests_succeeded if ok else self.requests_failed, fe),
+            error=None if ok else self.errors,
+            proxy_overhead=self.child(self.proxy_overhead, fe),
+            e2e=self.child(self.e2e, wk or NO_WORKER, fe, outcome, worker=wk),
+            worker=worker)
 
     def forget_worker(self, worker: str) -> None:
         """Drop every label set that names ``worker`` (it left the fleet)."""
+        self._ends = {k: v for k, v in self._ends.items() if k[0] != worker}
         for metric, labels in self._by_worker.pop(worker, []):
             self._children.pop((id(metric), labels), None)
             try:
@@ -236,27 +288,27 @@ class Metrics:
     def _init_routing(self, r: CollectorRegistry) -> None:
         self._routing_state: StateProvider | None = None
         self._fleet_cache: FleetCache | None = None
-        self.routing_predicted_cached = Counter(
+        self.routing_predicted_cached = FastCounter(
             "radixgate_routing_predicted_cached_tokens_total",
             "Cached tokens the policy predicted on the worker it chose (requests with a cache report).",
             ["policy"], registry=r)
-        self.routing_reported_cached = Counter(
+        self.routing_reported_cached = FastCounter(
             "radixgate_routing_reported_cached_tokens_total",
             "Cached tokens workers reported, for the same requests as the predicted counter.",
             ["policy"], registry=r)
-        self.routing_prediction_error = Counter(
+        self.routing_prediction_error = FastCounter(
             "radixgate_routing_cache_prediction_error_tokens_total",
             "Predicted minus reported cached tokens, split by sign (over = predicted too many).",
             ["policy", "direction"], registry=r)
-        self.routing_available_cached = Counter(
+        self.routing_available_cached = FastCounter(
             "radixgate_routing_available_cached_tokens_total",
             "Cached tokens one fleet-wide cache of the same total KV capacity would have hit.",
             ["policy"], registry=r)
-        self.routing_prompt_tokens = Counter(
+        self.routing_prompt_tokens = FastCounter(
             "radixgate_routing_prompt_tokens_total",
             "Prompt tokens of the requests counted by the routing hit-rate counters.",
             ["policy"], registry=r)
-        self.routing_match_tokens = Histogram(
+        self.routing_match_tokens = FastHistogram(
             "radixgate_routing_match_tokens",
             "Prefix match length the policy saw on the worker it chose, in (estimated) tokens.",
             ["policy"], buckets=BUCKETS["match_tokens"], registry=r)

@@ -113,6 +113,33 @@ async def test_many_chunks_in_one_read_arrive_together(serve: Callable[[Script],
     p.close()
 
 
+@pytest.mark.parametrize("cut", [None, 3, 9, 17])
+async def test_chunk_data_holding_crlf_is_decoded_whole(serve: Callable[[Script], Awaitable[str]],
+                                                       cut: int | None) -> None:
+    # Data that holds CRLF (even CRLF + something that reads as a chunk size) must not be taken
+    # for framing, whether a read ends at a chunk boundary or inside a chunk's data.
+    datas = [b"a\r\nb", b"1\r\nx\r\n", b"data: c\n\n", b"\r\n"]
+    body = b"".join(f"{len(d):x}\r\n".encode() + d + b"\r\n" for d in datas) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    parts = [head + body] if cut is None else [head + body[:cut], body[cut:]]
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0)
+        await reader.read()
+
+    url = await serve(script)
+    p = pool(url)
+    resp = await p.request("/generate", b"{}", {})
+    assert await resp.read() == b"".join(datas)
+    assert resp.reusable
+    p.release(resp)
+    p.close()
+
+
 async def test_close_mid_response_raises_and_the_connection_is_not_reused(
         serve: Callable[[Script], Awaitable[str]]) -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -7,7 +7,15 @@ import pytest
 from proxy.errors import UpstreamError
 from proxy.pipeline import body_with_rid, error_event
 from proxy.request import Dialect, GenerateRequest
-from proxy.sse import ErrorEvent, EventDecoder, StreamAccountant, TextDelta, iter_payloads, meta_from
+from proxy.sse import (
+    ErrorEvent,
+    EventDecoder,
+    StreamAccountant,
+    TextDelta,
+    iter_payloads,
+    last_output_payload,
+    meta_from,
+)
 
 
 def sse(obj: object) -> bytes:
@@ -131,3 +139,12 @@ def test_an_error_event_after_tokens_in_one_run_is_seen() -> None:
     assert acct.token_events == 1 and acct.error == {"message": "x", "code": 503}
     meta = acct.final()
     assert meta.completion_tokens == 1 and meta.error is not None
+
+
+def test_the_last_output_payload_is_found_from_the_end_of_a_run() -> None:
+    run = (b'data: {"n":1}\n\n' b'event: x\ndata: {"n":2}\nid: 7\n\n' b": keep-alive\n\n"
+           b'data: {"error":{"message":"m"}}\n\n' b"data: [DONE]\n\n")
+    assert last_output_payload(run) == b'{"n":2}'
+    assert last_output_payload(run) == [p for p in iter_payloads(run) if p.startswith(b'{"n"')][-1]
+    assert last_output_payload(b"data: [DONE]\n\n") is None
+    assert last_output_payload(b"") is None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -38,7 +39,7 @@ from proxy.limits import ConnectionGate, GatedListener, RateLimiter, handler_opt
 from proxy.pipeline import Pipeline
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
-from proxy.security import guard_http_app, load_api_keys
+from proxy.security import guard_http_app, load_api_keys, upstream_authorization
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.health import HealthChecker
@@ -103,6 +104,9 @@ class App:
         self.public_app = build_public_app(config, self.pipeline, self.ready)
         # API keys and the per-client rate limit guard both public ports (proxy/security.py).
         self.api_keys = load_api_keys(config.security, os.environ)
+        upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
+        self.pipeline.upstream_authorization = functools.partial(
+            upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys))
         lim = config.limits
         self.rate_limiter = (RateLimiter(lim.rate_limit_rps, lim.rate_limit_burst, lim.rate_limit_clients)
                              if lim.rate_limit_rps > 0 else None)

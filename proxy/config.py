@@ -152,6 +152,10 @@ class SecurityConfig:
     # (comma-separated); none found = no authentication. Keys never appear in the config or logs.
     api_keys_file: str = ""
     api_keys_env: str = "RADIXGATE_API_KEYS"
+    # The key radixgate presents to workers started with SGLang's --api-key, read from this
+    # environment variable. Unset: the caller's Authorization passes through, but only while
+    # radixgate checks no keys of its own (a key meant for radixgate never reaches a worker).
+    upstream_api_key_env: str = "RADIXGATE_UPSTREAM_API_KEY"
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,8 @@ class Pipeline:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
         self.observers: list[Callable[[CompletedRequest], None]] = []
+        # caller's Authorization → what the worker gets (App sets it from security config).
+        self.upstream_authorization: Callable[[str | None], str | None] = lambda client: client
         self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -226,8 +228,9 @@ class Exchange:
         loop = asyncio.get_running_loop()
         wait = min(cfg.first_byte_timeout_s, self._deadline - p.clock.now())
         headers = {"Content-Type": "application/json"}
-        if "authorization" in self.req.headers:
-            headers["Authorization"] = self.req.headers["authorization"]
+        auth = p.upstream_authorization(self.req.headers.get("authorization"))
+        if auth:
+            headers["Authorization"] = auth
         resp: Http1Connection | None = None
         try:
             async with asyncio.timeout_at(loop.time() + max(0.0, wait)):

@@ -105,6 +105,18 @@ def load_api_keys(cfg: SecurityConfig, environ: Mapping[str, str]) -> ApiKeys:
     return ApiKeys(keys)
 
 
+def upstream_authorization(client_authorization: str | None, /, *, upstream_key: str | None,
+                           own_keys_checked: bool) -> str | None:
+    """The Authorization header sent to a worker.
+
+    A configured upstream key wins. Without one, the caller's header is passed through only when
+    radixgate authenticates nobody itself: a key issued for radixgate is never handed to a worker.
+    """
+    if upstream_key:
+        return f"Bearer {upstream_key}"
+    return None if own_keys_checked else client_authorization
+
+
 def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:
     """The key a caller presented: ``Authorization: Bearer KEY``, else ``x-api-key: KEY``."""
     if authorization:

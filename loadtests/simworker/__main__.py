@@ -29,6 +29,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--time-scale", type=float, default=d.time_scale)
     p.add_argument("--served-model-name", default=d.served_model_name)
     p.add_argument("--worker-id", default=None)
+    p.add_argument("--api-key", default=None)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
     p.add_argument("--max-running-requests", type=int)

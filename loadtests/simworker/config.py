@@ -28,6 +28,8 @@ class SimConfig:
     served_model_name: str = DEFAULT_MODEL_NAME
     # Names the worker in the x-simworker-id header; None -> "simworker-<port>".
     worker_id: str | None = None
+    # As SGLang's --api-key: generation endpoints then need "Authorization: Bearer <key>" (else 401).
+    api_key: str | None = None
     enable_metrics: bool = False  # as SGLang: /metrics and meta_info timing fields need it
     enable_cache_report: bool = False
     max_running_requests: int | None = None

@@ -54,6 +54,15 @@ class SimWorker:
         self._active: set[asyncio.Transport] = set()
         self._background: set[asyncio.Task[Any]] = set()
 
+    @web.middleware
+    async def _require_api_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        # SGLang's --api-key guards the serving API; probes and metrics stay open.
+        if request.path.startswith(("/generate", "/v1/")) and \
+                request.headers.get("Authorization") != f"Bearer {self.config.api_key}":
+            return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
+        result: web.StreamResponse = await handler(request)
+        return result
+
     @property
     def worker_id(self) -> str:
         return self.config.worker_id or f"simworker-{self.port}"
@@ -64,7 +73,8 @@ class SimWorker:
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [self._require_api_key] if self.config.api_key else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.on_response_prepare.append(self._stamp_header)
         streaming.add_routes(app, self)
         admin.add_routes(app, self)

@@ -84,6 +84,9 @@ class TtftParams:
     # ``cold_slack`` of the fewest; a warm one to the hash winner among the longest matches.
     cold_blocks: int = 1
     cold_slack: float = 1.0
+    # A cold prompt's tie margin: max(tie_abs_s, cold_tie_rel x best), wider than a warm one's so
+    # that proxies whose own views of the load differ still find the same hash winner among them.
+    cold_tie_rel: float = 0.1
     # Multiplier on our own unseen work (other proxies send theirs too): 1 = we are the only
     # proxy; 0 = estimate it as the fleet's scraped active requests over our own in flight.
     unseen_scale: float = 1.0
@@ -114,6 +117,7 @@ class TtftParams:
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,
             "cold_slack": self.cold_slack >= 0,
+            "cold_tie_rel": self.cold_tie_rel >= 0,
             "unseen_scale": self.unseen_scale == 0 or self.unseen_scale >= 1,
         }
         for name, ok in checks.items():
@@ -259,10 +263,10 @@ class TtftCost:
         estimates = [self.estimate(request, w) for w in candidates]
         pool = [e for e in estimates if not e.saturated] or estimates
         best = min(e.score for e in pool)
-        margin = max(self.params.tie_abs_s, self.params.tie_rel * best)
-        tied = [e for e in pool if e.score <= best + margin]
         longest = max(e.matched_blocks for e in estimates)
         cold = self.params.tie_break == "rendezvous" and longest <= self.params.cold_blocks
+        margin = max(self.params.tie_abs_s, (self.params.cold_tie_rel if cold else self.params.tie_rel) * best)
+        tied = [e for e in pool if e.score <= best + margin]
         chosen = min(tied, key=self._cold_order(request, tied) if cold else self._tie_order(request))
         if cold:
             self._count_cold(chosen.url)

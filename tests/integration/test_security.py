@@ -13,11 +13,12 @@ import grpc
 import psutil
 import pytest
 
+from loadtests.simworker.config import SimConfig
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.config import Config
-from tests.integration.conftest import Harness, admin, base
+from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import accounting, decoy_server, proxy_process, scrape, total
 
 BODY = {"text": "Tell me a story about a lighthouse keeper. " * 4, "sampling_params": {"max_new_tokens": 4}}
@@ -197,3 +198,40 @@ async def test_a_serving_process_logs_neither_keys_nor_prompts(harness: Harness,
     assert {line["status"] for line in request_lines} == {200, 400, 401}
     assert KEY not in log and OTHER_KEY not in log
     assert marker not in log
+
+
+UPSTREAM_ENV = "RADIXGATE_TEST_UPSTREAM_KEY"
+WORKER_KEY = "sglang-worker-key-5d1e"
+
+
+async def protected_fleet(harness: Harness, key: str) -> list[str]:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, api_key=key), SimConfig(time_scale=FAST, api_key=key)])
+    return fleet.urls
+
+
+async def test_workers_started_with_an_api_key_get_the_configured_upstream_key_not_the_callers(
+        harness: Harness, client: aiohttp.ClientSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(UPSTREAM_ENV, WORKER_KEY)
+    urls = await protected_fleet(harness, WORKER_KEY)
+    app = await harness.proxy(urls, **{"security.api_keys_file": key_file(tmp_path, KEY), "security.api_keys_env": "",
+                                       "security.upstream_api_key_env": UPSTREAM_ENV})
+    for _ in range(4):  # both workers, round robin
+        assert (await post(client, base(app) + "/generate", {"Authorization": f"Bearer {KEY}"}))[0] == 200
+
+
+async def test_a_key_meant_for_radixgate_is_never_passed_on_to_a_worker(
+        harness: Harness, client: aiohttp.ClientSession, tmp_path: Path) -> None:
+    # The workers would accept the caller's own key, so only withholding it can make them refuse.
+    urls = await protected_fleet(harness, KEY)
+    app = await harness.proxy(urls, **{"security.api_keys_file": key_file(tmp_path, KEY), "security.api_keys_env": "",
+                                       "security.upstream_api_key_env": UPSTREAM_ENV})
+    status, _, body = await post(client, base(app) + "/generate", {"Authorization": f"Bearer {KEY}"})
+    assert status != 200 and "error" in body
+
+
+async def test_without_keys_of_its_own_radixgate_passes_the_callers_authorization_through(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    urls = await protected_fleet(harness, WORKER_KEY)
+    app = await harness.proxy(urls, **{"security.api_keys_env": "", "security.upstream_api_key_env": UPSTREAM_ENV})
+    assert (await post(client, base(app) + "/generate", {"Authorization": f"Bearer {WORKER_KEY}"}))[0] == 200
+    assert (await post(client, base(app) + "/generate"))[0] != 200

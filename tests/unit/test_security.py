@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, SecurityConfig
-from proxy.security import ApiKeys, load_api_keys, presented_key
+from proxy.security import ApiKeys, load_api_keys, presented_key, upstream_authorization
 
 
 def test_keys_are_accepted_exactly() -> None:
@@ -76,3 +76,19 @@ def test_an_unreadable_key_file_error_does_not_quote_its_content(tmp_path: Path)
 def test_a_key_is_presented_as_a_bearer_token_or_x_api_key(
         authorization: str | None, x_api_key: str | None, expected: str | None) -> None:
     assert presented_key(authorization, x_api_key) == expected
+
+
+@pytest.mark.parametrize(
+    ("upstream_key", "own_keys_checked", "client", "sent"),
+    [
+        ("wk", True, "Bearer mine", "Bearer wk"),  # a configured upstream key always wins
+        ("wk", False, "Bearer mine", "Bearer wk"),
+        ("wk", False, None, "Bearer wk"),
+        (None, True, "Bearer mine", None),  # radixgate's own key never reaches a worker
+        (None, False, "Bearer theirs", "Bearer theirs"),  # no auth here: pass the caller's through
+        (None, False, None, None),
+    ],
+)
+def test_the_worker_gets_the_upstream_key_or_a_pass_through_never_our_own(
+        upstream_key: str | None, own_keys_checked: bool, client: str | None, sent: str | None) -> None:
+    assert upstream_authorization(client, upstream_key=upstream_key, own_keys_checked=own_keys_checked) == sent

@@ -3,6 +3,7 @@
     .venv/bin/python -m loadtests.bench_overhead                 # the full table (a few minutes)
     .venv/bin/python -m loadtests.bench_overhead --quick         # fewer requests per cell
     .venv/bin/python -m loadtests.bench_overhead --profile       # radixgate under cProfile, top functions
+    .venv/bin/python -m loadtests.bench_overhead --baseline DIR  # + DIR's radixgate: before/after, same load
 
 Fleet: ``--workers`` zero-delay simulated SGLang workers (``profile="zero"``: no model physics, the
 worker's own HTTP work only), each its own process. Targets, each its own process on loopback and
@@ -91,8 +92,8 @@ def free_port() -> int:
 
 
 class Target:
-    def __init__(self, name: str, cmd: list[str] | None, urls: list[str]) -> None:
-        self.name, self.cmd, self.urls = name, cmd, urls
+    def __init__(self, name: str, cmd: list[str] | None, urls: list[str], cwd: Path | None = None) -> None:
+        self.name, self.cmd, self.urls, self.cwd = name, cmd, urls, cwd
         self.proc: asyncio.subprocess.Process | None = None
         self.ps: psutil.Process | None = None
 
@@ -100,7 +101,7 @@ class Target:
         if self.cmd is None:
             return
         log = (log_dir / f"{self.name}.log").open("wb")
-        self.proc = await asyncio.create_subprocess_exec(*self.cmd, stdout=log, stderr=log)
+        self.proc = await asyncio.create_subprocess_exec(*self.cmd, stdout=log, stderr=log, cwd=self.cwd)
         self.ps = psutil.Process(self.proc.pid)
         await wait_serving(self.urls[0], self.proc)
 
@@ -156,7 +157,8 @@ async def wait_serving(url: str, proc: asyncio.subprocess.Process, limit_s: floa
             await asyncio.sleep(0.1)
 
 
-def build_targets(worker_urls: list[str], *, profile_out: Path | None) -> list[Target]:
+def build_targets(worker_urls: list[str], *, profile_out: Path | None,
+                  baseline: Path | None = None) -> list[Target]:
     py = sys.executable
     targets = [Target("direct", None, worker_urls)]
     port, admin = free_port(), free_port()
@@ -172,6 +174,11 @@ def build_targets(worker_urls: list[str], *, profile_out: Path | None) -> list[T
                   "finally:\n    prof.disable()\n    prof.dump_stats(sys.argv[1])\n")
         rg = [py, "-c", runner, str(profile_out), *rg[3:]]
     targets.append(Target("radixgate", rg, [f"http://127.0.0.1:{port}"]))
+    if baseline is not None:  # another checkout's radixgate (``python -m proxy`` resolves from its cwd)
+        port, admin = free_port(), free_port()
+        base = [py, "-m", "proxy", "serve", "--port", str(port), "--admin-port", str(admin), "--policy",
+                "round_robin", *(arg for url in worker_urls for arg in ("--worker", url))]
+        targets.append(Target("radixgate-baseline", base, [f"http://127.0.0.1:{port}"], cwd=baseline))
     if profile_out is not None:
         return targets
     if importlib.util.find_spec("sglang_router") is not None:
@@ -329,8 +336,8 @@ async def main_async(args: argparse.Namespace) -> None:
     profile_out = Path(tempfile.gettempdir()) / "radixgate_bench.prof" if args.profile else None
     configs = [SimConfig(profile="zero", max_running_requests=1024)] * args.workers
     async with Fleet.subprocesses(configs) as fleet, \
-            running([t for t in build_targets(fleet.urls, profile_out=profile_out)
-                     if t.name == "direct" or t.name in args.targets], log_dir) as targets:
+            running([t for t in build_targets(fleet.urls, profile_out=profile_out, baseline=args.baseline)
+                     if t.name in ("direct", "radixgate-baseline") or t.name in args.targets], log_dir) as targets:
         print(f"targets: {', '.join(t.name for t in targets)}; workers: {fleet.urls}", flush=True)
         for t in targets:  # warm every connection pool and code path
             await run_cell(t, "stream", 8, 64, 10)
@@ -374,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="only direct + radixgate, radixgate under cProfile")
     parser.add_argument("--targets", nargs="+", default=["radixgate", "sglang-router", "vllm-router"],
                         help="which proxies to measure (direct is always measured)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also run the radixgate of another checkout (e.g. `git worktree` of the last "
+                             "commit) as target radixgate-baseline: before/after under the same load")
     parser.add_argument("--sort", default="tottime", help="pstats sort key for --profile")
     parser.add_argument("--modes", nargs="+", default=["stream", "non-stream"], choices=["stream", "non-stream"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32, 128])

@@ -62,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 async def serve(cfg: Config) -> None:
     from proxy.app import App
+    from proxy.gctune import settle_after_startup
     from proxy.telemetry.logging import setup_logging
 
     setup_logging(cfg.telemetry.log_level)
@@ -71,6 +72,7 @@ async def serve(cfg: Config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await app.start()
+    settle_after_startup()  # the start-up heap never becomes garbage: keep the collector off it
     try:
         print(f"READY http={cfg.server.host}:{app.http_port} admin={cfg.server.admin_host}:{app.admin_port}"
               + (f" grpc={app.grpc_port}" if app.grpc_port else ""), flush=True)

@@ -26,6 +26,8 @@ from proxy.request import Dialect
 
 DONE = b"[DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
+_DONE_INSIDE = b"\n\ndata: [DONE]\n"  # a [DONE] event after another event of the same run
+_DONE_LAST = b"\n\ndata: [DONE]\n\n"  # a [DONE] event ending a run of several events
 
 
 @dataclass(slots=True)
@@ -183,7 +185,9 @@ class StreamAccountant:
         if not n:
             return False
         self.events += n
-        if b"data: [DONE]" in data:
+        # [DONE] counts only as a whole event (a model may write "data: [DONE]" in its text), and it
+        # is nearly always a run's last: test the end first, scan only when it is not there.
+        if data.endswith(_DONE_LAST) or data.startswith(DONE_EVENT) or _DONE_INSIDE in data:
             self.done = True
             n -= 1
         if b'data: {"error"' in data:

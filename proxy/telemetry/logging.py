@@ -89,9 +89,15 @@ def _ms(v: float | None) -> float | None:
 
 
 def request_fields(done: CompletedRequest) -> dict[str, Any]:
-    """The request log line as a dict (tests read it; ``RequestLogger`` serialises it)."""
+    """The request log line as a dict (tests read it; ``RequestLogger`` serialises it).
+
+    Built once per request on the event loop: durations come from ``RequestTiming.stages()`` (one
+    pass over the marks) and are converted inline rather than through a helper call each.
+    """
     t = done.timing
-    route = done.route
+    route, decision = done.route, done.decision
+    hashes = route.block_hashes if route is not None else ()
+    stages = t.stages()
     fields: dict[str, Any] = {
         "rid": done.rid,
         "frontend": done.frontend,
@@ -103,24 +109,24 @@ def request_fields(done: CompletedRequest) -> dict[str, Any]:
         "cause": done.cause,
         "retries": done.retries,
         "policy": done.policy,
-        "branch": done.decision.branch if done.decision else None,
-        "matched_blocks": done.decision.matched_blocks if done.decision else None,
+        "branch": decision.branch if decision else None,
+        "matched_blocks": decision.matched_blocks if decision else None,
         "admission": done.admission,
         "finish_reason": done.finish_reason,
-        "prompt_hash": f"{route.block_hashes[-1]:016x}" if route and route.block_hashes else None,
-        "prompt_blocks": len(route.block_hashes) if route else None,
+        "prompt_hash": f"{hashes[-1]:016x}" if hashes else None,
+        "prompt_blocks": len(hashes) if route else None,
         "est_prompt_tokens": route.prompt_tokens if route else None,
         "prompt_tokens": t.prompt_tokens,
         "cached_tokens": t.cached_tokens,
         "completion_tokens": t.completion_tokens,
         "chunks": len(t.token_gaps) + (1 if t.first_token is not None else 0),
-        "upstream_ttfb_ms": _ms(t.upstream_ttfb),
+        "upstream_ttfb_ms": None,  # filled from stages below (same value, same key order as before)
         "upstream_ttft_ms": _ms(t.upstream_ttft),
         "worker_ttft_ms": _ms(t.worker_first_token_latency),
         "worker_e2e_ms": _ms(t.worker_e2e_latency),
     }
-    for name, value in t.stages().items():
-        fields[f"{name}_ms"] = _ms(value)
+    for name, value in stages.items():
+        fields[name + "_ms"] = None if value is None else round(value * 1000.0, 3)
     return fields
 
 

@@ -6,8 +6,8 @@ are bounded: ``worker`` (configured URLs), ``frontend`` (http | grpc), ``outcome
 ``policy``, ``branch``, ``stage``. Label sets of a removed worker are removed (``forget_worker``).
 
 Gauges that describe current state (worker health, scraped engine state, in-flight, queue depth)
-are read at scrape time from a ``StateProvider`` through a custom collector, so they can never go
-stale or outlive a worker. Counters and histograms are updated by the pipeline; their labelled
+are read at scrape time from a ``StateProvider`` through a custom collector (``gauges.py``), so they
+can never go stale or outlive a worker. Counters and histograms are updated by the pipeline; their labelled
 children are cached here (``labels()`` is the slow part of an observation) and the cache doubles as
 the list of label sets to drop when a worker leaves.
 
@@ -18,20 +18,19 @@ and ``requests_failed_total == sum over cause of errors_total``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from proxy.routing.base import WorkerSnapshot
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
+from proxy.telemetry.gauges import StateCollector, StateProvider, attach_diagnosis
+
+# Re-exported: the scrape-time gauges live in gauges.py; callers import them from here.
+__all__ = ["BUCKETS", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis"]
 
 if TYPE_CHECKING:
-    from proxy.diagnose.service import Diagnosis
     from proxy.pipeline import CompletedRequest
 
 # -- named bucket sets (seconds) ----------------------------------------------------------------
@@ -79,20 +78,6 @@ class _EndChildren(NamedTuple):
     proxy_overhead: HistogramChild
     e2e: HistogramChild
     worker: _WorkerChildren | None
-
-
-class StateProvider(Protocol):
-    """What the scrape-time collector reads."""
-
-    def worker_snapshots(self) -> Sequence[WorkerSnapshot]: ...
-
-    def worker_ejected(self, url: str) -> bool: ...
-
-    def worker_snapshot_age(self, url: str) -> float | None: ...
-
-    def admission_queue_depth(self) -> int: ...
-
-    def admission_limits(self) -> dict[str, int]: ...
 
 
 class Metrics:
@@ -278,7 +263,7 @@ class Metrics:
 
     def attach_state(self, provider: StateProvider) -> None:
         """Register the scrape-time collector for worker and admission gauges."""
-        self.registry.register(_StateCollector(provider))
+        self.registry.register(StateCollector(provider))
         self._attach_routing_state(provider)
 
 
@@ -288,6 +273,8 @@ class Metrics:
     def _init_routing(self, r: CollectorRegistry) -> None:
         self._routing_state: StateProvider | None = None
         self._fleet_cache: FleetCache | None = None
+        # policy -> children of the predicted, reported, prompt and available counters.
+        self._routing_rates: dict[str, tuple[CounterChild, ...]] = {}
         self.routing_predicted_cached = FastCounter(
             "radixgate_routing_predicted_cached_tokens_total",
             "Cached tokens the policy predicted on the worker it chose (requests with a cache report).",
@@ -320,153 +307,34 @@ class Metrics:
         route, decision, t = done.route, done.decision, done.timing
         if route is None or decision is None:
             return
+        policy = done.policy
         predicted = min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens)
-        self.observe(self.routing_match_tokens, predicted, done.policy)
+        self.child(self.routing_match_tokens, policy).observe(predicted)
         if done.outcome != "ok" or t.cached_tokens is None or not t.prompt_tokens or not route.prompt_tokens:
             return
         scale = t.prompt_tokens / route.prompt_tokens
         predicted_reported = round(predicted * scale)
         error = predicted_reported - t.cached_tokens
-        self.inc(self.routing_predicted_cached, done.policy, amount=predicted_reported)
-        self.inc(self.routing_reported_cached, done.policy, amount=t.cached_tokens)
-        self.inc(self.routing_prediction_error, done.policy, "over" if error > 0 else "under", amount=abs(error))
-        self.inc(self.routing_prompt_tokens, done.policy, amount=t.prompt_tokens)
+        rates = self._routing_rates.get(policy)
+        if rates is None:  # created on a policy's first counted request, as the counters' children were
+            rates = self._routing_rates[policy] = tuple(self.child(m, policy) for m in (
+                self.routing_predicted_cached, self.routing_reported_cached, self.routing_prompt_tokens,
+                self.routing_available_cached))
+        predicted_c, reported_c, prompt_c, available_c = rates
+        predicted_c.inc(predicted_reported)
+        reported_c.inc(t.cached_tokens)
+        self.child(self.routing_prediction_error, policy, "over" if error > 0 else "under").inc(abs(error))
+        prompt_c.inc(t.prompt_tokens)
         fleet = self._fleet_kv_tokens()
         if self._fleet_cache is None:
             self._fleet_cache = FleetCache(fleet)
         elif fleet != self._fleet_cache.capacity:
             self._fleet_cache.resize(fleet)
         available = self._fleet_cache.observe(route.block_hashes, route.block_tokens, route.prompt_tokens)
-        self.inc(self.routing_available_cached, done.policy, amount=round(available * scale))
+        available_c.inc(round(available * scale))
 
     def _fleet_kv_tokens(self) -> int:
         state = self._routing_state
         snaps = state.worker_snapshots() if state is not None else ()
         return sum(s.max_total_tokens or DEFAULT_CAPACITY_TOKENS for s in snaps) or DEFAULT_CAPACITY_TOKENS
     # == end of routing block ==
-
-
-class _StateCollector(Collector):
-    def __init__(self, provider: StateProvider) -> None:
-        self._p = provider
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # collected lazily; avoid calling the provider at registration
-
-    def collect(self) -> Iterable[Metric]:
-        p = self._p
-        snaps = p.worker_snapshots()
-        limits = p.admission_limits()
-
-        def fam(name: str, help_: str, value_of: Callable[[WorkerSnapshot], float | None]) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, help_, labels=["worker"])
-            for s in snaps:
-                v = value_of(s)
-                if v is not None:
-                    g.add_metric([s.url], float(v))
-            return g
-
-        yield fam("radixgate_worker_healthy", "1 when the worker may receive requests (probe ok, not ejected).",
-                  lambda s: 1.0 if s.healthy else 0.0)
-        yield fam("radixgate_worker_ejected", "1 while the worker is passively ejected.",
-                  lambda s: 1.0 if p.worker_ejected(s.url) else 0.0)
-        yield fam("radixgate_worker_in_flight_requests", "Requests this proxy has outstanding on the worker.",
-                  lambda s: s.in_flight)
-        yield fam("radixgate_worker_admission_limit", "Outstanding requests the proxy allows on the worker.",
-                  lambda s: limits.get(s.url))
-        yield fam("radixgate_worker_running_requests", "Scraped: requests running on the engine.",
-                  lambda s: s.running)
-        yield fam("radixgate_worker_queued_requests", "Scraped: requests waiting in the engine's queue.",
-                  lambda s: s.queued)
-        yield fam("radixgate_worker_occupancy_ratio", "Scraped: running / max_running_requests.",
-                  lambda s: s.occupancy)
-        yield fam("radixgate_worker_token_usage_ratio", "Scraped: KV cache token usage (0..1).",
-                  lambda s: s.token_usage)
-        yield fam("radixgate_worker_cache_hit_ratio", "Scraped: the engine's prefix cache hit rate (0..1).",
-                  lambda s: s.cache_hit_rate)
-        yield fam("radixgate_worker_max_running_requests", "Scraped: the engine's max_running_requests.",
-                  lambda s: s.max_running_requests)
-        yield fam("radixgate_worker_snapshot_age_seconds", "Seconds since the last successful scrape.",
-                  lambda s: p.worker_snapshot_age(s.url))
-        yield fam("radixgate_worker_stale", "1 when the scrape is too old and the worker counts as saturated.",
-                  lambda s: 1.0 if s.stale else 0.0)
-        yield fam("radixgate_worker_generation", "Restart / cache-flush generation of the worker.",
-                  lambda s: s.generation)
-        q = GaugeMetricFamily("radixgate_admission_queue_depth", "Requests waiting in the proxy's admission queue.")
-        q.add_metric([], float(p.admission_queue_depth()))
-        yield q
-        n = GaugeMetricFamily("radixgate_workers", "Workers known to the proxy, by health.", labels=["state"])
-        n.add_metric(["healthy"], float(sum(1 for s in snaps if s.healthy)))
-        n.add_metric(["unhealthy"], float(sum(1 for s in snaps if not s.healthy)))
-        yield n
-
-
-
-# -- diagnosis gauges (owned by the diagnosis: proxy/diagnose) ---------------------------------
-# Read at scrape time from the Diagnoser (which reuses a result for diagnose.refresh_s), so the
-# gauges always describe the current window. Unknown values (no GPU, no cache reports) are omitted,
-# never exported as 0. Labels are bounded: kind / quantile / stage / rule / cause are fixed sets.
-
-
-def attach_diagnosis(registry: CollectorRegistry, current: Callable[[], Diagnosis]) -> None:
-    """Register the diagnosis gauges; ``current`` returns the latest Diagnosis."""
-    registry.register(_DiagnosisCollector(current))
-
-
-class _DiagnosisCollector(Collector):
-    def __init__(self, current: Callable[[], Diagnosis]) -> None:
-        self._current = current
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        from proxy.diagnose.rules import VERDICT_KINDS
-
-        d = self._current()
-        s, v, c = d.signals, d.verdict, d.cost
-
-        def gauge(name: str, help_: str, values: Iterable[tuple[list[str], float | None]],
-                  labels: Sequence[str] = ()) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, help_, labels=list(labels))
-            for label_values, value in values:
-                if value is not None:
-                    g.add_metric(label_values, float(value))
-            return g
-
-        yield gauge("radixgate_diagnosis_window_requests", "Finished requests in the diagnosis window.",
-                    [([], s.window.requests)])
-        yield gauge("radixgate_diagnosis_cache_hit_ratio",
-                    "Prefix cache hit rate: captured (workers reported), available (one fleet-wide LRU of "
-                    "the fleet's KV capacity), reuse_ceiling (unbounded cache).",
-                    [(["captured"], s.cache.captured), (["available"], s.cache.available),
-                     (["reuse_ceiling"], s.cache.reuse_ceiling)], ["kind"])
-        yield gauge("radixgate_diagnosis_occupancy_ratio", "Mean running / max_running_requests over the window.",
-                    [([], s.occupancy.occupancy_mean)])
-        yield gauge("radixgate_diagnosis_kv_token_usage_ratio", "Mean KV token usage over the window.",
-                    [([], s.occupancy.token_usage_mean)])
-        lat = s.latency
-        for name, dist, help_ in (("ttft", lat.ttft, "Time to first token"),
-                                  ("worker_queue", lat.worker_queue, "Worker-reported queue time"),
-                                  ("itl", lat.itl, "Inter-token latency")):
-            yield gauge(f"radixgate_diagnosis_{name}_seconds", f"{help_} over the window, by quantile.",
-                        [(["0.5"], dist.p50), (["0.95"], dist.p95)], ["quantile"])
-        yield gauge("radixgate_diagnosis_gpu_idle_ratio", "Share of time the sampled GPUs were idle (NVML).",
-                    [([], s.gpu.idle_share)])
-        yield gauge("radixgate_diagnosis_proxy_overhead_ratio", "radixgate's own share of TTFT.",
-                    [([], lat.proxy_overhead_share)])
-        yield gauge("radixgate_diagnosis_verdict", "1 for the current verdict kind, 0 for the others.",
-                    [([k], 1.0 if k == v.kind else 0.0) for k in VERDICT_KINDS], ["kind"])
-        yield gauge("radixgate_diagnosis_verdict_confidence_ratio", "Confidence of the current verdict (0..1).",
-                    [([], v.confidence)])
-        yield gauge("radixgate_diagnosis_finding", "1 per rule that fired in the current diagnosis.",
-                    [([f.rule, f.cause], 1.0) for f in v.findings], ["rule", "cause"])
-        yield gauge("radixgate_diagnosis_stage_gpu_seconds_per_request",
-                    "Mean GPU-seconds charged per request, by stage (queue, prefill, decode, idle).",
-                    [([st.stage], st.mean_per_request) for st in c.stages], ["stage"])
-        yield gauge("radixgate_diagnosis_stage_cost_per_request_dollars",
-                    "Mean cost per request by stage at diagnose.price_per_gpu_hour.",
-                    [([st.stage], st.cost_per_request) for st in c.stages], ["stage"])
-        yield gauge("radixgate_diagnosis_stage_cost_share_ratio", "Share of the window's GPU bill by stage.",
-                    [([st.stage], st.share) for st in c.stages], ["stage"])
-# -- end of diagnosis gauges -------------------------------------------------------------------

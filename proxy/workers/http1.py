@@ -21,7 +21,6 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Mapping
-from itertools import repeat
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -145,8 +144,6 @@ class Http1Connection(asyncio.Protocol):
             self.keep_alive = False
 
     def _feed_chunked(self, data: bytes) -> None:
-        if self._remaining == -1 and not self._cbuf and data.endswith(b"\r\n") and self._feed_whole_chunks(data):
-            return
         buf = self._cbuf + data if self._cbuf else data
         pos, size = 0, len(buf)
         pieces: list[bytes] = []
@@ -203,35 +200,6 @@ class Http1Connection(asyncio.Protocol):
         self._cbuf = buf[pos:] if pos < size else b""
         if pieces:
             self._push(b"".join(pieces) if len(pieces) > 1 else pieces[0])
-
-    def _feed_whole_chunks(self, data: bytes) -> bool:
-        """Decode a read made of whole chunks in C-level passes; False (nothing consumed) otherwise.
-
-        A worker streaming SSE sends one chunk per event and events never hold a raw CRLF, so a
-        read usually is ``size CRLF data CRLF`` repeated. Splitting on CRLF pairs sizes with data;
-        the first chunk whose data did hold a CRLF (or that is cut off) pairs a size with a shorter
-        piece, so a length mismatch sends the read to the general decoder unchanged.
-        """
-        parts = data.split(b"\r\n")
-        parts.pop()  # the empty piece after the final CRLF
-        if len(parts) % 2:
-            return False
-        pieces = parts[1::2]
-        try:
-            lengths = list(map(int, parts[0::2], repeat(16)))
-        except ValueError:
-            return False
-        if lengths != list(map(len, pieces)):
-            return False
-        if 0 in lengths:  # the last chunk: only as the final pair, with no trailers ("0" CRLF CRLF)
-            if lengths.index(0) != len(lengths) - 1:
-                return False
-            pieces.pop()
-        if pieces:
-            self._push(b"".join(pieces) if len(pieces) > 1 else pieces[0])
-        if lengths and lengths[-1] == 0:
-            self._finish()
-        return True
 
     def _push(self, data: bytes) -> None:
         if not data:

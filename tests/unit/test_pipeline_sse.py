@@ -148,3 +148,14 @@ def test_the_last_output_payload_is_found_from_the_end_of_a_run() -> None:
     assert last_output_payload(run) == [p for p in iter_payloads(run) if p.startswith(b'{"n"')][-1]
     assert last_output_payload(b"data: [DONE]\n\n") is None
     assert last_output_payload(b"") is None
+
+
+def test_done_written_by_the_model_is_text_not_the_end_of_the_stream() -> None:
+    acct = StreamAccountant(Dialect.SGLANG)
+    quoting = native_chunk("the server sends data: [DONE] at the end", [1, 2])
+    assert acct.feed(sse(native_chunk("a", [1])) + sse(quoting))
+    assert not acct.done
+    assert acct.feed(sse(native_chunk("b", [1, 2, 3])) + b"data: [DONE]\n\n")
+    assert acct.done and acct.token_events == 3
+    starts_with_done = StreamAccountant(Dialect.SGLANG)
+    assert not starts_with_done.feed(b"data: [DONE]\n\n") and starts_with_done.done

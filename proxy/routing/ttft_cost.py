@@ -17,11 +17,21 @@ holder to an idle worker and pay that prefix twice. With it, reuse wins unless t
 and decode batch cost more than recomputing the prefix elsewhere (``work_weight`` 0 = greedy).
 Pick the smallest score among workers that are not saturated; scores within
 ``max(tie_abs_s, tie_rel x best)`` of the best count as tied, and among those the longest prefix
-match wins (affinity), then the worker with the fewest recent picks, then the least recently
-picked (so unique prompts spread evenly even at concurrency 1, never "first in the list"). Saturated: stale snapshot, ``token_usage >=
-token_usage_limit``, every running slot taken with a queue behind it, or our own
-``in_flight >= max_in_flight`` (0 = off; admission normally bounds it). If every worker is
-saturated the smallest score among all wins.
+match wins (affinity). Then (``tie_break`` "rendezvous", the default):
+* among workers holding more than ``cold_blocks`` blocks of it: the fewest recent picks, then the
+  least recently picked, so a hot prefix held by several workers shares their load;
+* otherwise the rendezvous (highest-random-weight) order of the hash of the prompt's first
+  ``key_blocks`` blocks, which every proxy computes alike: independent proxies that share
+  nothing send a new group, and a spilled group's overflow, to the same worker;
+* for a cold prompt (no worker holds more than ``cold_blocks`` blocks), the first of its first
+  ``cold_choices`` hash choices whose count of our recent cold placements is within
+  ``cold_slack`` of the fewest among them: unique prompts spread nearly evenly even at
+  concurrency 1 (never "first in the list"), and a new group still lands on one of the same
+  ``cold_choices`` workers whatever each proxy routed before.
+"recent" breaks every tie by recent picks (one proxy's exact rotation; replicas disagree), "hash"
+by the hash alone. Saturated: stale snapshot, ``token_usage >= token_usage_limit``, every running
+slot taken with a queue behind it, or our own ``in_flight >= max_in_flight`` (0 = off; admission
+normally bounds it). If every worker is saturated the smallest score among all wins.
 
 Branches: ``affinity`` (chose the longest match, > 0), ``spill`` (a worker holding more of the
 prefix was passed over for load or saturation), ``balance`` (no worker holds any of it),
@@ -74,22 +84,21 @@ class TtftParams:
     # Scores within max(tie_abs_s, tie_rel * best) of the best are tied.
     tie_rel: float = 0.1
     tie_abs_s: float = 0.005
-    # Among tied workers with equal matches: "hash" = rendezvous hash of the prompt's first
-    # ``key_blocks`` blocks (independent proxies agree where a new prefix goes), "recent" = the
-    # fewest recent picks, then the least recently picked (the most even spread from one proxy).
-    tie_break: str = "recent"
+    # Among tied workers with equal matches (the hash is over the prompt's first ``key_blocks``
+    # blocks, so independent proxies agree on it):
+    #   "rendezvous" = the rendezvous-hash order; for a cold prompt (no worker holds more than
+    #     ``cold_blocks`` blocks of it) the first of its first ``cold_choices`` workers whose
+    #     count of our recent cold placements is within ``cold_slack`` of the fewest among them;
+    #   "hash" = the rendezvous-hash winner, always;
+    #   "recent" = the fewest recent picks, then the least recently picked (one proxy's most even
+    #     spread, but independent proxies place a new prefix each on its own worker).
+    tie_break: str = "rendezvous"
     key_blocks: int = 16
-    # "rendezvous": a cold prompt (no worker holds more than ``cold_blocks`` of it) goes to the
-    # rendezvous-hash winner among tied workers whose count of recent cold placements is within
-    # ``cold_slack`` of the fewest; a warm one to the hash winner among the longest matches.
     cold_blocks: int = 1
-    cold_slack: float = 1.0
-    # A cold prompt's tie margin: max(tie_abs_s, cold_tie_rel x best), wider than a warm one's so
-    # that proxies whose own views of the load differ still find the same hash winner among them.
-    cold_tie_rel: float = 0.1
-    # Multiplier on our own unseen work (other proxies send theirs too): 1 = we are the only
-    # proxy; 0 = estimate it as the fleet's scraped active requests over our own in flight.
-    unseen_scale: float = 1.0
+    cold_choices: int = 2
+    # 0: the less used of the choices (even spread); 1: proxies that share nothing agree more
+    # often (4 proxies, shared_prefix @128: p95 0.248 vs 0.286) but unique prompts spread 1.11x.
+    cold_slack: float = 0.0
     token_usage_limit: float = 0.95
     # Our own in-flight requests above which a worker counts as saturated; 0 = off.
     max_in_flight: int = 0
@@ -117,8 +126,7 @@ class TtftParams:
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,
             "cold_slack": self.cold_slack >= 0,
-            "cold_tie_rel": self.cold_tie_rel >= 0,
-            "unseen_scale": self.unseen_scale == 0 or self.unseen_scale >= 1,
+            "cold_choices": self.cold_choices >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -188,7 +196,6 @@ class TtftCost:
         # url -> (decayed count of cold placements, cold decision number it was last updated at)
         self._cold: dict[str, tuple[float, int]] = {}
         self._cold_decisions = 0
-        self._traffic_scale = 1.0
 
     # -- model inputs --------------------------------------------------------------------------
 
@@ -204,25 +211,11 @@ class TtftCost:
             if entry.signature != current:
                 break
             unseen += int(entry.features.uncached)
-        unseen = round(unseen * self.traffic_scale())
         if worker.waiting_uncached_tokens is not None:
             queued = worker.waiting_uncached_tokens
         else:
             queued = int((worker.queued or 0) * self._mean_uncached)
         return unseen, queued
-
-    def traffic_scale(self) -> float:
-        """How many times our own traffic the fleet receives (``unseen_scale``, or its estimate)."""
-        return self.params.unseen_scale or self._traffic_scale
-
-    def _observe_traffic(self, workers: Sequence[WorkerSnapshot]) -> None:
-        if self.params.unseen_scale:
-            return
-        active = sum((w.running or 0) + (w.queued or 0) for w in workers)
-        own = sum(len(t) for t in self._in_flight.values())
-        if own >= 4 and active:
-            ratio = min(max(active / own, 1.0), 16.0)
-            self._traffic_scale += 0.05 * (ratio - self._traffic_scale)
 
     def running(self, worker: WorkerSnapshot) -> int:
         return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
@@ -259,13 +252,12 @@ class TtftCost:
         if not candidates:
             raise NoWorkerAvailable("no healthy worker")
         self.index.sync(workers)
-        self._observe_traffic(candidates)
         estimates = [self.estimate(request, w) for w in candidates]
         pool = [e for e in estimates if not e.saturated] or estimates
         best = min(e.score for e in pool)
         longest = max(e.matched_blocks for e in estimates)
         cold = self.params.tie_break == "rendezvous" and longest <= self.params.cold_blocks
-        margin = max(self.params.tie_abs_s, (self.params.cold_tie_rel if cold else self.params.tie_rel) * best)
+        margin = max(self.params.tie_abs_s, self.params.tie_rel * best)
         tied = [e for e in pool if e.score <= best + margin]
         chosen = min(tied, key=self._cold_order(request, tied) if cold else self._tie_order(request))
         if cold:
@@ -292,17 +284,32 @@ class TtftCost:
     def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
         """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
         hashes = request.block_hashes
-        if self.params.tie_break != "recent" and (hashes or request.session_key):
-            key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
+        recent = self.params.tie_break == "recent" or not (hashes or request.session_key)
+        if recent:
+            return lambda e: (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
+        key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
+        if self.params.tie_break == "hash":
             return lambda e: (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
-        return lambda e: (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
+        # rendezvous: several holders of the prefix share its load (a hash would pile one hot
+        # prefix on one of them); among non-holders the hash keeps proxies' spill targets alike.
+        cold = self.params.cold_blocks
+
+        def order(e: Estimate) -> tuple[int, float, int]:
+            if e.matched_blocks > cold:
+                return (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
+            return (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
+
+        return order
 
     def _cold_order(self, request: RouteRequest, tied: Sequence[Estimate]) -> Callable[[Estimate], tuple[int, float, int]]:
-        """Rendezvous hash among the tied workers not ahead of the fewest cold placements by more than the slack."""
+        """Rendezvous order over the tied workers; of its first ``cold_choices``, the first whose
+        cold placements are within ``cold_slack`` of the fewest among them."""
         key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
-        counts = {e.url: self.cold_placements(e.url) for e in tied}
+        rank = {e.url: xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)) for e in tied}
+        choices = sorted(tied, key=lambda e: rank[e.url])[: self.params.cold_choices]
+        counts = {e.url: self.cold_placements(e.url) for e in choices}
         bound = min(counts.values()) + self.params.cold_slack
-        return lambda e: (int(counts[e.url] > bound), 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
+        return lambda e: (int(counts.get(e.url, bound + 1) > bound), 0.0, rank[e.url])
 
     def cold_placements(self, url: str) -> float:
         count, at = self._cold.get(url, (0.0, self._cold_decisions))

@@ -207,14 +207,10 @@ def _save(folder: str, policy: str, summary: RunSummary, doc: dict[str, Any] | N
 
 
 async def _flush(urls: Sequence[str]) -> None:
+    from loadtests.bench_routing_http import flush  # the benchmark's cache flush, reused
+
     async with aiohttp.ClientSession() as session:
-        for url in urls:
-            for _ in range(100):
-                async with session.post(f"{url}/flush_cache") as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        break
-                await asyncio.sleep(0.1)
+        await flush(session, list(urls))
 
 
 def build_parser() -> argparse.ArgumentParser:

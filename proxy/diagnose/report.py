@@ -56,6 +56,9 @@ def _signals(s: Signals) -> dict[str, Any]:
         "itl_p50": _signal(lat.itl.p50, lat.itl.n, w, "seconds"),
         "itl_p95": _signal(lat.itl.p95, lat.itl.n, w, "seconds"),
         "itl_jitter": _signal(lat.itl_jitter, lat.itl.n, w, "ratio"),
+        "itl_p10": _signal(lat.itl_floor, lat.itl.n, w, "seconds"),
+        "itl_max_p50": _signal(lat.itl_max.p50, lat.itl_max.n, w, "seconds"),
+        "uncached_tokens_p95": _signal(lat.uncached_tokens_p95, lat.ttft.n, w, "tokens"),
         "gpu_idle_share": _signal(s.gpu.idle_share, sum(g.samples for g in s.gpu.gpus), s.gpu.window_s, "ratio"),
         "proxy_overhead_share": _signal(lat.proxy_overhead_share, lat.proxy_overhead.n, w, "ratio"),
     }

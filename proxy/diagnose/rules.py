@@ -12,7 +12,8 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
 | prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
-| decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share | tune | GPU profiling (kernel / memory bandwidth) |
+| prefill_stall | the median request's worst token gap ≥ prefill_stall_ratio × ITL p10 and ≥ p10 + prefill_stall_s, with big prefills (uncached p95 ≥ prefill_heavy_tokens) | tune | --enable-mixed-chunk, --chunked-prefill-size, PD disaggregation |
+| decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share, and no prefill stall | tune | GPU profiling (kernel / memory bandwidth) |
 | proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired (cache as good as allowed, gaps small) | at_ceiling | model swap or hardware |
 | latency_floor | TTFT p95 > SLO without saturation or queueing, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
@@ -60,6 +61,9 @@ class RuleParams:
     flat_decode_jitter: float = 1.5  # ITL p95 / p50 at or below this = flat decode
     jittery_decode: float = 2.0  # ITL p95 / p50 at or above this = jittery decode
     proxy_overhead_share: float = 0.10  # our share of TTFT at or above this
+    prefill_stall_ratio: float = 3.0  # median per-request worst gap / ITL p10 at or above this…
+    prefill_stall_s: float = 0.05  # …and at least this far above p10 (seconds) = decode steps wait for prefill
+    prefill_heavy_tokens: float = 1024.0  # uncached prompt tokens p95 at or above this = big prefills arrive
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, float], base: RuleParams | None = None) -> RuleParams:
@@ -314,7 +318,43 @@ def rule_prefill_tail(s: Signals, p: RuleParams) -> Finding | None:
                    (over, spread, flat, share), levers)
 
 
+def _over(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den <= 0 else num / den
+
+
+def _prefill_stall_evidence(s: Signals, p: RuleParams) -> list[Evidence]:
+    lat = s.latency
+    floor, worst = lat.itl_floor, lat.itl_max.p50
+    return [
+        ev("latency.itl_max.p50 / itl.p10", _over(worst, floor), ">=", p.prefill_stall_ratio),
+        ev("latency.itl_max.p50 - itl.p10 (s)", None if worst is None or floor is None else worst - floor,
+           ">=", p.prefill_stall_s),
+        ev("latency.uncached_tokens.p95", lat.uncached_tokens_p95, ">=", p.prefill_heavy_tokens),
+    ]
+
+
+def rule_prefill_stall(s: Signals, p: RuleParams) -> Finding | None:
+    """Decode steps that wait behind prefill chunks: the slow tail of the ITL, not the middle."""
+    evidence = _prefill_stall_evidence(s, p)
+    if not all(e.holds for e in evidence):
+        return None
+    lat = s.latency
+    assert lat.itl_max.p50 is not None and lat.itl_floor is not None  # the evidence holds
+    summary = (f"decode steps stall behind prefill: the median request's worst token gap is "
+               f"{lat.itl_max.p50 * 1000:.0f} ms against {lat.itl_floor * 1000:.0f} ms for a step without "
+               f"prefill, while prompts bring up to {lat.uncached_tokens_p95:.0f} uncached tokens")
+    levers = (
+        Lever("--enable-mixed-chunk", "sglang", "run decodes in the same batch as prefill chunks"),
+        Lever("--chunked-prefill-size", "sglang", "then lower it: each chunk bounds how long a decode step waits"),
+        Lever("prefill/decode disaggregation", "fleet", "move long prefills off the decode workers"),
+    )
+    conf = 0.75 * _data_weight(s, p) * _strength(_over(lat.itl_max.p50, lat.itl_floor), p.prefill_stall_ratio)
+    return Finding("prefill_stall", TUNE, "prefill_interference", summary, conf, tuple(evidence), levers)
+
+
 def rule_decode_jitter(s: Signals, p: RuleParams) -> Finding | None:
+    if all(e.holds for e in _prefill_stall_evidence(s, p)):
+        return None  # the jitter has a cause the prefill_stall rule names
     jitter = ev("latency.itl.p95 / p50", s.latency.itl_jitter, ">=", p.jittery_decode)
     small = ev("gpu.idle_share", s.gpu.idle_share, "<=", p.small_idle_share,
                note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
@@ -344,7 +384,7 @@ def rule_proxy_overhead(s: Signals, p: RuleParams) -> Finding | None:
 
 
 TUNE_RULES = (rule_cache_routing, rule_cache_capacity, rule_admission, rule_idle_gaps,
-              rule_prefill_tail, rule_decode_jitter, rule_proxy_overhead)
+              rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead)
 
 
 def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:

@@ -255,6 +255,13 @@ class LatencySignal:
     admission_wait: Distribution = Distribution()
     proxy_overhead: Distribution = Distribution()
     itl: Distribution = Distribution()
+    # The fastest decode steps (ITL p10): what a step costs when no prefill shares it.
+    itl_floor: float | None = None
+    # Each request's worst gap: a stall that hits every request once is rare among gaps (invisible
+    # at the ITL p95) but sets the median of this.
+    itl_max: Distribution = Distribution()
+    # p95 of the prefill each request brought (prompt - cached tokens): the size of the big prefills.
+    uncached_tokens_p95: float | None = None
     proxy_overhead_share: float | None = None
     # Every stage of the request path, in path order (name, distribution), for the report.
     stages: tuple[tuple[str, Distribution], ...] = ()
@@ -293,6 +300,10 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         admission_wait=admission_wait,
         proxy_overhead=proxy_overhead,
         itl=itl,
+        itl_floor=percentile(gaps, 0.10),
+        itl_max=Distribution.of(t.itl_max for t in timings),
+        uncached_tokens_p95=percentile([float(u) for t in timings if (u := t.uncached_prompt_tokens) is not None],
+                                       0.95),
         proxy_overhead_share=_ratio(overhead_sum, ttft_sum),
         stages=stages,
     )

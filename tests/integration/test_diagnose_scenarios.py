@@ -127,6 +127,19 @@ LOW_MAX_RUNNING = Scenario("max_running_requests far too low", "cache_aware",
 CEILING = Scenario("unique long prompts at saturation, good config", "cache_aware",
                    [sim(max_running_requests=4, max_total_tokens=12_000) for _ in range(2)],
                    unique(900), requests=96, concurrency=32, max_new_tokens=32)
+# Long unique prompts (~6,000 tokens) arriving while others decode. Without mixed chunks every
+# arrival's prefill holds up the running decodes for its whole length (SGLang runs prefill first);
+# with --enable-mixed-chunk and small chunks the decodes ride along, each step a little longer. Stall threshold scaled by the
+# time scale, as the SLO is.
+_STALL_LOAD: dict[str, Any] = {"diagnose.thresholds": {"min_requests": 40, "min_cache_reports": 20,
+                                                       "prefill_stall_s": 0.0125}}
+PREFILL_STALL = Scenario("big prefills stalling decode", "least_load",
+                         [sim(chunked_prefill_size=2048, max_total_tokens=200_000) for _ in range(2)],
+                         unique(2000), requests=48, concurrency=8, max_new_tokens=64, overrides=_STALL_LOAD)
+MIXED_CHUNKS = Scenario("the same load, both levers pulled: mixed 512-token chunks", "least_load",
+                        [sim(chunked_prefill_size=512, max_total_tokens=200_000, enable_mixed_chunk=True)
+                         for _ in range(2)],
+                        unique(2000), requests=48, concurrency=8, max_new_tokens=64, overrides=_STALL_LOAD)
 # Also runs the background refresh (a diagnosis computed in a thread every 0.1 s).
 LOW_LOAD = Scenario("a fleet at low load", "cache_aware", [sim(time_scale=1.0), sim(time_scale=1.0)],
                     shared_prefix(4, 800), requests=48, concurrency=1, max_new_tokens=4,
@@ -178,6 +191,15 @@ async def test_unique_long_prompts_at_saturation_are_at_the_ceiling() -> None:
     assert findings(doc) == {"ceiling": "saturated"}
 
 
+async def test_decode_stalled_by_big_prefills_names_the_mixed_chunk_lever() -> None:
+    big, small = await run(PREFILL_STALL), await run(MIXED_CHUNKS)
+    assert findings(big).get("prefill_stall") == "prefill_interference", big["verdict"]
+    levers = {lv["setting"] for lv in big["verdict"]["levers"]}
+    assert "--enable-mixed-chunk" in levers
+    assert "prefill_stall" not in findings(small), small["verdict"]
+    assert big["signals"]["itl_max_p50"]["value"] > small["signals"]["itl_max_p50"]["value"]
+
+
 async def test_a_fleet_at_low_load_is_healthy_and_the_report_command_says_so(capsys) -> None:
     printed: list[int] = []
 
@@ -193,6 +215,7 @@ async def test_a_fleet_at_low_load_is_healthy_and_the_report_command_says_so(cap
 
 
 if __name__ == "__main__":  # print every scenario's report
-    for scenario in (ROUND_ROBIN, AFFINITY, SMALL_KV, LOW_MAX_RUNNING, CEILING, LOW_LOAD):
+    for scenario in (ROUND_ROBIN, AFFINITY, SMALL_KV, LOW_MAX_RUNNING, CEILING, PREFILL_STALL, MIXED_CHUNKS,
+                     LOW_LOAD):
         print(f"==== {scenario.name} ({scenario.policy})")
         print(render_text(asyncio.run(run(scenario))), end="\n\n")

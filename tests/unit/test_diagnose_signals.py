@@ -151,3 +151,14 @@ def test_long_prompts_use_the_growing_block_layout_of_prefix_key() -> None:
     # A fleet cache of 700 tokens cannot keep all of it; parents survive, the tail is evicted.
     c = cache_signal(recs, 700)
     assert c.available is not None and 0.0 < c.available < 0.5
+
+
+def test_the_itl_floor_and_the_big_prefills_come_from_the_window() -> None:
+    from proxy.diagnose.signals import latency_signal
+
+    # 9 fast decode steps and 1 step stuck behind a prefill, per request; one request in ten is a big prefill.
+    records = [record(gaps=[0.01] * 9 + [0.2], prompt=4096 if i % 10 == 0 else 300, cached=0) for i in range(40)]
+    lat = latency_signal(records)
+    assert lat.itl_floor == pytest.approx(0.01)
+    assert lat.itl.p95 == pytest.approx(0.2)
+    assert lat.uncached_tokens_p95 == 4096

@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
-from proxy.diagnose.signals import Signals
+from proxy.diagnose.signals import Signals, ratio
 
 TUNE, AT_CEILING, HEALTHY, INSUFFICIENT = "tune", "at_ceiling", "healthy", "insufficient_data"
 VERDICT_KINDS = (TUNE, AT_CEILING, HEALTHY, INSUFFICIENT)
@@ -318,15 +318,11 @@ def rule_prefill_tail(s: Signals, p: RuleParams) -> Finding | None:
                    (over, spread, flat, share), levers)
 
 
-def _over(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den <= 0 else num / den
-
-
 def _prefill_stall_evidence(s: Signals, p: RuleParams) -> list[Evidence]:
     lat = s.latency
     floor, worst = lat.itl_floor, lat.itl_max.p50
     return [
-        ev("latency.itl_max.p50 / itl.p10", _over(worst, floor), ">=", p.prefill_stall_ratio),
+        ev("latency.itl_max.p50 / itl.p10", ratio(worst, floor), ">=", p.prefill_stall_ratio),
         ev("latency.itl_max.p50 - itl.p10 (s)", None if worst is None or floor is None else worst - floor,
            ">=", p.prefill_stall_s),
         ev("latency.uncached_tokens.p95", lat.uncached_tokens_p95, ">=", p.prefill_heavy_tokens),
@@ -348,7 +344,7 @@ def rule_prefill_stall(s: Signals, p: RuleParams) -> Finding | None:
         Lever("--chunked-prefill-size", "sglang", "then lower it: each chunk bounds how long a decode step waits"),
         Lever("prefill/decode disaggregation", "fleet", "move long prefills off the decode workers"),
     )
-    conf = 0.75 * _data_weight(s, p) * _strength(_over(lat.itl_max.p50, lat.itl_floor), p.prefill_stall_ratio)
+    conf = 0.75 * _data_weight(s, p) * _strength(ratio(lat.itl_max.p50, lat.itl_floor), p.prefill_stall_ratio)
     return Finding("prefill_stall", TUNE, "prefill_interference", summary, conf, tuple(evidence), levers)
 
 

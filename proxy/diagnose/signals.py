@@ -43,7 +43,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
+def ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den <= 0:
         return None
     return num / den
@@ -63,7 +63,7 @@ class Distribution:
     @property
     def spread(self) -> float | None:
         """p95 / p50: how far the tail sits from the middle."""
-        return _ratio(self.p95, self.p50)
+        return ratio(self.p95, self.p50)
 
 
 # -- prefix cache ------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         itl_max=Distribution.of(t.itl_max for t in timings),
         uncached_tokens_p95=percentile([float(u) for t in timings if (u := t.uncached_prompt_tokens) is not None],
                                        0.95),
-        proxy_overhead_share=_ratio(overhead_sum, ttft_sum),
+        proxy_overhead_share=ratio(overhead_sum, ttft_sum),
         stages=stages,
     )
 

@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,5 +176,28 @@ async def decoy_server() -> AsyncIterator[Decoy]:
     decoy.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield decoy
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def scripted_worker(
+    generate: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A worker on 127.0.0.1 whose /generate misbehaves as the test scripts it (trickles, goes
+    silent): faults the simulated worker has no knob for. /health answers 200. Yields its URL."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()

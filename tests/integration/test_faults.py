@@ -15,7 +15,7 @@ from loadtests.simworker.config import SimConfig
 from loadtests.simworker.testing import load
 from proxy.app import App
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
-from tests.integration.reliability import StreamResult, accounting, scrape, stream, total
+from tests.integration.reliability import StreamResult, accounting, scrape, scripted_worker, stream, total
 
 PROMPT = "Write a detailed travel guide to the coastal towns of Portugal. " * 6
 
@@ -278,18 +278,7 @@ async def test_a_client_leaving_while_a_worker_trickles_a_non_streamed_answer_fr
             released.set()
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    worker = web.Application()
-    worker.router.add_post("/generate", generate)
-    worker.router.add_get("/health", health)
-    runner = web.AppRunner(worker, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with scripted_worker(generate) as url:
         # One pooled connection: if the departed client's connection were kept, nothing else gets through.
         app = await start_proxy(harness, [url], **{"upstream.max_connections_per_worker": 1,
                                                    "upstream.first_byte_timeout_s": 3.0, "scrape.interval_s": 0})
@@ -307,8 +296,6 @@ async def test_a_client_leaving_while_a_worker_trickles_a_non_streamed_answer_fr
             return total(m, "radixgate_errors_total", cause="client_disconnect") == 1 and balanced(m)
 
         await eventually(counted, what="the departed client counted as a disconnect")
-    finally:
-        await runner.cleanup()
 
 
 async def test_requests_that_fail_on_every_worker_cannot_eject_the_whole_fleet(

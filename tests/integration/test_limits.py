@@ -19,7 +19,7 @@ from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
-from tests.integration.reliability import accounting, proxy_process, scrape, stream, total
+from tests.integration.reliability import accounting, proxy_process, scrape, scripted_worker, stream, total
 
 BODY = {"text": "Name three rivers of Europe. " * 4, "sampling_params": {"max_new_tokens": 3}}
 KEYS = ("rg-limit-key-a-31e4", "rg-limit-key-b-98d2")
@@ -245,24 +245,11 @@ async def test_a_worker_that_goes_silent_mid_stream_ends_it_with_a_504_event_aft
         await asyncio.Event().wait()  # silence, until the proxy gives up on us
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    worker = web.Application()
-    worker.router.add_post("/generate", generate)
-    worker.router.add_get("/health", health)
-    runner = web.AppRunner(worker, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with scripted_worker(generate) as url:
         app = await harness.proxy([url], **{"upstream.idle_timeout_s": 0.3, "scrape.interval_s": 0})
         r = await stream(client, base(app) + "/generate", {"text": "hi", "stream": True})
         assert r.status == 200 and len(r.tokens) == 1 and r.error is not None and r.error["code"] == 504
         assert r.done and r.clean_close and r.elapsed_s < 2.0
-    finally:
-        await runner.cleanup()
 
 
 # -- slow readers ------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from proxy.admission import Admission
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import Config
 from proxy.diagnose.wiring import DiagnosisService
+from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
 from proxy.limits import ConnectionGate, GatedListener, RateLimiter, handler_options, serve_gated
 from proxy.pipeline import Pipeline
@@ -221,6 +222,9 @@ class App:
         drain_started = self.clock.now()
         if not await self.pipeline.drained(grace):
             log.warning("drain: %d requests still running after %.1f s", self.pipeline.active, grace)
+            # Streams end with an explicit error event, never a bare cut; give them a moment to send it.
+            if self.pipeline.cut_streams(ShuttingDown("radixgate is shutting down: the drain grace period ended")):
+                await self.pipeline.drained(1.0)
         if self._grpc is not None:
             # What is left of the grace lets drained calls send their last message and status.
             await self._grpc.stop(max(0.0, grace - (self.clock.now() - drain_started)))

@@ -76,6 +76,7 @@ class Pipeline:
         # caller's Authorization → what the worker gets (App sets it from security config).
         self.upstream_authorization: Callable[[str | None], str | None] = lambda client: client
         self.active = 0
+        self._live: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -97,6 +98,18 @@ class Pipeline:
             for m in s.models:
                 seen.setdefault(m, None)
         return list(seen)
+
+    def cut_streams(self, err: RadixgateError) -> int:
+        """End every stream still relaying with ``err`` as its error event (the drain's last word):
+        closing each upstream connection makes its relay stop at the next read, the one place a
+        stream already knows how to end with an error. Returns how many were cut."""
+        cut = 0
+        for ex in list(self._live):
+            if ex.streaming and ex._resp is not None and not ex._upstream_done:
+                ex._cut = err
+                ex._resp.close()
+                cut += 1
+        return cut
 
     async def drained(self, timeout_s: float) -> bool:
         try:
@@ -128,6 +141,7 @@ class Exchange:
         self.retries = 0
         self.meta = FinalMeta()
         self.error: RadixgateError | None = None  # set when a stream broke after relaying began
+        self._cut: RadixgateError | None = None  # why the proxy itself ended the stream (drain)
         self._lease: Lease | None = None
         self._resp: Http1Connection | None = None
         self._first = b""
@@ -143,6 +157,7 @@ class Exchange:
         self._deadline = received + total
         p.metrics.inc(p.metrics.requests_accepted, req.frontend)
         p.active += 1
+        p._live.add(self)
         p._idle.clear()
 
     async def __aenter__(self) -> Exchange:
@@ -353,12 +368,15 @@ class Exchange:
             err = UpstreamError(f"the worker connection broke mid-stream: {e!r}")
         self._upstream_done = False
         self.meta = acct.final()
-        self.error = err
         assert self.worker is not None
-        p.metrics.inc(p.metrics.upstream_failures, self.worker,
-                      "timeout" if isinstance(err, UpstreamTimeout) else "stream_broken", worker=self.worker)
-        if not isinstance(err, UpstreamTimeout):
-            self._report_sick(self.worker)
+        if self._cut is not None:  # we closed it ourselves: not the worker's failure
+            err = self._cut
+        else:
+            p.metrics.inc(p.metrics.upstream_failures, self.worker,
+                          "timeout" if isinstance(err, UpstreamTimeout) else "stream_broken", worker=self.worker)
+            if not isinstance(err, UpstreamTimeout):
+                self._report_sick(self.worker)
+        self.error = err
         yield error_event(err)
 
     async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
@@ -431,6 +449,7 @@ class Exchange:
             admission_wait=lease.wait_s if lease is not None and lease.outcome else None,
             timing=t, finish_reason=m.finish_reason))
         p.active -= 1
+        p._live.discard(self)
         if p.active == 0:
             p._idle.set()
 

@@ -9,7 +9,9 @@ every router; 4 Llama-3.1-8B-on-H100 simulated workers by default. Two modes:
 * ``sim`` (default): ``loadtests.routing_sim`` -- radixgate's real routing code in front of the
   simulated workers' real schedulers, radix caches and step-time model, in virtual time. Exact,
   repeatable, immune to a busy host; leaves out HTTP and proxy overhead. ``--replicas N`` adds a
-  run of ``--replica-policy`` behind N independent proxies, each seeing every N-th request.
+  run of ``--replica-policy`` behind N independent proxies, each seeing every N-th request;
+  ``--peer-sync S`` adds one where each tells the others its decisions, S seconds later
+  (``routing.peers``).
 * ``http``: ``loadtests.bench_routing_http`` -- real router processes (radixgate, and the real
   ``sglang-router`` when named) in front of simulated workers running at ``--time-scale``,
   streamed over loopback. On a small shared machine host contention shows up as latency.
@@ -50,14 +52,17 @@ def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arr
             replicas: int) -> dict[str, Any]:
     sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
     params = json.loads(args.params).get(policy, {})
+    peer_sync = args.peer_sync if replicas > 1 and args.peer_sync >= 0 else None
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
-                               scrape_interval_s=args.scrape_interval, seed=args.seed, params=params)
+                               scrape_interval_s=args.scrape_interval, seed=args.seed, params=params,
+                               peer_sync_s=peer_sync)
     done = [o for o in outcomes if o.first is not None and o.done is not None]
     touched: dict[str, set[str]] = defaultdict(set)
     for o in outcomes:
         touched[o.group].add(o.worker)
     return summarize(
-        policy if replicas == 1 else f"{policy} x{replicas} proxies",
+        policy if replicas == 1 else f"{policy} x{replicas} proxies" + (
+            f", peers told {peer_sync * 1e3:g} ms later" if peer_sync is not None else ", sharing nothing"),
         sent=len(outcomes),
         ttft=[o.first - o.arrival for o in done if o.first is not None],
         e2e=[o.done - o.arrival for o in done if o.done is not None],
@@ -95,6 +100,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="radixgate policies, and (http mode) sglang-router")
     ap.add_argument("--replicas", type=int, default=1, help="also run --replica-policy behind this many proxies")
     ap.add_argument("--replica-policy", default="ttft")
+    ap.add_argument("--peer-sync", type=float, default=-1.0,
+                    help="sim mode, with --replicas: replicas share decisions, arriving this many seconds later "
+                         "(routing.peers; -1 = share nothing)")
     ap.add_argument("--params", default="{}", help='sim mode: policy params, e.g. {"ttft": {"work_weight": 2}}')
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", default="llama-3.1-8b-h100", choices=sorted(PROFILES))
@@ -129,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
                 if args.replicas > 1:
                     rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
+                    if args.peer_sync >= 0:
+                        no_peers = argparse.Namespace(**{**vars(args), "peer_sync": -1.0})
+                        rows.insert(-1, run_sim(no_peers, args.replica_policy, specs, arrivals, args.replicas))
             runs.append(rows)
             title = (f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
                      f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "

@@ -3,7 +3,7 @@
 Why: wall-clock load tests on a small shared box measure the box (a starved process adds its
 scheduling delay to every TTFT). Here time is virtual, so a run is exact and repeatable and costs
 only CPU. What is real: the routing code (``prefix_key.build_route_request``, the policies, their
-``on_complete`` learning), and each worker's scheduler, radix prefix cache and roofline step times
+``on_first_token`` / ``on_complete`` learning), and each worker's scheduler, radix prefix cache and roofline step times
 (``loadtests.simworker``: the same classes the HTTP simulated worker runs). What is left out: HTTP
 and proxy overhead (see bench_overhead), the proxy's admission queue (its default per-worker limit
 is the worker's max_running_requests, which these loads never reach).
@@ -34,7 +34,7 @@ from loadtests.simworker.scheduler import SimRequest, Step
 from loadtests.workloads import RequestSpec
 from proxy.clock import ManualClock
 from proxy.request import Dialect, GenerateRequest
-from proxy.routing.base import Completion, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import build_route_request
 from proxy.routing.registry import build_named
 
@@ -105,8 +105,15 @@ def simulate(
     scrape_interval_s: float = 0.5,
     seed: int = 0,
     params: dict[str, object] | None = None,
+    first_token_feedback: bool = True,
+    peer_sync_s: float | None = None,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
-    """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers."""
+    """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
+
+    ``first_token_feedback``: tell policies of each first token, as the proxy does for streamed
+    answers (False: only completions, as for non-streamed ones). ``peer_sync_s``: replicas tell
+    each other their decisions, arriving this many seconds later (``routing.peers``); None = they
+    share nothing."""
     sim = sim or SimConfig()
     fleet = [VirtualWorker(f"http://w{i}", sim) for i in range(workers)]
     by_url = {w.url: w for w in fleet}
@@ -120,9 +127,16 @@ def simulate(
     seq = 0
     next_scrape = 0.0
     i = 0
+    peer_events: list[tuple[float, int, int, str, RouteRequest]] = []  # (at, seq, from replica, worker, route)
     while i < len(specs) or steps:
         t_arrival = arrivals[i] if i < len(specs) else float("inf")
         t_step = steps[0][0] if steps else float("inf")
+        if peer_events and peer_events[0][0] <= min(t_arrival, t_step):
+            _, _, source, url, peer_route = heapq.heappop(peer_events)
+            for r, policy in enumerate(policies):
+                if r != source:
+                    policy.on_peer_decision(url, peer_route)
+            continue
         if next_scrape <= min(t_arrival, t_step):
             scraped = {w.url: w.snapshot() for w in fleet}
             next_scrape += scrape_interval_s
@@ -133,6 +147,9 @@ def simulate(
             snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u]) for u in by_url]
             decision = policies[replica].select(route, snaps)
             worker = by_url[decision.worker]
+            if peer_sync_s is not None and replicas > 1:
+                seq += 1
+                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route))
             req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
             outcome = Outcome(spec.group, now, worker.url, branch=decision.branch)
             outcomes.append(outcome)
@@ -153,6 +170,8 @@ def simulate(
             if outcome.first is None:
                 outcome.first = now
                 outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
+                if first_token_feedback:
+                    policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, outcome.cached_tokens))
             elif req.last_token_at == now:
                 outcome.gaps.append(now - (outcome.done or outcome.first))
             outcome.done = now

@@ -24,7 +24,7 @@ import functools
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -32,11 +32,13 @@ from prometheus_client import CollectorRegistry
 
 from proxy.admission import Admission
 from proxy.clock import Clock, MonotonicClock
-from proxy.config import Config
+from proxy.config import Config, ConfigError, RoutingConfig
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
 from proxy.limits import ConnectionGate, GatedListener, RateLimiter, handler_options, serve_gated
+from proxy.peers import PATH as PEER_PATH
+from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
@@ -115,6 +117,11 @@ class App:
         guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                        reject=self.pipeline.reject)
         self.admin_app = build_admin_app(self.pipeline)
+        self.peers = PeerSync(config.routing, self.policy.on_peer_decision, self.metrics,
+                              key=_peer_key(config.routing, os.environ))
+        if self.peers.enabled:
+            self.pipeline.decision_listeners.append(self.peers.publish)
+        self.add_admin_route("POST", PEER_PATH, self.peers.handle)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0
         self.admin_port = 0
@@ -171,6 +178,7 @@ class App:
         self._spawn(self.health.run())
         self._spawn(self.scraper.run())
         await self.diagnosis.start()
+        await self.peers.start()
         self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
         self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True,
                                            gate=self.connections)
@@ -241,7 +249,18 @@ class App:
                 await task
         self._tasks.clear()
         await self.diagnosis.stop()
+        await self.peers.stop()
         await self.upstream.close()
+
+
+def _peer_key(routing: RoutingConfig, environ: Mapping[str, str]) -> str | None:
+    """The replicas' shared key from ``routing.peer_key_env``; a named but empty variable is an error."""
+    if not routing.peer_key_env:
+        return None
+    key = environ.get(routing.peer_key_env, "").strip()
+    if not key:
+        raise ConfigError(f"routing.peer_key_env: environment variable {routing.peer_key_env!r} is unset or empty")
+    return key
 
 
 class _State:

@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="gRPC port, 0 = off (server.grpc_port)")
     serve.add_argument("--worker", action="append", default=[], metavar="URL",
                        help="worker URL; repeatable; adds to workers.static")
+    serve.add_argument("--peer", action="append", default=[], metavar="URL",
+                       help="another replica's admin URL; repeatable; adds to routing.peers")
     serve.add_argument("--policy", help="routing policy (routing.policy)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="telemetry.log_level")
     for name, (_, help_text) in PASS_THROUGH.items():
@@ -57,6 +59,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         base = load(args.config)
         overrides["workers.static"] = [{"url": w.url, "model": w.model} for w in base.workers.static] + list(
             args.worker)
+    if args.peer:
+        overrides["routing.peers"] = list(load(args.config).routing.peers) + list(args.peer)
     return load(args.config, overrides=overrides)
 
 

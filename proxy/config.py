@@ -106,6 +106,15 @@ class RoutingConfig:
     # Cap on blocks hashed per prompt.
     max_blocks: int = 2048
     session_header: str = "x-session-id"
+    # Other replicas' admin base URLs (http://host:admin_port): each decision is told to them and
+    # theirs to us (proxy/peers.py), so replicas find prefixes the others placed. () = share nothing.
+    peers: tuple[str, ...] = ()
+    # How often buffered decisions are sent to the peers; 0 = off.
+    peer_sync_interval_s: float = 0.02
+    peer_timeout_s: float = 0.5
+    # Environment variable holding a key shared by the replicas (sent and required as a Bearer
+    # token on POST /peer/decisions); "" = none.
+    peer_key_env: str = ""
 
 
 @dataclass(frozen=True)
@@ -384,6 +393,8 @@ def validate(cfg: Config) -> None:
         (cfg.upstream.connect_timeout_s > 0, "upstream.connect_timeout_s: must be > 0"),
         (cfg.routing.chars_per_token > 0, "routing.chars_per_token: must be > 0"),
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
+        (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),
+        (cfg.routing.peer_timeout_s > 0, "routing.peer_timeout_s: must be > 0"),
         (cfg.admission.queue_size >= 0, "admission.queue_size: must be >= 0"),
         (cfg.admission.queue_timeout_s >= 0, "admission.queue_timeout_s: must be >= 0"),
         (cfg.admission.per_worker_limit >= 0, "admission.per_worker_limit: must be >= 0 (0 = derive)"),
@@ -413,6 +424,9 @@ def validate(cfg: Config) -> None:
     for i, w in enumerate(cfg.workers.static):
         if not w.url.startswith(("http://", "https://")):
             raise ConfigError(f"workers.static[{i}].url: must start with http:// or https://, got {w.url!r}")
+    for i, peer in enumerate(cfg.routing.peers):
+        if not peer.startswith(("http://", "https://")):
+            raise ConfigError(f"routing.peers[{i}]: must start with http:// or https://, got {peer!r}")
 
 
 def _validate_discovery(cfg: Config) -> None:

@@ -15,6 +15,7 @@
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
    token-bearing chunk, done.
 6. record: metrics, one JSON log line, ``policy.on_complete``, and ``observers`` (diagnosis).
+   (A streamed answer's first token already told the policy: ``policy.on_first_token``.)
 
 Two ways to consume an ``Exchange`` (``async with pipeline.exchange(req) as ex``):
 * ``ex.chunks()`` — complete SSE events as raw bytes, relayed as they come (HTTP frontend);
@@ -45,9 +46,26 @@ from proxy.errors import (
 )
 from proxy.records import CompletedRequest, Finished, body_with_rid
 from proxy.request import GenerateRequest
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    Policy,
+    RouteRequest,
+    WorkerSnapshot,
+)
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
-from proxy.sse import ErrorEvent, EventDecoder, FinalMeta, StreamAccountant, TextDelta, error_event, meta_from
+from proxy.sse import (
+    ErrorEvent,
+    EventDecoder,
+    FinalMeta,
+    StreamAccountant,
+    TextDelta,
+    error_event,
+    first_token_counts,
+    meta_from,
+)
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
@@ -73,6 +91,8 @@ class Pipeline:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
         self.observers: list[Callable[[CompletedRequest], None]] = []
+        # Told of every routing decision (App: peer replicas, proxy/peers.py).
+        self.decision_listeners: list[Callable[[str, RouteRequest], None]] = []
         # caller's Authorization → what the worker gets (App sets it from security config).
         self.upstream_authorization: Callable[[str | None], str | None] = lambda client: client
         self.active = 0
@@ -214,6 +234,8 @@ class Exchange:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             lease.assign(decision.worker)
             self.worker, self.decision = decision.worker, decision
+            for listener in p.decision_listeners:
+                listener(decision.worker, self.route)
             p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
             t.dispatched = p.clock.now()
             try:
@@ -349,6 +371,8 @@ class Exchange:
         try:
             while data:
                 if acct.feed(data):
+                    if t.first_token is None:
+                        self._first_token(data)
                     t.mark_token(now)
                 yield data
                 if acct.done or acct.error is not None:
@@ -378,6 +402,12 @@ class Exchange:
                 self._report_sick(self.worker)
         self.error = err
         yield error_event(err)
+
+    def _first_token(self, data: bytes) -> None:
+        """The prompt is prefilled and in the worker's cache: tell the policy now, not at the end."""
+        if self.worker is not None and self.route is not None:
+            prompt_tokens, cached_tokens = first_token_counts(self.req.dialect, data)
+            self.p.policy.on_first_token(FirstToken(self.worker, self.route, prompt_tokens, cached_tokens))
 
     async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
         """Typed events of the answer, then ``Finished`` (the gRPC frontend's view)."""

@@ -152,6 +152,28 @@ def last_output_payload(data: bytes) -> bytes | None:
     return None
 
 
+def first_token_counts(dialect: Dialect, data: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, cached_tokens) from the run that carried a stream's first token.
+
+    SGLang's native chunks carry ``meta_info`` in every event, so the prompt's cache hit is known
+    at the first token; OpenAI chunks report usage only at the end: (None, None). Parsed once per
+    request, and only the run's first output event.
+    """
+    if dialect is not Dialect.SGLANG:
+        return None, None
+    for payload in iter_payloads(data):
+        if payload == DONE or payload.startswith(b'{"error"'):
+            continue
+        try:
+            info = json.loads(payload).get("meta_info")
+        except (ValueError, AttributeError):
+            return None, None
+        if not isinstance(info, Mapping):
+            return None, None
+        return _int(info.get("prompt_tokens")), _int(info.get("cached_tokens"))
+    return None, None
+
+
 def openai_has_output(obj: Mapping[str, Any]) -> bool:
     for c in obj.get("choices") or ():
         if not isinstance(c, Mapping):

@@ -82,6 +82,18 @@ class Completion:
     ttft: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """What the pipeline tells a policy when a streamed answer's first token arrives: the prompt
+    is prefilled and cached on ``worker`` from now on, an answer's whole decode before completion."""
+
+    worker: str
+    request: RouteRequest
+    # From the first chunk's meta_info (SGLang /generate); None where the dialect sends them last.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
 class NoWorkerAvailable(Exception):
     """No healthy worker can take the request."""
 
@@ -93,8 +105,16 @@ class Policy(Protocol):
         """Pick a worker among ``workers`` (healthy ones only); raise NoWorkerAvailable if none."""
         ...
 
+    def on_first_token(self, first: FirstToken) -> None:
+        """The prompt of a request it routed is now in its worker's cache (streamed answers only)."""
+        ...
+
     def on_complete(self, completion: Completion) -> None:
         """Learn from a finished request (cache correction, rate estimates)."""
+        ...
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        """Another proxy replica routed ``request`` to ``worker`` (``routing.peers``)."""
         ...
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:

@@ -38,7 +38,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    RouteRequest,
+    WorkerSnapshot,
+    healthy,
+)
 from proxy.routing.prefix_key import blocks_within
 from proxy.routing.registry import PolicySpec
 
@@ -227,6 +235,12 @@ class CacheAware:
             return 0
         tokens = math.floor(matched_chars * request.prompt_tokens / len(request.prompt_text))
         return blocks_within(tokens, request.block_tokens, len(request.block_hashes))
+
+    def on_first_token(self, first: FirstToken) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        pass
 
     def on_complete(self, completion: Completion) -> None:
         pass

@@ -40,7 +40,15 @@ from dataclasses import dataclass
 import xxhash
 
 from proxy.config import ConfigError
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    RouteRequest,
+    WorkerSnapshot,
+    healthy,
+)
 from proxy.routing.registry import PolicySpec
 
 
@@ -140,6 +148,12 @@ class ConsistentHash:
             return Decision(url, "home" if position == 0 else "spill", reason=f"load={_load(worker)} bound={bound}")
         least = min(candidates, key=lambda w: (w.stale, _load(w), order.index(w.url)))
         return Decision(least.url, "overloaded", reason=f"load={_load(least)} bound={bound}")
+
+    def on_first_token(self, first: FirstToken) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        pass
 
     def on_complete(self, completion: Completion) -> None:
         pass

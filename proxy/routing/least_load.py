@@ -19,7 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    RouteRequest,
+    WorkerSnapshot,
+    healthy,
+)
 from proxy.routing.registry import PolicySpec
 
 
@@ -53,6 +61,12 @@ class LeastLoad:
         sampled = self._rng.sample(candidates, min(self._choices, len(candidates)))
         best = min(sampled, key=load_of)  # min() keeps the first of equal keys
         return Decision(best.url, "p2c", reason=f"load={load_of(best)[1]}")
+
+    def on_first_token(self, first: FirstToken) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        pass
 
     def on_complete(self, completion: Completion) -> None:
         pass

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    RouteRequest,
+    WorkerSnapshot,
+    healthy,
+)
 from proxy.routing.registry import PolicySpec
 
 
@@ -34,6 +42,12 @@ class RoundRobin:
         choice = candidates[self._next % len(candidates)]
         self._next += 1
         return Decision(choice.url, "rr")
+
+    def on_first_token(self, first: FirstToken) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        pass
 
     def on_complete(self, completion: Completion) -> None:
         pass

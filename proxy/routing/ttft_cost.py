@@ -25,9 +25,12 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
   nothing send a new group, and a spilled group's overflow, to the same worker;
 * for a cold prompt (no worker holds more than ``cold_blocks`` blocks), the first of its first
   ``cold_choices`` hash choices whose count of our recent cold placements is within
-  ``cold_slack`` of the fewest among them: unique prompts spread nearly evenly even at
-  concurrency 1 (never "first in the list"), and a new group still lands on one of the same
-  ``cold_choices`` workers whatever each proxy routed before.
+  ``cold_slack`` of the fewest among them (for such a prompt, scores within
+  ``cold_tie_prefills`` of its own prefill time count as tied): unique prompts spread nearly
+  evenly even at concurrency 1 (never "first in the list"), and a new group still lands on one
+  of the same ``cold_choices`` workers whatever each proxy routed before.
+Behind several proxies, each can tell the others its decisions (``on_peer_decision``, fed by
+``proxy/peers.py``): they land in its index as its own would, and count in its cold spread.
 "recent" breaks every tie by recent picks (one proxy's exact rotation; replicas disagree), "hash"
 by the hash alone. Saturated: stale snapshot, ``token_usage >= token_usage_limit``, every running
 slot taken with a queue behind it, or our own ``in_flight >= max_in_flight`` (0 = off; admission
@@ -37,8 +40,9 @@ Branches: ``affinity`` (chose the longest match, > 0), ``spill`` (a worker holdi
 prefix was passed over for load or saturation), ``balance`` (no worker holds any of it),
 ``saturated`` (every worker saturated), ``only`` (one healthy worker).
 
-The routed prompt is recorded in the chosen worker's index; ``on_complete`` confirms it there,
-corrects the index by the reported ``cached_tokens`` and feeds the model. The policy keeps our
+The routed prompt is recorded in the chosen worker's index; its first token (``on_first_token``,
+streamed answers) or else its completion confirms it there and corrects the index by the reported
+``cached_tokens``; ``on_complete`` feeds the model. The policy keeps our
 in-flight requests per worker, so the pipeline must call ``on_complete`` once per ``select``
 (``ok=False`` on failure); a per-worker cap bounds the table if it does not.
 
@@ -59,7 +63,15 @@ from typing import NamedTuple
 import xxhash
 
 from proxy.config import ConfigError
-from proxy.routing.base import Completion, Decision, NoWorkerAvailable, RouteRequest, WorkerSnapshot, healthy
+from proxy.routing.base import (
+    Completion,
+    Decision,
+    FirstToken,
+    NoWorkerAvailable,
+    RouteRequest,
+    WorkerSnapshot,
+    healthy,
+)
 from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
 from proxy.routing.prefix_key import prefix_tokens
@@ -96,9 +108,15 @@ class TtftParams:
     key_blocks: int = 16
     cold_blocks: int = 1
     cold_choices: int = 2
-    # 0: the less used of the choices (even spread); 1: proxies that share nothing agree more
-    # often (4 proxies, shared_prefix @128: p95 0.248 vs 0.286) but unique prompts spread 1.11x.
-    cold_slack: float = 0.0
+    # 1: the first choice unless it has more than one cold placement over the second: a group's
+    # early requests agree on its first choice more often than with 0 (strict least used), and
+    # in a cold burst fewer groups are prefilled twice (shared_prefix @128, 16 seeds: p95 0.135
+    # vs 0.150 s).
+    cold_slack: float = 1.0
+    # For a cold prompt, scores within this many of its own prefill times of the best also tie,
+    # so the cold spread above decides among idle-ish workers whose scores differ by noise
+    # (unique prompts at concurrency 1: max/mean 1.05 instead of 1.19 with cold_slack 1).
+    cold_tie_prefills: float = 0.5
     token_usage_limit: float = 0.95
     # Our own in-flight requests above which a worker counts as saturated; 0 = off.
     max_in_flight: int = 0
@@ -127,6 +145,7 @@ class TtftParams:
             "cold_blocks": self.cold_blocks >= 0,
             "cold_slack": self.cold_slack >= 0,
             "cold_choices": self.cold_choices >= 1,
+            "cold_tie_prefills": self.cold_tie_prefills >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -148,6 +167,8 @@ class _InFlight(NamedTuple):
     touches: tuple[int, ...]
     # The worker's scrape signature when we sent it (unseen by the engine while it is current).
     signature: tuple[object, ...]
+    # Its first token came back: its prompt is prefilled, and the model has learned from it.
+    prefilled: bool = False
 
 
 class Estimate(NamedTuple):
@@ -204,13 +225,14 @@ class TtftCost:
         own = self._in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
         if not scraped:
-            return sum(int(e.features.uncached) for e in own.values()), 0
+            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled), 0
         current = _signature(worker)
         unseen = 0
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
                 break
-            unseen += int(entry.features.uncached)
+            if not entry.prefilled:
+                unseen += int(entry.features.uncached)
         if worker.waiting_uncached_tokens is not None:
             queued = worker.waiting_uncached_tokens
         else:
@@ -258,6 +280,9 @@ class TtftCost:
         longest = max(e.matched_blocks for e in estimates)
         cold = self.params.tie_break == "rendezvous" and longest <= self.params.cold_blocks
         margin = max(self.params.tie_abs_s, self.params.tie_rel * best)
+        if cold and self.params.cold_tie_prefills:
+            margin = max(margin, self.params.cold_tie_prefills * min(
+                e.features.uncached * self.model.seconds_per_token(e.url) for e in pool))
         tied = [e for e in pool if e.score <= best + margin]
         chosen = min(tied, key=self._cold_order(request, tied) if cold else self._tie_order(request))
         if cold:
@@ -345,18 +370,25 @@ class TtftCost:
         if len(table) > self.params.max_tracked_per_worker:
             del table[next(iter(table))]
 
+    def on_first_token(self, first: FirstToken) -> None:
+        """Confirm the prompt in the worker's index as soon as its prefill is done, not an answer's
+        whole decode later: in a cold burst, followers of a group then see its holder at once.
+        (The TTFT fit still learns at completion: fed first tokens during a burst, it took queueing
+        for prefill cost and p95 worsened, 0.101 -> 0.155 s on shared_prefix @128.)"""
+        table = self._in_flight.get(first.worker, {})
+        entry = table.get(id(first.request))
+        if entry is None or entry.request is not first.request or entry.prefilled:
+            return
+        table[id(first.request)] = entry._replace(prefilled=True)
+        self._confirm(first.worker, first.request, entry, first.prompt_tokens, first.cached_tokens)
+
     def on_complete(self, completion: Completion) -> None:
         entry = self._in_flight.get(completion.worker, {}).pop(id(completion.request), None)
         if entry is None or entry.request is not completion.request or not completion.ok:
             return
         request = completion.request
-        self.index.complete(
-            completion.worker,
-            request.block_hashes,
-            request.block_tokens,
-            touches=entry.touches,
-            cached_tokens=self._reported_cached(completion),
-        )
+        if not entry.prefilled:
+            self._confirm(completion.worker, request, entry, completion.prompt_tokens, completion.cached_tokens)
         x = entry.features
         if completion.cached_tokens is not None and completion.prompt_tokens:
             # What the worker actually computed, rescaled to our token estimate of the prompt.
@@ -366,15 +398,28 @@ class TtftCost:
         if completion.ttft is not None:
             self.model.learn(completion.worker, x, completion.ttft)
 
+    def _confirm(self, url: str, request: RouteRequest, entry: _InFlight,
+                 prompt_tokens: int | None, cached_tokens: int | None) -> None:
+        self.index.complete(url, request.block_hashes, request.block_tokens, touches=entry.touches,
+                            cached_tokens=self._reported_cached(request, prompt_tokens, cached_tokens))
+
     @staticmethod
-    def _reported_cached(completion: Completion) -> int | None:
+    def _reported_cached(request: RouteRequest, prompt_tokens: int | None, cached_tokens: int | None) -> int | None:
         """Reported cached tokens, rescaled to our token estimate of the prompt."""
-        if completion.cached_tokens is None:
+        if cached_tokens is None:
             return None
-        if not completion.prompt_tokens:
-            return completion.cached_tokens
-        scale = completion.request.prompt_tokens / completion.prompt_tokens
-        return round(completion.cached_tokens * scale)
+        if not prompt_tokens:
+            return cached_tokens
+        return round(cached_tokens * request.prompt_tokens / prompt_tokens)
+
+    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+        """Another proxy sent ``request`` to ``worker`` (``peers``): its prompt will be cached there,
+        and if it was new to us too, it counts towards the spread of new prompts as ours would."""
+        if worker not in self.index:
+            return
+        if all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls()):
+            self._count_cold(worker)
+        self.index.record(worker, request.block_hashes, request.block_tokens)
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)

@@ -159,6 +159,15 @@ class Metrics:
         self.worker_restarts = FastCounter(
             "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
             ["worker"], registry=r)
+        self.peer_posts = FastCounter(
+            "radixgate_peer_posts_total", "Decision batches sent to peer replicas, by outcome.",
+            ["peer", "outcome"], registry=r)
+        self.peer_received = FastCounter(
+            "radixgate_peer_decisions_received_total", "Peer replicas' decisions received, by outcome "
+            "(applied counts decisions; the refusals count requests).", ["outcome"], registry=r)
+        self.peer_decisions_dropped = FastCounter(
+            "radixgate_peer_decisions_dropped_total", "Decisions dropped unsent because the peer buffer was full.",
+            [], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._by_worker: dict[str, list[tuple[AnyMetric, tuple[str, ...]]]] = {}
         # (worker, frontend, outcome) -> the children a finished request updates (see record).

@@ -12,6 +12,7 @@ from proxy.sse import (
     EventDecoder,
     StreamAccountant,
     TextDelta,
+    first_token_counts,
     iter_payloads,
     last_output_payload,
     meta_from,
@@ -159,3 +160,22 @@ def test_done_written_by_the_model_is_text_not_the_end_of_the_stream() -> None:
     assert acct.done and acct.token_events == 3
     starts_with_done = StreamAccountant(Dialect.SGLANG)
     assert not starts_with_done.feed(b"data: [DONE]\n\n") and starts_with_done.done
+
+
+def test_first_token_counts_come_from_the_first_native_event() -> None:
+    first = {"text": "a", "meta_info": {"prompt_tokens": 120, "cached_tokens": 96, "completion_tokens": 1}}
+    second = {"text": "ab", "meta_info": {"prompt_tokens": 120, "cached_tokens": 0, "completion_tokens": 2}}
+    data = f"data: {json.dumps(first)}\n\ndata: {json.dumps(second)}\n\n".encode()
+    assert first_token_counts(Dialect.SGLANG, data) == (120, 96)
+
+
+@pytest.mark.parametrize("dialect", [Dialect.COMPLETIONS, Dialect.CHAT])
+def test_openai_streams_report_no_counts_at_the_first_token(dialect: Dialect) -> None:
+    data = b'data: {"choices": [{"text": "a", "index": 0}], "usage": {"prompt_tokens": 3}}\n\n'
+    assert first_token_counts(dialect, data) == (None, None)
+
+
+@pytest.mark.parametrize("data", [b"data: {not json\n\n", b"data: [1, 2]\n\n", b'data: {"text": "a"}\n\n',
+                                  b"data: [DONE]\n\n"])
+def test_first_token_counts_of_odd_native_events_are_unknown(data: bytes) -> None:
+    assert first_token_counts(Dialect.SGLANG, data) == (None, None)

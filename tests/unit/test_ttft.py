@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError
-from proxy.routing.base import Completion, NoWorkerAvailable, RouteRequest, WorkerSnapshot
+from proxy.routing.base import Completion, FirstToken, NoWorkerAvailable, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.ttft_cost import TtftCost, TtftParams
 
@@ -163,6 +163,41 @@ def test_completion_confirms_the_prompt_in_the_index() -> None:
     assert policy.index.match(d.worker, r.block_hashes).confirmed == 20
 
 
+def test_the_first_token_confirms_the_prompt_and_ends_its_pending_prefill() -> None:
+    policy = TtftCost(TtftParams())
+    r = prompt(1, 20)
+    d = policy.select(r, fleet())
+    worker = fleet()[URLS.index(d.worker)]
+    assert policy.pending_prefill(worker) == (r.prompt_tokens, 0)
+    policy.on_first_token(FirstToken(d.worker, r, prompt_tokens=r.prompt_tokens, cached_tokens=0))
+    assert policy.index.match(d.worker, r.block_hashes).confirmed == 20
+    assert policy.pending_prefill(worker) == (0, 0)  # prefilled: no longer work ahead of the next
+    assert policy.running(worker) == 1  # still decoding there until it completes
+    finish(policy, r, d.worker, ttft=0.1, cached=0)
+    assert policy.running(worker) == 0
+
+
+def test_a_first_token_reporting_a_miss_corrects_the_index_before_completion() -> None:
+    policy = TtftCost(TtftParams())
+    old = prompt(7, 10, shared=10)
+    d_old = policy.select(old, fleet())
+    finish(policy, old, d_old.worker, ttft=0.1, cached=0)
+    others_stale = fleet(**{u.removeprefix("http://"): {"stale": True} for u in URLS if u != d_old.worker})
+    r = prompt(1, 20, shared=10, shared_tag=7)
+    assert policy.select(r, others_stale).worker == d_old.worker
+    # The worker had evicted the prefix we predicted: it reports no hit at the first token.
+    policy.on_first_token(FirstToken(d_old.worker, r, prompt_tokens=r.prompt_tokens, cached_tokens=0))
+    assert policy.index.match(d_old.worker, old.block_hashes).confirmed == 10  # r re-cached it...
+    assert policy.index.match(d_old.worker, r.block_hashes).confirmed == 20
+
+
+def test_a_first_token_for_a_request_not_in_flight_changes_nothing() -> None:
+    policy = TtftCost(TtftParams())
+    r = prompt(1, 20)
+    policy.on_first_token(FirstToken(URLS[0], r, prompt_tokens=r.prompt_tokens, cached_tokens=0))
+    assert policy.index.match(URLS[0], r.block_hashes).blocks == 0
+
+
 def test_a_confirmed_prefix_reported_missing_evicts_older_entries() -> None:
     policy = TtftCost(TtftParams())
     old = prompt(7, 10)
@@ -241,3 +276,24 @@ def test_with_recent_tie_breaks_one_proxy_alternates_exactly() -> None:
     picks = [policy.select(prompt(tag, 40), fleet()).worker for tag in range(4)]
     # Each pick leaves one more unseen request behind, so ties break toward the idle workers.
     assert sorted(picks) == URLS
+
+
+def test_a_peer_decision_places_the_prefix_for_this_proxy_too() -> None:
+    policy = TtftCost(TtftParams())
+    for w in fleet():
+        policy.index.worker(w.url)
+    first = prompt(1, 20, shared=16)
+    # Where this proxy's own spread would put the group's first request...
+    own_choice = TtftCost(TtftParams()).select(first, fleet()).worker
+    elsewhere = next(u for u in URLS if u != own_choice)
+    policy.on_peer_decision(elsewhere, first)  # ...but a peer put it elsewhere
+    follow_up = prompt(2, 20, shared=16, shared_tag=999)
+    d = policy.select(follow_up, fleet())
+    assert (d.worker, d.branch) == (elsewhere, "affinity")
+    assert policy.cold_placements(elsewhere) == 1.0
+
+
+def test_a_peer_decision_for_an_unknown_worker_is_ignored() -> None:
+    policy = TtftCost(TtftParams())
+    policy.on_peer_decision("http://gone", prompt(1, 20))
+    assert "http://gone" not in policy.index

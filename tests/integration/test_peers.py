@@ -1,0 +1,88 @@
+"""Replicas sharing routing decisions (routing.peers) over real admin ports, in front of real
+simulated workers: a prefix one proxy placed is found by another that never saw it."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from loadtests.simworker.config import SimConfig
+from loadtests.workloads import shared_prefix
+from proxy.peers import PATH
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.reliability import scrape, total
+
+SYSTEM_TOKENS = 300
+
+
+async def generate(client: aiohttp.ClientSession, url: str, text: str) -> int:
+    """Send one prompt; the cached tokens its worker reported."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2}}
+    async with client.post(url + "/generate", json=body) as r:
+        assert r.status == 200, await r.text()
+        cached: int = (await r.json())["meta_info"]["cached_tokens"]
+        return cached
+
+
+async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST) for _ in range(4)])
+    # b routes with ttft; a (round robin, so not the placement b's hashing would pick) tells b.
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
+    a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)]})
+    specs = shared_prefix(groups=8, prompts_per_group=2, system_tokens=SYSTEM_TOKENS, question_tokens=20,
+                          output_tokens=2, shuffle=False)
+    firsts, follow_ups = specs[0::2], specs[1::2]
+    for spec in firsts:
+        assert await generate(client, base(a), spec.text or "") < SYSTEM_TOKENS
+
+    async def b_heard_all() -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                     outcome="applied") >= len(firsts)
+
+    await eventually(b_heard_all)
+    for spec in reversed(follow_ups):  # another order than a's: b's own spread would differ
+        assert await generate(client, base(b), spec.text or "") >= SYSTEM_TOKENS, spec.group
+    m = await scrape(client, admin(b))
+    assert total(m, "radixgate_policy_decisions_total", policy="ttft", branch="affinity") == len(follow_ups)
+    assert total(await scrape(client, admin(a)), "radixgate_peer_posts_total", peer=admin(b), outcome="ok") >= 1
+
+
+async def test_an_unreachable_peer_is_counted_and_serving_goes_on(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    a = await harness.proxy(fleet.urls, **{"routing.peers": [dead], "routing.peer_timeout_s": 0.2})
+    for i in range(3):
+        await generate(client, base(a), f"prompt number {i} " * 20)
+
+    async def counted() -> bool:
+        return total(await scrape(client, admin(a)), "radixgate_peer_posts_total", peer=dead,
+                     outcome="connect_error") >= 1
+
+    await eventually(counted)
+    assert total(await scrape(client, admin(a)), "radixgate_requests_succeeded_total") == 3
+
+
+async def test_peer_posts_are_checked(harness: Harness, client: aiohttp.ClientSession, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("RG_TEST_PEER_KEY", "s3cret")
+    fleet = await harness.fleet()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peer_key_env": "RG_TEST_PEER_KEY"})
+    good = {"v": 1, "decisions": [{"worker": fleet.urls[0], "model": "m", "block_tokens": 16, "prompt_tokens": 32,
+                                   "blocks": [1, 2]}]}
+    url = admin(b) + PATH
+    auth = {"Authorization": "Bearer s3cret"}
+    async with client.post(url, json=good) as r:
+        assert r.status == 401
+    async with client.post(url, json=good, headers={"Authorization": "Bearer wrong"}) as r:
+        assert r.status == 401
+    async with client.post(url, data=b"{not json", headers=auth) as r:
+        assert r.status == 400
+        assert "body" in (await r.json())["error"]["message"]
+    bad = {"v": 1, "decisions": [{**good["decisions"][0], "blocks": [-1]}]}  # type: ignore[dict-item]
+    async with client.post(url, json=bad, headers=auth) as r:
+        assert r.status == 400
+        assert "decisions[0].blocks" in (await r.json())["error"]["message"]
+    async with client.post(url, json=good, headers=auth) as r:
+        assert r.status == 204
+    m = await scrape(client, admin(b))
+    assert total(m, "radixgate_peer_decisions_received_total", outcome="unauthorized") == 2
+    assert total(m, "radixgate_peer_decisions_received_total", outcome="bad_request") == 2
+    assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 1

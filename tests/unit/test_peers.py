@@ -1,0 +1,53 @@
+"""Peer decision messages (pure): round trip, and every malformed field named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.errors import BadRequest
+from proxy.peers import MAX_BLOCKS, decode, encode
+from proxy.routing.base import RouteRequest
+
+routes = st.builds(
+    RouteRequest,
+    model=st.text(max_size=20),
+    block_hashes=st.lists(st.integers(0, 2**64 - 1), max_size=40).map(tuple),
+    block_tokens=st.integers(1, 4096),
+    prompt_tokens=st.integers(0, 10**6),
+)
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), routes), max_size=20))
+def test_decisions_survive_the_wire(decisions: list[tuple[str, RouteRequest]]) -> None:
+    assert decode(encode(decisions)) == decisions
+
+
+def one(**change: object) -> bytes:
+    d = {"worker": "http://w", "model": "m", "block_tokens": 16, "prompt_tokens": 32, "blocks": [1, 2], **change}
+    return json.dumps({"v": 1, "decisions": [d]}).encode()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (b"{nope", "body"),
+    (b"[]", "body"),
+    (b'{"v": 2, "decisions": []}', "v"),
+    (b'{"v": 1, "decisions": {}}', "decisions"),
+    (b'{"v": 1, "decisions": [3]}', "decisions[0]"),
+    (one(worker=""), "decisions[0].worker"),
+    (one(model=None), "decisions[0].model"),
+    (one(block_tokens=0), "decisions[0].block_tokens"),
+    (one(block_tokens=True), "decisions[0].block_tokens"),
+    (one(prompt_tokens=-1), "decisions[0].prompt_tokens"),
+    (one(blocks="12"), "decisions[0].blocks"),
+    (one(blocks=[2**64]), "decisions[0].blocks"),
+    (one(blocks=[1.5]), "decisions[0].blocks"),
+    (one(blocks=list(range(MAX_BLOCKS + 1))), "decisions[0].blocks"),
+])
+def test_a_malformed_message_names_its_field(body: bytes, field: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        decode(body)
+    assert e.value.message.startswith(field + ":"), e.value.message

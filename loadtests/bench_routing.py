@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import statistics
 import tempfile
@@ -114,41 +115,56 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default="", help="comma-separated seeds: mean table over them (workload + arrivals)")
     ap.add_argument("--each-seed", action="store_true", help="with --seeds, also print every seed's table")
+    ap.add_argument("--jobs", type=int, default=1, help="sim mode: seeds run in this many processes at once")
     args = ap.parse_args(argv)
-    kwargs: dict[str, Any] = {"seed": args.seed, "scale": args.scale, **json.loads(args.workload_args)}
-    specs = WORKLOADS[args.workload](**kwargs)
-    if args.requests:
-        specs = specs[: args.requests]
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
-    kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
-    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
     for rate in (float(r) for r in args.rates.split(",")):
-        runs: list[list[dict[str, Any]]] = []
-        availables: list[float] = []
-        for seed in seeds:
-            args.seed = seed
-            specs = WORKLOADS[args.workload](**{**kwargs, "seed": seed})[: args.requests or None]
-            arrivals = poisson_times(rate, len(specs), random.Random(seed))
-            availables.append(available_ratio(specs, kv * args.workers))
-            available = availables[-1]
-            if args.mode == "http":
-                rows = asyncio.run(run_http_rate(args, specs, arrivals))
-            else:
-                rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
-                if args.replicas > 1:
-                    rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
-                    if args.peer_sync >= 0:
-                        no_peers = argparse.Namespace(**{**vars(args), "peer_sync": -1.0})
-                        rows.insert(-1, run_sim(no_peers, args.replica_policy, specs, arrivals, args.replicas))
-            runs.append(rows)
-            title = (f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
-                     f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "
-                     f"({args.profile}), {args.mode} mode, TTFT SLO {args.slo_ttft:g} s")
+        jobs = [(args, rate, seed) for seed in seeds]
+        if args.mode == "sim" and args.jobs > 1 and len(seeds) > 1:
+            with multiprocessing.Pool(min(args.jobs, len(seeds))) as pool:
+                results = pool.starmap(run_seed, jobs)
+        else:
+            results = [run_seed(*job) for job in jobs]
+        for seed, (rows, available, title) in zip(seeds, results, strict=True):
             if len(seeds) == 1 or args.each_seed:
                 print_table(f"{title}, seed {seed}", rows, available, box_load=args.mode == "http")
         if len(seeds) > 1:
-            print_table(f"{title}, mean over seeds {args.seeds}", mean_rows(runs), statistics.fmean(availables),
-                        box_load=args.mode == "http")
+            title = results[0][2]
+            print_table(f"{title}, mean over seeds {args.seeds}", mean_rows([r[0] for r in results]),
+                        statistics.fmean(r[1] for r in results), box_load=args.mode == "http")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """"0,1,2" or "0-15" (inclusive) or a mix: "0-3,8"."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
+def run_seed(args: argparse.Namespace, rate: float, seed: int) -> tuple[list[dict[str, Any]], float, str]:
+    """Every router on one seed's workload and arrivals: (rows, available hit rate, table title)."""
+    args = argparse.Namespace(**{**vars(args), "seed": seed})
+    kwargs: dict[str, Any] = {"seed": seed, "scale": args.scale, **json.loads(args.workload_args)}
+    specs = WORKLOADS[args.workload](**kwargs)[: args.requests or None]
+    arrivals = poisson_times(rate, len(specs), random.Random(seed))
+    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
+    kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
+    available = available_ratio(specs, kv * args.workers)
+    if args.mode == "http":
+        rows = asyncio.run(run_http_rate(args, specs, arrivals))
+    else:
+        rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
+        if args.replicas > 1:
+            if args.peer_sync >= 0:
+                no_peers = argparse.Namespace(**{**vars(args), "peer_sync": -1.0})
+                rows.append(run_sim(no_peers, args.replica_policy, specs, arrivals, args.replicas))
+            rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
+    title = (f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
+             f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "
+             f"({args.profile}), {args.mode} mode, TTFT SLO {args.slo_ttft:g} s")
+    return rows, available, title
 
 
 def mean_rows(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

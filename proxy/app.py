@@ -178,8 +178,8 @@ class App:
         self._spawn(self.health.run())
         self._spawn(self.scraper.run())
         await self.diagnosis.start()
-        await self.peers.start()
         self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
+        await self.peers.start(self.admin_port)
         self.http_port = await self._serve(self.public_app, cfg.server.host, cfg.server.port, tls=True,
                                            gate=self.connections)
         if cfg.server.grpc_port:

@@ -109,6 +109,12 @@ class RoutingConfig:
     # Other replicas' admin base URLs (http://host:admin_port): each decision is told to them and
     # theirs to us (proxy/peers.py), so replicas find prefixes the others placed. () = share nothing.
     peers: tuple[str, ...] = ()
+    # Peers from DNS too: a headless Service over the replicas' pods (A/AAAA records, re-resolved
+    # every peers_dns_interval_s), each address at peers_port (0 = our own server.admin_port). A
+    # replica finds itself among them and skips itself.
+    peers_dns: str = ""
+    peers_dns_interval_s: float = 5.0
+    peers_port: int = 0
     # How often buffered decisions are sent to the peers; 0 = off.
     peer_sync_interval_s: float = 0.02
     peer_timeout_s: float = 0.5
@@ -395,6 +401,8 @@ def validate(cfg: Config) -> None:
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
         (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),
         (cfg.routing.peer_timeout_s > 0, "routing.peer_timeout_s: must be > 0"),
+        (cfg.routing.peers_dns_interval_s >= 0, "routing.peers_dns_interval_s: must be >= 0 (0 = resolve once)"),
+        (0 <= cfg.routing.peers_port <= 65535, "routing.peers_port: must be 0..65535 (0 = server.admin_port)"),
         (cfg.admission.queue_size >= 0, "admission.queue_size: must be >= 0"),
         (cfg.admission.queue_timeout_s >= 0, "admission.queue_timeout_s: must be >= 0"),
         (cfg.admission.per_worker_limit >= 0, "admission.per_worker_limit: must be >= 0 (0 = derive)"),

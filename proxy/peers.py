@@ -11,11 +11,14 @@ count it in their spread of new prompts: 0.166 s with 20 ms flushes; on 150x5 60
 Protocol: every ``routing.peer_sync_interval_s`` the decisions taken since the last flush go to
 each peer's admin port, ``POST /peer/decisions``, as JSON::
 
-    {"v": 1, "decisions": [{"worker": "http://w1:30000", "model": "m", "block_tokens": 16,
-                            "prompt_tokens": 2176, "blocks": [<u64 chained block hash>, ...]}]}
+    {"v": 1, "from": "<instance id>", "decisions": [{"worker": "http://w1:30000", "model": "m",
+      "block_tokens": 16, "prompt_tokens": 2176, "blocks": [<u64 chained block hash>, ...]}]}
 
-with ``Authorization: Bearer <key>`` when ``routing.peer_key_env`` names an environment variable
-holding a shared key (the receiver then refuses others with 401). Peers must name workers by the
+plus ``"from": <this replica's random instance id>``, and with ``Authorization: Bearer <key>``
+when ``routing.peer_key_env`` names an environment variable holding a shared key (the receiver
+then refuses others with 401). Peers are ``routing.peers`` and, with ``routing.peers_dns``, every
+address of a headless Service over the replicas; a replica that receives its own instance id
+answers 409, and the sender drops that URL (itself) from its peers. Peers must name workers by the
 same URLs (they do when they share a config or a discovery source); a decision naming a worker the
 receiver does not know is ignored. Best effort by design: a routing hint is worth something for a
 few hundred milliseconds, so a failed POST is counted and dropped, never retried, and a full
@@ -31,8 +34,9 @@ import contextlib
 import hmac
 import json
 import logging
+import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -42,6 +46,7 @@ from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
 from proxy.routing.base import RouteRequest
 from proxy.telemetry.metrics import Metrics
+from proxy.workers.discovery_dns import DnsSource
 
 log = logging.getLogger("radixgate.peers")
 
@@ -58,15 +63,15 @@ _U64 = 1 << 64
 Decision = tuple[str, RouteRequest]
 
 
-def encode(decisions: Iterable[Decision]) -> bytes:
-    return json.dumps({"v": VERSION, "decisions": [
+def encode(decisions: Iterable[Decision], sender: str = "") -> bytes:
+    return json.dumps({"v": VERSION, "from": sender, "decisions": [
         {"worker": worker, "model": r.model, "block_tokens": r.block_tokens, "prompt_tokens": r.prompt_tokens,
          "blocks": list(r.block_hashes)}
         for worker, r in decisions]}, separators=(",", ":")).encode()
 
 
-def decode(body: bytes) -> list[Decision]:
-    """The decisions of one POST body; ``BadRequest`` names the first bad field."""
+def decode(body: bytes) -> tuple[str, list[Decision]]:
+    """(sender id, the decisions) of one POST body; ``BadRequest`` names the first bad field."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -75,12 +80,15 @@ def decode(body: bytes) -> list[Decision]:
         raise BadRequest("body: expected a JSON object")
     if doc.get("v") != VERSION:
         raise BadRequest(f"v: expected {VERSION}, got {doc.get('v')!r}")
+    sender = doc.get("from", "")
+    if not isinstance(sender, str):
+        raise BadRequest("from: expected a string")
     items = doc.get("decisions")
     if not isinstance(items, list):
         raise BadRequest("decisions: expected a list")
     if len(items) > MAX_DECISIONS_PER_POST:
         raise BadRequest(f"decisions: at most {MAX_DECISIONS_PER_POST} per request, got {len(items)}")
-    return [_decision(i, item) for i, item in enumerate(items)]
+    return sender, [_decision(i, item) for i, item in enumerate(items)]
 
 
 def _decision(i: int, item: Any) -> Decision:
@@ -113,44 +121,65 @@ class PeerSync:
     """Sends this proxy's decisions to its peers and applies theirs to the policy."""
 
     def __init__(self, config: RoutingConfig, apply: Callable[[str, RouteRequest], None], metrics: Metrics,
-                 key: str | None = None) -> None:
-        self.peers: Sequence[str] = tuple(p.rstrip("/") for p in config.peers)
+                 key: str | None = None, instance: str | None = None) -> None:
+        self.config = config
+        self.instance = instance or uuid.uuid4().hex
         self.interval_s = config.peer_sync_interval_s
-        self.timeout_s = config.peer_timeout_s
         self._apply, self.metrics, self._key = apply, metrics, key
+        self._static = frozenset(p.rstrip("/") for p in config.peers)
+        self._discovered: frozenset[str] = frozenset()
+        self._myself: set[str] = set()  # peer URLs that answered with our own instance id
         self._buffer: deque[Decision] = deque(maxlen=MAX_BUFFERED)
         self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def enabled(self) -> bool:
-        return bool(self.peers) and self.interval_s > 0
+        return bool(self._static or self.config.peers_dns) and self.interval_s > 0
+
+    @property
+    def peers(self) -> list[str]:
+        return sorted((self._static | self._discovered) - self._myself)
 
     def publish(self, worker: str, route: RouteRequest) -> None:
         """Called once per routing decision (pipeline); sent at the next flush."""
-        if not self.enabled or not route.block_hashes:
+        if not route.block_hashes:
             return
         if len(self._buffer) == MAX_BUFFERED:
             self.metrics.inc(self.metrics.peer_decisions_dropped)
         self._buffer.append((worker, route))
 
-    async def start(self) -> None:
-        if self.enabled and self._task is None:
-            headers = {"Content-Type": "application/json"}
-            if self._key:
-                headers["Authorization"] = f"Bearer {self._key}"
-            self._session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-            self._task = asyncio.get_running_loop().create_task(self._run())
+    async def start(self, admin_port: int) -> None:
+        """Start flushing (and following ``peers_dns``); ``admin_port``: ours, the peers' default."""
+        if not self.enabled or self._tasks:
+            return
+        headers = {"Content-Type": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        self._session = aiohttp.ClientSession(headers=headers,
+                                              timeout=aiohttp.ClientTimeout(total=self.config.peer_timeout_s))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._run()))
+        if self.config.peers_dns:
+            dns = DnsSource(self.config.peers_dns, port=self.config.peers_port or admin_port,
+                            interval_s=self.config.peers_dns_interval_s)
+            self._tasks.append(loop.create_task(self._follow(dns)))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _follow(self, dns: DnsSource) -> None:
+        async for urls in dns.watch():
+            self._discovered = urls
+            log.info("peers from %s: %s", self.config.peers_dns, ", ".join(sorted(urls)) or "none")
 
     async def _run(self) -> None:
         while True:
@@ -161,7 +190,7 @@ class PeerSync:
         """Send what is buffered to every peer at once; failures are counted, not retried."""
         if not self._buffer or self._session is None:
             return
-        body = encode(self._buffer)
+        body = encode(self._buffer, self.instance)
         self._buffer.clear()
         await asyncio.gather(*(self._post(peer, body) for peer in self.peers))
 
@@ -170,12 +199,14 @@ class PeerSync:
         try:
             async with self._session.post(peer + PATH, data=body) as resp:
                 await resp.read()
-                outcome = "ok" if resp.status == 204 else f"http_{resp.status}"
+                outcome = {204: "ok", 409: "self"}.get(resp.status, f"http_{resp.status}")
         except TimeoutError:
             outcome = "timeout"
         except aiohttp.ClientError:
             outcome = "connect_error"
-        if outcome != "ok":
+        if outcome == "self":
+            self._myself.add(peer)
+        elif outcome != "ok":
             log.debug("peer %s: %s", peer, outcome)
         self.metrics.inc(self.metrics.peer_posts, peer, outcome)
 
@@ -192,10 +223,13 @@ class PeerSync:
             if len(body) > MAX_BODY_BYTES:
                 self.metrics.inc(self.metrics.peer_received, "too_large")
                 return _error(413, f"body over {MAX_BODY_BYTES} bytes")
-            decisions = decode(body)
+            sender, decisions = decode(body)
         except BadRequest as e:
             self.metrics.inc(self.metrics.peer_received, "bad_request")
             return _error(400, e.message)
+        if sender == self.instance:
+            self.metrics.inc(self.metrics.peer_received, "self")
+            return _error(409, "these decisions came from this replica (it is listed among its own peers)")
         for worker, route in decisions:
             self._apply(worker, route)
         self.metrics.inc(self.metrics.peer_received, "applied", amount=len(decisions))

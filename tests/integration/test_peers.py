@@ -3,6 +3,9 @@ simulated workers: a prefix one proxy placed is found by another that never saw 
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import aiohttp
 
 from loadtests.simworker.config import SimConfig
@@ -86,3 +89,45 @@ async def test_peer_posts_are_checked(harness: Harness, client: aiohttp.ClientSe
     assert total(m, "radixgate_peer_decisions_received_total", outcome="unauthorized") == 2
     assert total(m, "radixgate_peer_decisions_received_total", outcome="bad_request") == 2
     assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_peers_found_in_dns_get_the_decisions(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
+    a = await harness.proxy(fleet.urls, **{"routing.peers_dns": "127.0.0.1", "routing.peers_port": b.admin_port})
+    for i in range(3):
+        await generate(client, base(a), f"prompt number {i} " * 20)
+
+    async def b_heard_all() -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                     outcome="applied") >= 3
+
+    await eventually(b_heard_all)
+
+
+async def test_a_replica_that_finds_itself_among_its_peers_skips_itself(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    # Its own admin address is what DNS returns (peers_port 0 = our own admin port).
+    a = await harness.proxy(fleet.urls, **{"server.admin_port": free_port(), "routing.peers_dns": "127.0.0.1"})
+    for round_ in range(3):  # several flushes: only the first may reach itself
+        await generate(client, base(a), f"prompt number {round_} " * 20)
+
+        async def flushed(n: int = round_ + 1) -> bool:
+            m = await scrape(client, admin(a))
+            return total(m, "radixgate_peer_posts_total") >= 1 and total(m, "radixgate_requests_succeeded_total") >= n
+
+        await eventually(flushed)
+        await asyncio.sleep(0.05)  # a few flush intervals
+    m = await scrape(client, admin(a))
+    assert total(m, "radixgate_peer_posts_total", outcome="self") == 1
+    assert total(m, "radixgate_peer_posts_total") == 1  # never posted to itself again
+    assert total(m, "radixgate_peer_decisions_received_total", outcome="self") == 1
+    assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 0

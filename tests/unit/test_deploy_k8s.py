@@ -217,6 +217,20 @@ def test_gateway_discovery_finds_the_sglang_service_on_its_named_port(target: st
         assert cfg.discovery.dns.name == "_http._tcp.sglang"
 
 
+@pytest.mark.parametrize("target", ["gateway", "overlays/gateway-production", "overlays/gateway-dns"])
+def test_gateway_replicas_find_each_other_on_their_admin_port(target: str, tmp_path: Path) -> None:
+    objects = rendered(target)
+    deployment, cfg = radixgate_config(objects, tmp_path)
+    assert cfg.routing.peers_dns == "radixgate-peers" and cfg.server.admin_host == "0.0.0.0"
+    peers = _find(objects, "Service", "radixgate-peers")
+    assert peers["spec"]["clusterIP"] == "None"  # headless: every replica's own address
+    assert peers["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (port,) = peers["spec"]["ports"]
+    # DNS gives addresses only: the port the peers dial is peers_port, or our own admin port.
+    assert port_number(container(deployment, "radixgate"), port["targetPort"]) == (
+        cfg.routing.peers_port or cfg.server.admin_port)
+
+
 @pytest.mark.parametrize("target", ["gateway", "overlays/gateway-production"])
 def test_kubernetes_discovery_may_list_and_watch_endpointslices_as_the_pods_service_account(target: str) -> None:
     objects = rendered(target)

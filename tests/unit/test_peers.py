@@ -23,7 +23,7 @@ routes = st.builds(
 
 @given(st.lists(st.tuples(st.text(min_size=1, max_size=30), routes), max_size=20))
 def test_decisions_survive_the_wire(decisions: list[tuple[str, RouteRequest]]) -> None:
-    assert decode(encode(decisions)) == decisions
+    assert decode(encode(decisions, "me")) == ("me", decisions)
 
 
 def one(**change: object) -> bytes:
@@ -36,6 +36,7 @@ def one(**change: object) -> bytes:
     (b"[]", "body"),
     (b'{"v": 2, "decisions": []}', "v"),
     (b'{"v": 1, "decisions": {}}', "decisions"),
+    (b'{"v": 1, "from": 7, "decisions": []}', "from"),
     (b'{"v": 1, "decisions": [3]}', "decisions[0]"),
     (one(worker=""), "decisions[0].worker"),
     (one(model=None), "decisions[0].model"),

@@ -370,11 +370,13 @@ class Exchange:
         err: RadixgateError
         try:
             while data:
+                first = False
                 if acct.feed(data):
-                    if t.first_token is None:
-                        self._first_token(data)
+                    first = t.first_token is None
                     t.mark_token(now)
                 yield data
+                if first:  # after the client has its first token, not before
+                    self._first_token(data)
                 if acct.done or acct.error is not None:
                     break
                 data = await self._next_events()

@@ -1,24 +1,28 @@
 """What radixgate's gRPC front adds to TTFT and end-to-end latency, next to its HTTP front.
 
     .venv/bin/python -m loadtests.bench_overhead_grpc [--requests 1200] [--max-new-tokens 16] [--rounds 10]
-        [--profile zero|llama-3.1-8b-h100]
+        [--profile zero|llama-3.1-8b-h100] [--sync-client] [--no-floor]
 
 Set-up: one simulated SGLang worker in its own process, by default with the ``zero`` profile (no
 model time: what remains is transport, parsing and proxying, and every token arrives back to back,
 so per-token costs add straight into e2e); radixgate (``python -m proxy serve
 --grpc-port``) in its own process; this process is the client, on uvloop.
 
-Three paths, interleaved round by round (the order rotates) so drift on a shared machine hits all
-of them alike:
-  direct  client → worker POST /generate (SSE)                       the baseline
-  http    client → radixgate POST /generate (SSE) → worker
-  grpc    client → radixgate radixgate.v1.Generation/Generate → worker
+Paths, interleaved round by round (the order rotates) so drift on a shared machine hits all alike:
+  direct   client → worker POST /generate (SSE)                        the baseline
+  http     client → radixgate POST /generate (SSE) → worker
+  grpc     client (grpc.aio) → radixgate radixgate.v1.Generation/Generate → worker
+  grpc-st  (--sync-client) the same call from the sync stack with SingleThreadedUnaryStream, one
+           thread per concurrent call: a client choice (grpc.aio ignores that option)
 At concurrency 1 and 32, each request streams ``--max-new-tokens`` tokens. TTFT = send → first
 token-bearing chunk; e2e = send → end of stream. "Added" = a path's percentile minus the direct
-path's same percentile. The goal: gRPC's added TTFT and e2e within 20% of HTTP's.
+path's same percentile. The goal: gRPC's added TTFT and e2e within 20% of HTTP's. Per path: ``cpu``
+= radixgate's CPU ms per request; ``pTTFT`` = radixgate's own mean TTFT (received → first token
+from the worker, its ``radixgate_ttft_seconds``), so TTFT minus pTTFT is what the transport and the
+client add around the proxy; ``msgs`` = gRPC messages (HTTP: body reads) per answer.
 
-Last, the transport floor: grpc.aio and aiohttp alone (no proxy), one and ``--max-new-tokens``+1
-messages per call, wall and CPU per call; what a Python gRPC front cannot go below.
+Last, the transport floor without any proxy (``loadtests/bench_grpc_floor.py``, the server in a
+child process): what a Python gRPC front cannot go below, and what a fast client would still pay.
 
 Every loop is bounded by a request count; the whole run by ``--time-limit-s``.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -41,13 +46,15 @@ import aiohttp
 import grpc
 import psutil
 
+from loadtests.bench_grpc_floor import SINGLE_THREADED, cpu_seconds, transport_floor
 from loadtests.simworker.config import SimConfig
 from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 
 PROMPT = " ".join(f"w{i}" for i in range(64))
-PATHS = ("direct", "http", "grpc")
+FRONTEND = {"http": "http", "grpc": "grpc", "grpc-st": "grpc"}  # path → radixgate's frontend label
+Call = Callable[[], Awaitable[tuple[float, float, int]]]
 
 
 @dataclass
@@ -59,6 +66,17 @@ class Samples:
     messages: list[int] = field(default_factory=list)
     # CPU seconds radixgate's process spent while this path ran (0 for direct).
     proxy_cpu_s: float = 0.0
+    # radixgate's own TTFT (sum of seconds, count) over this path's requests.
+    proxy_ttft_s: float = 0.0
+    proxy_ttft_n: int = 0
+
+
+@dataclass
+class Proxy:
+    http_port: int
+    grpc_port: int
+    admin_port: int
+    process: psutil.Process
 
 
 def pct(values: list[float], q: float) -> float:
@@ -67,8 +85,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 @contextlib.asynccontextmanager
-async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int, psutil.Process]]:
-    """Run ``python -m proxy serve`` with a gRPC port; yield (http_port, grpc_port, its process)."""
+async def radixgate(worker_url: str) -> AsyncIterator[Proxy]:
+    """Run ``python -m proxy serve`` with a gRPC port."""
     env = {**os.environ, "RADIXGATE_TELEMETRY__LOG_REQUESTS": "false"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "serve", "--port", "0", "--admin-port", "0", "--grpc-port", "-1",
@@ -80,7 +98,8 @@ async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int, psutil.Pro
         if not line.startswith("READY"):
             raise RuntimeError(f"radixgate did not start: {line!r}")
         fields = dict(part.split("=", 1) for part in line.split()[1:])
-        yield int(fields["http"].rsplit(":", 1)[1]), int(fields["grpc"]), psutil.Process(proc.pid)
+        yield Proxy(int(fields["http"].rsplit(":", 1)[1]), int(fields["grpc"]),
+                    int(fields["admin"].rsplit(":", 1)[1]), psutil.Process(proc.pid))
     finally:
         proc.terminate()
         with contextlib.suppress(TimeoutError):
@@ -90,12 +109,22 @@ async def radixgate(worker_url: str) -> AsyncIterator[tuple[int, int, psutil.Pro
             await proc.wait()
 
 
-def cpu_seconds(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return float(t.user + t.system)
+async def proxy_ttft(session: aiohttp.ClientSession, admin_port: int, frontend: str) -> tuple[float, int]:
+    """(sum of seconds, count) of radixgate_ttft_seconds for ``frontend``, over all workers."""
+    async with session.get(f"http://127.0.0.1:{admin_port}/metrics") as r:
+        text = await r.text()
+    total, count = 0.0, 0
+    for line in text.splitlines():
+        if f'frontend="{frontend}"' not in line:
+            continue
+        if line.startswith("radixgate_ttft_seconds_sum{"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("radixgate_ttft_seconds_count{"):
+            count += int(float(line.rsplit(" ", 1)[1]))
+    return total, count
 
 
-def http_call(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float, int]]]:
+def http_call(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> Call:
     body = {"text": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
 
     async def one() -> tuple[float, float, int]:
@@ -114,10 +143,13 @@ def http_call(session: aiohttp.ClientSession, url: str, max_new_tokens: int) -> 
     return one
 
 
-def grpc_call(stubs: list[pb_grpc.GenerationStub], max_new_tokens: int) -> Callable[[], Awaitable[tuple[float, float, int]]]:
+def grpc_request(max_new_tokens: int) -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=PROMPT, sampling=pb.SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+
+
+def grpc_call(stubs: list[pb_grpc.GenerationStub], max_new_tokens: int) -> Call:
     """Calls spread round-robin over ``stubs`` (one per channel: one HTTP/2 connection each)."""
-    request = pb.GenerateRequest(text=PROMPT, sampling=pb.SamplingParams(max_new_tokens=max_new_tokens,
-                                                                         ignore_eos=True))
+    request = grpc_request(max_new_tokens)
     turn = itertools.count()
 
     async def one() -> tuple[float, float, int]:
@@ -134,8 +166,30 @@ def grpc_call(stubs: list[pb_grpc.GenerationStub], max_new_tokens: int) -> Calla
     return one
 
 
-async def run_batch(call: Callable[[], Awaitable[tuple[float, float, int]]], n: int, concurrency: int,
-                    into: Samples) -> None:
+def grpc_sync_call(stub: pb_grpc.GenerationStub, pool: concurrent.futures.Executor, max_new_tokens: int) -> Call:
+    """The same call from grpc's sync stack (a thread per concurrent call)."""
+    request = grpc_request(max_new_tokens)
+
+    def blocking() -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        first = 0.0
+        messages = 0
+        for chunk in stub.Generate(request, timeout=60):
+            messages += 1
+            if not first and chunk.token_count:
+                first = time.perf_counter()
+        return first - t0, time.perf_counter() - t0, messages
+
+    async def one() -> tuple[float, float, int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, blocking)
+        except grpc.RpcError as e:
+            raise RuntimeError(f"gRPC {e}") from e
+
+    return one
+
+
+async def run_batch(call: Call, n: int, concurrency: int, into: Samples) -> None:
     left = n
 
     async def loop() -> None:
@@ -156,126 +210,81 @@ async def run_batch(call: Callable[[], Awaitable[tuple[float, float, int]]], n: 
 
 async def measure(args: argparse.Namespace) -> dict[str, dict[str, Samples]]:
     results: dict[str, dict[str, Samples]] = {}
+    paths = ["direct", "http", "grpc"] + (["grpc-st"] if args.sync_client else [])
     worker = SimConfig(profile=args.profile, max_running_requests=256)
     async with Fleet.subprocesses([worker]) as fleet:
         worker_url = fleet.urls[0]
-        async with radixgate(worker_url) as (http_port, grpc_port, proxy_proc), aiohttp.ClientSession(
+        async with radixgate(worker_url) as proxy, aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=128), timeout=aiohttp.ClientTimeout(total=60)
-        ) as session, contextlib.AsyncExitStack() as channels:
+        ) as session, contextlib.AsyncExitStack() as stack:
             stubs = []
+            target = f"127.0.0.1:{proxy.grpc_port}"
             for i in range(args.grpc_channels):
                 # Distinct channel args, or grpc would share one connection between the channels.
-                channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}", options=[("bench.channel", i)])
-                stubs.append(pb_grpc.GenerationStub(await channels.enter_async_context(channel)))
+                channel = grpc.aio.insecure_channel(target, options=[("bench.channel", i)])
+                stubs.append(pb_grpc.GenerationStub(await stack.enter_async_context(channel)))
             calls = {
                 "direct": http_call(session, worker_url, args.max_new_tokens),
-                "http": http_call(session, f"http://127.0.0.1:{http_port}", args.max_new_tokens),
+                "http": http_call(session, f"http://127.0.0.1:{proxy.http_port}", args.max_new_tokens),
                 "grpc": grpc_call(stubs, args.max_new_tokens),
             }
-            for call in calls.values():  # warm the connection pools and the proxy before measuring
-                await run_batch(call, 32, 8, Samples())
+            if args.sync_client:
+                sync_channel = stack.enter_context(grpc.insecure_channel(target, options=SINGLE_THREADED))
+                pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(32))
+                calls["grpc-st"] = grpc_sync_call(pb_grpc.GenerationStub(sync_channel), pool, args.max_new_tokens)
+            for name in paths:  # warm the connection pools and the proxy before measuring
+                await run_batch(calls[name], 32, 8, Samples())
             for concurrency in (1, 32):
-                per_path = {p: Samples() for p in PATHS}
+                per_path = {p: Samples() for p in paths}
                 per_round = max(1, args.requests // args.rounds)
                 for r in range(args.rounds):
-                    order = PATHS[r % 3:] + PATHS[: r % 3]
-                    for name in order:
-                        before = cpu_seconds(proxy_proc)
-                        await run_batch(calls[name], per_round, concurrency, per_path[name])
-                        if name != "direct":
-                            per_path[name].proxy_cpu_s += cpu_seconds(proxy_proc) - before
+                    for name in paths[r % len(paths):] + paths[: r % len(paths)]:
+                        s = per_path[name]
+                        if name == "direct":
+                            await run_batch(calls[name], per_round, concurrency, s)
+                            continue
+                        cpu0, ttft0 = cpu_seconds(proxy.process), await proxy_ttft(session, proxy.admin_port,
+                                                                                   FRONTEND[name])
+                        await run_batch(calls[name], per_round, concurrency, s)
+                        s.proxy_cpu_s += cpu_seconds(proxy.process) - cpu0
+                        ttft1 = await proxy_ttft(session, proxy.admin_port, FRONTEND[name])
+                        s.proxy_ttft_s += ttft1[0] - ttft0[0]
+                        s.proxy_ttft_n += ttft1[1] - ttft0[1]
                 results[f"c{concurrency}"] = per_path
     return results
 
 
 def report(results: dict[str, dict[str, Samples]]) -> dict[str, object]:
-    """Print the table; return it as a dict. Times in ms; cpu = radixgate's CPU ms per request;
-    msgs = mean gRPC messages (HTTP: body reads) per answer."""
+    """Print the table; return it as a dict. Times in ms."""
     out: dict[str, object] = {}
-    print(f"{'conc':>4} {'path':>6} {'n':>5} {'err':>3} | {'TTFT p50':>9} {'p99':>8} | {'e2e p50':>8} {'p99':>8} |"
-          f" {'+TTFT p50':>9} {'+p99':>8} | {'+e2e p50':>9} {'+p99':>8} | {'cpu':>5} {'msgs':>5}   (ms)")
+    print(f"{'conc':>4} {'path':>7} {'n':>5} {'err':>3} | {'TTFT p50':>8} {'p99':>7} | {'e2e p50':>7} {'p99':>7} |"
+          f" {'+TTFT p50':>9} {'+p99':>7} | {'+e2e p50':>8} {'+p99':>7} | {'cpu':>5} {'pTTFT':>6} {'msgs':>5}  (ms)")
     for conc, per_path in results.items():
         base = per_path["direct"]
         rows: dict[str, dict[str, float]] = {}
-        for name in PATHS:
-            s = per_path[name]
+        for name, s in per_path.items():
             row = {"n": len(s.e2e), "errors": s.errors,
                    "ttft_p50": pct(s.ttft, 50), "ttft_p99": pct(s.ttft, 99),
                    "e2e_p50": pct(s.e2e, 50), "e2e_p99": pct(s.e2e, 99)}
             for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
                 row[f"added_{k}"] = row[k] - pct(base.ttft if k.startswith("ttft") else base.e2e, int(k[-2:]))
             row["proxy_cpu_ms_per_request"] = 1000 * s.proxy_cpu_s / max(1, len(s.e2e))
+            row["proxy_ttft_ms_mean"] = 1000 * s.proxy_ttft_s / max(1, s.proxy_ttft_n)
             row["messages_per_answer"] = statistics.mean(s.messages)
             rows[name] = row
             ms = {k: v * 1000 for k, v in row.items() if k.endswith(("_p50", "_p99"))}
-            print(f"{conc[1:]:>4} {name:>6} {row['n']:>5.0f} {row['errors']:>3.0f} | {ms['ttft_p50']:9.2f} "
-                  f"{ms['ttft_p99']:8.2f} | {ms['e2e_p50']:8.2f} {ms['e2e_p99']:8.2f} | "
-                  f"{ms['added_ttft_p50']:9.2f} {ms['added_ttft_p99']:8.2f} | {ms['added_e2e_p50']:9.2f} "
-                  f"{ms['added_e2e_p99']:8.2f} | {row['proxy_cpu_ms_per_request']:5.2f} "
-                  f"{row['messages_per_answer']:5.1f}")
-        ratios = {k: rows["grpc"][f"added_{k}"] / rows["http"][f"added_{k}"]
-                  for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99") if rows["http"][f"added_{k}"] > 0}
-        print("     grpc added / http added: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
-              + "   (goal <= 1.20)")
-        out[conc] = {"paths": rows, "grpc_over_http_added": ratios}
-    return out
-
-
-async def library_floor(messages: int, calls: int = 500) -> dict[str, float]:
-    """The transports alone, no proxy: a grpc.aio server writing ``messages`` small messages per call
-    vs an aiohttp SSE handler writing as many events, each read by its usual client in this process.
-    Wall and CPU (client + server) per call, ms: the least any Python gRPC front can cost."""
-    from aiohttp import web
-
-    class Writer(pb_grpc.GenerationServicer):
-        async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
-            for _ in range(messages):
-                await context.write(pb.GenerateResponse(text="tok ", token_count=1))
-
-    async def sse(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for _ in range(messages):
-            await resp.write(b'data: {"text":"tok "}\n\n')
-        await resp.write_eof()
-        return resp
-
-    server = grpc.aio.server()
-    pb_grpc.add_GenerationServicer_to_server(Writer(), server)  # type: ignore[no-untyped-call]
-    grpc_port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    app = web.Application()
-    app.router.add_post("/g", sse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    http_port = runner.addresses[0][1]
-    out: dict[str, float] = {}
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, aiohttp.ClientSession() as s:
-            stub = pb_grpc.GenerationStub(channel)
-
-            async def grpc_once() -> None:
-                async for _ in stub.Generate(pb.GenerateRequest(text="x")):
-                    pass
-
-            async def http_once() -> None:
-                async with s.post(f"http://127.0.0.1:{http_port}/g", data=b"{}") as r:
-                    async for _ in r.content:
-                        pass
-
-            for name, once in (("grpc", grpc_once), ("http", http_once)):
-                await once()
-                c0, t0 = time.process_time(), time.perf_counter()
-                for _ in range(calls):
-                    await once()
-                out[f"{name}_wall_ms"] = (time.perf_counter() - t0) / calls * 1000
-                out[f"{name}_cpu_ms"] = (time.process_time() - c0) / calls * 1000
-    finally:
-        await server.stop(0)
-        await runner.cleanup()
-    print(f"transport floor, {messages} messages per call, no proxy (ms per call): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
+            print(f"{conc[1:]:>4} {name:>7} {row['n']:>5.0f} {row['errors']:>3.0f} | {ms['ttft_p50']:8.2f} "
+                  f"{ms['ttft_p99']:7.2f} | {ms['e2e_p50']:7.2f} {ms['e2e_p99']:7.2f} | "
+                  f"{ms['added_ttft_p50']:9.2f} {ms['added_ttft_p99']:7.2f} | {ms['added_e2e_p50']:8.2f} "
+                  f"{ms['added_e2e_p99']:7.2f} | {row['proxy_cpu_ms_per_request']:5.2f} "
+                  f"{row['proxy_ttft_ms_mean']:6.2f} {row['messages_per_answer']:5.1f}")
+        ratios: dict[str, dict[str, float]] = {}
+        for name in (p for p in rows if p.startswith("grpc")):
+            ratios[name] = {k: rows[name][f"added_{k}"] / rows["http"][f"added_{k}"]
+                            for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99") if rows["http"][f"added_{k}"] > 0}
+            print(f"     {name} added / http added: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios[name].items())
+                  + "   (goal <= 1.20)")
+        out[conc] = {"paths": rows, "over_http_added": ratios}
     return out
 
 
@@ -286,9 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--grpc-channels", type=int, default=1,
                         help="client channels (HTTP/2 connections) the gRPC calls are spread over")
+    parser.add_argument("--sync-client", action="store_true",
+                        help="add the grpc-st path: grpc's sync stack with SingleThreadedUnaryStream")
     parser.add_argument("--profile", default="zero",
                         help="simworker profile: zero (no model time: the harshest case, every token is "
                              "back to back) or e.g. llama-3.1-8b-h100 (real decode pacing)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the transport floor")
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="abort the whole run after this")
     parser.add_argument("--json", help="also write the summary as JSON to this file")
     args = parser.parse_args(argv)
@@ -299,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = uvloop.run(bounded())
     summary = report(results)
-    summary["transport_floor"] = {str(n): uvloop.run(library_floor(n)) for n in (1, args.max_new_tokens + 1)}
+    if not args.no_floor:
+        summary["transport_floor"] = uvloop.run(transport_floor((1, args.max_new_tokens + 1)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)

@@ -12,10 +12,12 @@ Services on ``server.grpc_port``:
   change reaches watchers without polling.
 * ``grpc.reflection.v1alpha.ServerReflection`` — lists all of the above.
 
-Messages: one ``GenerateResponse`` per run of upstream events that arrived together
-(``Exchange.event_runs``): one token each while the client keeps up, several when it falls behind,
-never a wait to batch. gRPC's per-message cost is about ten times aiohttp's, so this is what keeps
-a slow reader from falling further behind. The last run travels with ``final``.
+Messages: one ``GenerateResponse`` per run of upstream events that arrived together (the relayed
+``Exchange.chunks()``, read by ``grpc_deltas.RunReader``, which skips re-parsing what SGLang's
+cumulative chunks repeat): one token each while the client keeps up, several when it falls behind,
+never a wait to batch. gRPC's per-message cost is several times aiohttp's (tens of µs of server CPU
+and thread hand-offs per message), so this is what keeps a slow reader from falling further behind.
+The last run travels with ``final``.
 
 Each call runs its exchange in a task of its own: the handler returns (and gRPC sends OK) as soon
 as the last message is written, while the exchange closes (metrics, log, policy feedback) behind
@@ -55,6 +57,7 @@ from grpc_reflection.v1alpha import reflection
 
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
 from proxy.errors import BadRequest, RadixgateError, from_upstream_status
+from proxy.frontends.grpc_deltas import RunRead, RunReader
 from proxy.frontends.grpc_messages import final_message, to_generate_request, tokens_added, worker_state
 from proxy.frontends.tls import grpc_server_credentials
 from proxy.pipeline import Exchange, Finished
@@ -236,10 +239,43 @@ class GrpcFrontend:
             answered.set_result(out)
 
     async def _consume(self, ex: Exchange, context: Any, *, stream: bool) -> _Outcome:
-        """One message per run of events that arrived together; the last one carries ``final``."""
+        """One message per run of events that arrived together; the last one carries ``final``.
+
+        A stream's runs are read from the relayed bytes (``RunReader``: no json.loads of what a
+        cumulative chunk repeats); a whole answer (an error status, a non-stream body) goes through
+        ``Exchange.event_runs``."""
+        if not ex.streaming:
+            return await self._consume_events(ex, context, stream=stream)
+        out = _Outcome()
+        reader = RunReader(ex.req.dialect)
+        last = RunRead("", 0, None)
+        # Read to the end even after an error, so the exchange closes as finished, not abandoned.
+        async for data in ex.chunks():
+            if out.error is not None:
+                continue
+            run = reader.read(data)
+            if run.error is not None:
+                out.error = self._worker_error(ex, run.error)
+            elif ex.last_chunk:
+                last = run  # sent with ``final``, which needs the stream closed (meta, timing)
+            elif not stream:
+                out.text_parts.append(run.text)
+            elif run.text or run.tokens:
+                await context.write(generate_pb2.GenerateResponse(text=run.text, token_count=run.tokens))
+        if out.error is not None:
+            return out
+        assert ex.worker is not None
+        final = self._final(Finished(ex.meta, ex.worker, ex.rid, ex.timing))
+        if not stream:
+            out.text_parts.append(last.text)
+            out.final = final
+        else:
+            await context.write(generate_pb2.GenerateResponse(text=last.text, token_count=last.tokens, final=final))
+        return out
+
+    async def _consume_events(self, ex: Exchange, context: Any, *, stream: bool) -> _Outcome:
         out = _Outcome()
         emitted = 0
-        # Read to the end even after an error, so the exchange closes as finished, not abandoned.
         async for run in ex.event_runs():
             if out.error is not None:
                 continue
@@ -253,8 +289,7 @@ class GrpcFrontend:
                     count += added
                     parts.append(event.text)
                 elif isinstance(event, ErrorEvent):
-                    status = event.code or (ex.status if ex.status >= 400 else None)
-                    out.error = ex.error or from_upstream_status(status, f"worker error: {event.message}")
+                    out.error = self._worker_error(ex, event)
                     break
                 else:
                     final = self._final(event)
@@ -267,6 +302,11 @@ class GrpcFrontend:
             elif text or count or final is not None:
                 await context.write(generate_pb2.GenerateResponse(text=text, token_count=count, final=final))
         return out
+
+    @staticmethod
+    def _worker_error(ex: Exchange, event: ErrorEvent) -> RadixgateError:
+        status = event.code or (ex.status if ex.status >= 400 else None)
+        return ex.error or from_upstream_status(status, f"worker error: {event.message}")
 
     def _final(self, done: Finished) -> generate_pb2.Final:
         m = done.meta

@@ -35,7 +35,7 @@ from loadtests.workloads import RequestSpec
 from proxy.clock import ManualClock
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.prefix_key import build_route_request
+from proxy.routing.prefix_key import build_route_request, prefix_tokens
 from proxy.routing.registry import build_named
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -127,15 +127,20 @@ def simulate(
     seq = 0
     next_scrape = 0.0
     i = 0
-    peer_events: list[tuple[float, int, int, str, RouteRequest]] = []  # (at, seq, from replica, worker, route)
+    # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token notice)
+    peer_events: list[tuple[float, int, int, str, RouteRequest | None, int, str]] = []
+    uncached_of: dict[str, int] = {}
     while i < len(specs) or steps:
         t_arrival = arrivals[i] if i < len(specs) else float("inf")
         t_step = steps[0][0] if steps else float("inf")
         if peer_events and peer_events[0][0] <= min(t_arrival, t_step):
-            _, _, source, url, peer_route = heapq.heappop(peer_events)
+            _, _, source, url, peer_route, uncached, key = heapq.heappop(peer_events)
             for r, policy in enumerate(policies):
                 if r != source:
-                    policy.on_peer_decision(url, peer_route)
+                    if peer_route is None:
+                        policy.on_peer_prefilled(url, key)  # type: ignore[attr-defined]
+                    else:
+                        policy.on_peer_decision(url, peer_route, uncached, key)  # type: ignore[call-arg]
             continue
         if next_scrape <= min(t_arrival, t_step):
             scraped = {w.url: w.snapshot() for w in fleet}
@@ -149,7 +154,9 @@ def simulate(
             worker = by_url[decision.worker]
             if peer_sync_s is not None and replicas > 1:
                 seq += 1
-                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route))
+                uncached = route.prompt_tokens - prefix_tokens(decision.matched_blocks, route.block_tokens)
+                uncached_of[f"r{i}"] = max(0, uncached)
+                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, max(0, uncached), f"r{i}"))
             req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
             outcome = Outcome(spec.group, now, worker.url, branch=decision.branch)
             outcomes.append(outcome)
@@ -172,6 +179,9 @@ def simulate(
                 outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
                 if first_token_feedback:
                     policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, outcome.cached_tokens))
+                if peer_sync_s is not None and replicas > 1:
+                    seq += 1
+                    heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, url, None, 0, req.rid))
             elif req.last_token_at == now:
                 outcome.gaps.append(now - (outcome.done or outcome.first))
             outcome.done = now

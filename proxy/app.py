@@ -117,10 +117,9 @@ class App:
         guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                        reject=self.pipeline.reject)
         self.admin_app = build_admin_app(self.pipeline)
-        self.peers = PeerSync(config.routing, self.policy.on_peer_decision, self.metrics,
-                              key=_peer_key(config.routing, os.environ))
+        self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ))
         if self.peers.enabled:
-            self.pipeline.decision_listeners.append(self.peers.publish)
+            self.pipeline.route_listeners.append(self.peers)
         self.add_admin_route("POST", PEER_PATH, self.peers.handle)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0

@@ -115,8 +115,9 @@ class RoutingConfig:
     peers_dns: str = ""
     peers_dns_interval_s: float = 5.0
     peers_port: int = 0
-    # How often buffered decisions are sent to the peers; 0 = off.
-    peer_sync_interval_s: float = 0.02
+    # Each peer gets one POST at a time, sent as soon as there is something to send (what is
+    # decided meanwhile goes in the next); > 0 waits this long before each POST to batch more.
+    peer_sync_interval_s: float = 0.0
     peer_timeout_s: float = 0.5
     # Environment variable holding a key shared by the replicas (sent and required as a Bearer
     # token on POST /peer/decisions); "" = none.

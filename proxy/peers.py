@@ -1,30 +1,35 @@
-"""Routing decisions shared between proxy replicas (``routing.peers``).
+"""Routing decisions shared between proxy replicas (``routing.peers`` / ``routing.peers_dns``).
 
 Why: N proxies in front of one fleet each see 1/N of the traffic. A proxy learns where a prefix
-lives only from its own decisions, so a group's requests spread over up to N workers, each paying
-the prefix's prefill (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routing_sim``, 16
-seeds: TTFT p95 0.314 s against 0.135 s for one proxy). When each replica tells the others
-"prompt P went to worker W", they record it in their prefix index as if they had routed it, and
-count it in their spread of new prompts: 0.166 s with 20 ms flushes; on 150x5 6000/1200/1000
-@6 req/s, 0.203 s against one proxy's 0.201 (0.388 s sharing nothing).
+lives, and how much prefill is queued where, only from its own decisions, so a group's requests
+spread over up to N workers, each paying the prefix's prefill, and each proxy underestimates the
+load it adds to (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routing_sim``, 16 seeds:
+TTFT p95 0.314 s against 0.135 s for one proxy). When each replica tells the others "prompt P, U
+uncached tokens, went to worker W" and later "its first token is out", they record P in their
+prefix index as if they had routed it, count it in their spread of new prompts, and count U as
+prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``).
+How fast matters: in the simulation, 4 proxies told within 5 ms route as well as one; told 20 ms
+later they lose a quarter of the gain (README, Routing).
 
-Protocol: every ``routing.peer_sync_interval_s`` the decisions taken since the last flush go to
-each peer's admin port, ``POST /peer/decisions``, as JSON::
+Protocol: ``POST /peer/decisions`` on each peer's admin port, JSON::
 
-    {"v": 1, "from": "<instance id>", "decisions": [{"worker": "http://w1:30000", "model": "m",
-      "block_tokens": 16, "prompt_tokens": 2176, "blocks": [<u64 chained block hash>, ...]}]}
+    {"v": 1, "from": "<instance id>",
+     "decisions": [{"worker": "http://w1:30000", "model": "m", "block_tokens": 16, "prompt_tokens": 2176,
+                    "blocks": [<u64 chained block hash>, ...], "ref": "<rid>", "uncached": 2176}],
+     "prefilled": [{"worker": "http://w1:30000", "ref": "<rid>"}]}
 
-plus ``"from": <this replica's random instance id>``, and with ``Authorization: Bearer <key>``
-when ``routing.peer_key_env`` names an environment variable holding a shared key (the receiver
-then refuses others with 401). Peers are ``routing.peers`` and, with ``routing.peers_dns``, every
-address of a headless Service over the replicas; a replica that receives its own instance id
-answers 409, and the sender drops that URL (itself) from its peers. Peers must name workers by the
-same URLs (they do when they share a config or a discovery source); a decision naming a worker the
-receiver does not know is ignored. Best effort by design: a routing hint is worth something for a
-few hundred milliseconds, so a failed POST is counted and dropped, never retried, and a full
-buffer (``MAX_BUFFERED``) drops its oldest decision.
+Sending: one task per peer, one POST in flight per peer; what is decided while a POST is out goes
+in the next one (``routing.peer_sync_interval_s`` > 0 adds a batching wait before each POST). A
+failed POST is counted and not retried (a routing hint is worth little a second later); the peer's
+link then backs off (50 ms doubling to 1 s) while new items queue, the oldest dropped beyond
+``MAX_BUFFERED``. With ``routing.peer_key_env`` the replicas share a key, sent and required as
+``Authorization: Bearer`` (401 otherwise). With ``routing.peers_dns`` the peers are every address of
+a headless Service over the replicas, at ``routing.peers_port`` (default: our admin port); a replica
+that receives its own instance id answers 409 and the sender drops that address. Peers must name
+workers by the same URLs (they do when they share a config or a discovery source); a decision
+naming a worker the receiver does not know is ignored.
 
-``encode`` / ``decode`` are pure; ``PeerSync`` owns the buffer, the flush loop and the handler.
+``encode`` / ``decode`` are pure; ``PeerSync`` owns the links and the handler.
 """
 
 from __future__ import annotations
@@ -36,15 +41,16 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 import aiohttp
 from aiohttp import web
 
 from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
-from proxy.routing.base import RouteRequest
+from proxy.routing.base import Policy, RouteRequest
+from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.discovery_dns import DnsSource
 
@@ -52,26 +58,45 @@ log = logging.getLogger("radixgate.peers")
 
 PATH = "/peer/decisions"
 VERSION = 1
-# Decisions kept between flushes (oldest dropped beyond), and accepted in one POST.
+# Items kept per peer between POSTs (oldest dropped beyond), and accepted in one POST.
 MAX_BUFFERED = 4096
-MAX_DECISIONS_PER_POST = MAX_BUFFERED
+MAX_ITEMS_PER_POST = MAX_BUFFERED
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 # Bounds one POST body: 4096 decisions x 2048 hashes would be ~170 MB; real prompts need far less.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 _U64 = 1 << 64
 
-Decision = tuple[str, RouteRequest]
+class Decision(NamedTuple):
+    worker: str
+    route: RouteRequest
+    ref: str = ""
+    uncached: int = 0
 
 
-def encode(decisions: Iterable[Decision], sender: str = "") -> bytes:
-    return json.dumps({"v": VERSION, "from": sender, "decisions": [
-        {"worker": worker, "model": r.model, "block_tokens": r.block_tokens, "prompt_tokens": r.prompt_tokens,
-         "blocks": list(r.block_hashes)}
-        for worker, r in decisions]}, separators=(",", ":")).encode()
+class Prefilled(NamedTuple):
+    worker: str
+    ref: str
 
 
-def decode(body: bytes) -> tuple[str, list[Decision]]:
-    """(sender id, the decisions) of one POST body; ``BadRequest`` names the first bad field."""
+class Message(NamedTuple):
+    sender: str
+    decisions: list[Decision]
+    prefilled: list[Prefilled]
+
+
+def encode(decisions: Iterable[Decision], prefilled: Iterable[Prefilled] = (), sender: str = "") -> bytes:
+    return json.dumps({
+        "v": VERSION, "from": sender,
+        "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
+                       "prompt_tokens": d.route.prompt_tokens, "blocks": list(d.route.block_hashes),
+                       "ref": d.ref, "uncached": d.uncached} for d in decisions],
+        "prefilled": [{"worker": p.worker, "ref": p.ref} for p in prefilled],
+    }, separators=(",", ":")).encode()
+
+
+def decode(body: bytes) -> Message:
+    """One POST body; ``BadRequest`` names the first bad field."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -83,118 +108,181 @@ def decode(body: bytes) -> tuple[str, list[Decision]]:
     sender = doc.get("from", "")
     if not isinstance(sender, str):
         raise BadRequest("from: expected a string")
-    items = doc.get("decisions")
-    if not isinstance(items, list):
-        raise BadRequest("decisions: expected a list")
-    if len(items) > MAX_DECISIONS_PER_POST:
-        raise BadRequest(f"decisions: at most {MAX_DECISIONS_PER_POST} per request, got {len(items)}")
-    return sender, [_decision(i, item) for i, item in enumerate(items)]
+    items, notices = doc.get("decisions", []), doc.get("prefilled", [])
+    for name, value in (("decisions", items), ("prefilled", notices)):
+        if not isinstance(value, list):
+            raise BadRequest(f"{name}: expected a list")
+        if len(value) > MAX_ITEMS_PER_POST:
+            raise BadRequest(f"{name}: at most {MAX_ITEMS_PER_POST} per request, got {len(value)}")
+    return Message(sender, [_decision(i, item) for i, item in enumerate(items)],
+                   [_prefilled(i, item) for i, item in enumerate(notices)])
 
 
 def _decision(i: int, item: Any) -> Decision:
     where = f"decisions[{i}]"
     if not isinstance(item, Mapping):
         raise BadRequest(f"{where}: expected an object")
-    worker, model, blocks = item.get("worker"), item.get("model"), item.get("blocks")
+    worker, model, blocks, ref = item.get("worker"), item.get("model"), item.get("blocks"), item.get("ref", "")
     if not isinstance(worker, str) or not worker:
         raise BadRequest(f"{where}.worker: expected a worker URL")
     if not isinstance(model, str):
         raise BadRequest(f"{where}.model: expected a string")
-    block_tokens = _positive_int(item.get("block_tokens"), f"{where}.block_tokens")
-    prompt_tokens = _positive_int(item.get("prompt_tokens"), f"{where}.prompt_tokens", allow_zero=True)
+    if not isinstance(ref, str):
+        raise BadRequest(f"{where}.ref: expected a string")
+    block_tokens = _int(item.get("block_tokens"), f"{where}.block_tokens", least=1)
+    prompt_tokens = _int(item.get("prompt_tokens"), f"{where}.prompt_tokens")
+    uncached = _int(item.get("uncached", 0), f"{where}.uncached")
     if not isinstance(blocks, list) or len(blocks) > MAX_BLOCKS:
         raise BadRequest(f"{where}.blocks: expected a list of at most {MAX_BLOCKS} block hashes")
     for h in blocks:
         if type(h) is not int or not 0 <= h < _U64:
             raise BadRequest(f"{where}.blocks: expected unsigned 64-bit integers, got {h!r}")
-    return worker, RouteRequest(model=model, block_hashes=tuple(blocks), block_tokens=block_tokens,
-                                prompt_tokens=prompt_tokens)
+    route = RouteRequest(model=model, block_hashes=tuple(blocks), block_tokens=block_tokens,
+                         prompt_tokens=prompt_tokens)
+    return Decision(worker, route, ref, uncached)
 
 
-def _positive_int(value: Any, field: str, *, allow_zero: bool = False) -> int:
-    if type(value) is not int or value < (0 if allow_zero else 1):
-        raise BadRequest(f"{field}: expected a {'non-negative' if allow_zero else 'positive'} integer, got {value!r}")
+def _prefilled(i: int, item: Any) -> Prefilled:
+    where = f"prefilled[{i}]"
+    if not isinstance(item, Mapping) or not isinstance(item.get("worker"), str) or not isinstance(item.get("ref"), str):
+        raise BadRequest(f"{where}: expected {{\"worker\": <url>, \"ref\": <string>}}")
+    return Prefilled(item["worker"], item["ref"])
+
+
+def _int(value: Any, field: str, *, least: int = 0) -> int:
+    if type(value) is not int or value < least:
+        raise BadRequest(f"{field}: expected an integer >= {least}, got {value!r}")
     return value
 
 
-class PeerSync:
-    """Sends this proxy's decisions to its peers and applies theirs to the policy."""
+class _Link:
+    """What is waiting for one peer, and its sender task."""
 
-    def __init__(self, config: RoutingConfig, apply: Callable[[str, RouteRequest], None], metrics: Metrics,
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.decisions: deque[Decision] = deque(maxlen=MAX_BUFFERED)
+        self.prefilled: deque[Prefilled] = deque(maxlen=MAX_BUFFERED)
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def take(self) -> tuple[list[Decision], list[Prefilled]]:
+        decisions, prefilled = list(self.decisions), list(self.prefilled)
+        self.decisions.clear()
+        self.prefilled.clear()
+        return decisions, prefilled
+
+
+class PeerSync:
+    """Sends this proxy's decisions to its peers (``pipeline.RouteListener``) and applies theirs."""
+
+    def __init__(self, config: RoutingConfig, policy: Policy, metrics: Metrics,
                  key: str | None = None, instance: str | None = None) -> None:
         self.config = config
         self.instance = instance or uuid.uuid4().hex
-        self.interval_s = config.peer_sync_interval_s
-        self._apply, self.metrics, self._key = apply, metrics, key
+        self.policy, self.metrics, self._key = policy, metrics, key
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()
         self._myself: set[str] = set()  # peer URLs that answered with our own instance id
-        self._buffer: deque[Decision] = deque(maxlen=MAX_BUFFERED)
+        self._links: dict[str, _Link] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._dns_task: asyncio.Task[None] | None = None
 
     @property
     def enabled(self) -> bool:
-        return bool(self._static or self.config.peers_dns) and self.interval_s > 0
+        return bool(self._static or self.config.peers_dns)
 
     @property
     def peers(self) -> list[str]:
         return sorted((self._static | self._discovered) - self._myself)
 
-    def publish(self, worker: str, route: RouteRequest) -> None:
-        """Called once per routing decision (pipeline); sent at the next flush."""
+    # -- pipeline.RouteListener -------------------------------------------------------------------
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
         if not route.block_hashes:
             return
-        if len(self._buffer) == MAX_BUFFERED:
-            self.metrics.inc(self.metrics.peer_decisions_dropped)
-        self._buffer.append((worker, route))
+        uncached = max(0, route.prompt_tokens - prefix_tokens(matched_blocks, route.block_tokens))
+        decision = Decision(worker, route, rid, uncached)
+        for link in self._links.values():
+            if len(link.decisions) == MAX_BUFFERED:
+                self.metrics.inc(self.metrics.peer_decisions_dropped)
+            link.decisions.append(decision)
+            link.wake.set()
 
+    def prefilled(self, worker: str, rid: str) -> None:
+        notice = Prefilled(worker, rid)
+        for link in self._links.values():
+            link.prefilled.append(notice)
+            link.wake.set()
+
+    # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, admin_port: int) -> None:
-        """Start flushing (and following ``peers_dns``); ``admin_port``: ours, the peers' default."""
-        if not self.enabled or self._tasks:
+        """Start the peer links (and follow ``peers_dns``); ``admin_port``: ours, the peers' default."""
+        if not self.enabled or self._session is not None:
             return
         headers = {"Content-Type": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         self._session = aiohttp.ClientSession(headers=headers,
                                               timeout=aiohttp.ClientTimeout(total=self.config.peer_timeout_s))
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._run()))
+        self._sync_links()
         if self.config.peers_dns:
             dns = DnsSource(self.config.peers_dns, port=self.config.peers_port or admin_port,
                             interval_s=self.config.peers_dns_interval_s)
-            self._tasks.append(loop.create_task(self._follow(dns)))
+            self._dns_task = asyncio.get_running_loop().create_task(self._follow(dns))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [link.task for link in self._links.values() if link.task is not None]
+        if self._dns_task is not None:
+            tasks.append(self._dns_task)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._tasks.clear()
+        self._links.clear()
+        self._dns_task = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    def _sync_links(self) -> None:
+        wanted = set(self.peers)
+        for url in [u for u in self._links if u not in wanted]:
+            link = self._links.pop(url)
+            if link.task is not None:
+                link.task.cancel()
+        loop = asyncio.get_running_loop()
+        for url in wanted - self._links.keys():
+            link = self._links[url] = _Link(url)
+            link.task = loop.create_task(self._send_loop(link))
+
     async def _follow(self, dns: DnsSource) -> None:
         async for urls in dns.watch():
             self._discovered = urls
+            self._sync_links()
             log.info("peers from %s: %s", self.config.peers_dns, ", ".join(sorted(urls)) or "none")
 
-    async def _run(self) -> None:
+    async def _send_loop(self, link: _Link) -> None:
+        backoff = MIN_BACKOFF_S
         while True:
-            await asyncio.sleep(self.interval_s)
-            await self.flush()
+            await link.wake.wait()
+            link.wake.clear()
+            if self.config.peer_sync_interval_s > 0:
+                await asyncio.sleep(self.config.peer_sync_interval_s)
+            decisions, prefilled = link.take()
+            if not decisions and not prefilled:
+                continue
+            outcome = await self._post(link.url, encode(decisions, prefilled, self.instance))
+            if outcome == "self":
+                self._myself.add(link.url)
+                self._links.pop(link.url, None)
+                return
+            if outcome == "ok":
+                backoff = MIN_BACKOFF_S
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
 
-    async def flush(self) -> None:
-        """Send what is buffered to every peer at once; failures are counted, not retried."""
-        if not self._buffer or self._session is None:
-            return
-        body = encode(self._buffer, self.instance)
-        self._buffer.clear()
-        await asyncio.gather(*(self._post(peer, body) for peer in self.peers))
-
-    async def _post(self, peer: str, body: bytes) -> None:
+    async def _post(self, peer: str, body: bytes) -> str:
         assert self._session is not None
         try:
             async with self._session.post(peer + PATH, data=body) as resp:
@@ -204,12 +292,12 @@ class PeerSync:
             outcome = "timeout"
         except aiohttp.ClientError:
             outcome = "connect_error"
-        if outcome == "self":
-            self._myself.add(peer)
-        elif outcome != "ok":
+        if outcome not in ("ok", "self"):
             log.debug("peer %s: %s", peer, outcome)
         self.metrics.inc(self.metrics.peer_posts, peer, outcome)
+        return outcome
 
+    # -- receiving --------------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.Response:
         """``POST /peer/decisions`` on the admin port."""
         if self._key is not None and not _authorized(request.headers.get("Authorization"), self._key):
@@ -223,16 +311,20 @@ class PeerSync:
             if len(body) > MAX_BODY_BYTES:
                 self.metrics.inc(self.metrics.peer_received, "too_large")
                 return _error(413, f"body over {MAX_BODY_BYTES} bytes")
-            sender, decisions = decode(body)
+            message = decode(body)
         except BadRequest as e:
             self.metrics.inc(self.metrics.peer_received, "bad_request")
             return _error(400, e.message)
-        if sender == self.instance:
+        if message.sender == self.instance:
             self.metrics.inc(self.metrics.peer_received, "self")
             return _error(409, "these decisions came from this replica (it is listed among its own peers)")
-        for worker, route in decisions:
-            self._apply(worker, route)
-        self.metrics.inc(self.metrics.peer_received, "applied", amount=len(decisions))
+        for d in message.decisions:
+            self.policy.on_peer_decision(d.worker, d.route, d.uncached, (message.sender, d.ref))
+        for n in message.prefilled:
+            self.policy.on_peer_prefilled(n.worker, (message.sender, n.ref))
+        self.metrics.inc(self.metrics.peer_received, "applied", amount=len(message.decisions))
+        if message.prefilled:
+            self.metrics.inc(self.metrics.peer_received, "prefilled", amount=len(message.prefilled))
         return web.Response(status=204)
 
 

@@ -32,6 +32,7 @@ import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from types import TracebackType
+from typing import Protocol
 
 from proxy.admission import Admission, Lease
 from proxy.clock import Clock
@@ -78,6 +79,14 @@ from proxy.workers.upstream import CONNECT_ERRORS, UpstreamPool
 __all__ = ["CompletedRequest", "Exchange", "Finished", "Pipeline", "body_with_rid", "error_event"]
 
 
+class RouteListener(Protocol):
+    """Told of each routing decision and of each streamed answer's first token (its prefill done)."""
+
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None: ...
+
+    def prefilled(self, worker: str, rid: str) -> None: ...
+
+
 class _Retry(Exception):
     def __init__(self, cause: str, error: RadixgateError, *, sick: bool) -> None:
         super().__init__(error.message)
@@ -91,8 +100,8 @@ class Pipeline:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
         self.observers: list[Callable[[CompletedRequest], None]] = []
-        # Told of every routing decision (App: peer replicas, proxy/peers.py).
-        self.decision_listeners: list[Callable[[str, RouteRequest], None]] = []
+        # Told of every routing decision and streamed first token (App: peer replicas, proxy/peers.py).
+        self.route_listeners: list[RouteListener] = []
         # caller's Authorization → what the worker gets (App sets it from security config).
         self.upstream_authorization: Callable[[str | None], str | None] = lambda client: client
         self.active = 0
@@ -234,8 +243,8 @@ class Exchange:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             lease.assign(decision.worker)
             self.worker, self.decision = decision.worker, decision
-            for listener in p.decision_listeners:
-                listener(decision.worker, self.route)
+            for listener in p.route_listeners:
+                listener.routed(decision.worker, self.route, decision.matched_blocks, self.rid)
             p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
             t.dispatched = p.clock.now()
             try:
@@ -410,6 +419,8 @@ class Exchange:
         if self.worker is not None and self.route is not None:
             prompt_tokens, cached_tokens = first_token_counts(self.req.dialect, data)
             self.p.policy.on_first_token(FirstToken(self.worker, self.route, prompt_tokens, cached_tokens))
+            for listener in self.p.route_listeners:
+                listener.prefilled(self.worker, self.rid)
 
     async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
         """Typed events of the answer, then ``Finished`` (the gRPC frontend's view)."""

@@ -8,7 +8,7 @@ A policy is pure: it reads a ``RouteRequest`` and frozen ``WorkerSnapshot``s and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -113,8 +113,13 @@ class Policy(Protocol):
         """Learn from a finished request (cache correction, rate estimates)."""
         ...
 
-    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
-        """Another proxy replica routed ``request`` to ``worker`` (``routing.peers``)."""
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        """Another proxy replica routed ``request`` to ``worker`` (``routing.peers``), estimating
+        ``uncached`` prompt tokens to prefill there; ``key`` names it in ``on_peer_prefilled``."""
+        ...
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
+        """That peer's request has its first token: its prefill is no longer queued on ``worker``."""
         ...
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
@@ -239,7 +239,10 @@ class CacheAware:
     def on_first_token(self, first: FirstToken) -> None:
         pass
 
-    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        pass
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
         pass
 
     def on_complete(self, completion: Completion) -> None:

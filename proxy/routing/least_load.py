@@ -15,7 +15,7 @@ Params: ``choices`` (int, default 2; ≥ 2; ``choices`` ≥ workers means exact 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
@@ -65,7 +65,10 @@ class LeastLoad:
     def on_first_token(self, first: FirstToken) -> None:
         pass
 
-    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        pass
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
         pass
 
     def on_complete(self, completion: Completion) -> None:

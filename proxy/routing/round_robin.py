@@ -9,7 +9,7 @@ Params: none.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from proxy.routing.base import (
@@ -46,7 +46,10 @@ class RoundRobin:
     def on_first_token(self, first: FirstToken) -> None:
         pass
 
-    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        pass
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
         pass
 
     def on_complete(self, completion: Completion) -> None:

@@ -56,7 +56,7 @@ Params (``TtftParams``) and defaults below.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -217,17 +217,21 @@ class TtftCost:
         # url -> (decayed count of cold placements, cold decision number it was last updated at)
         self._cold: dict[str, tuple[float, int]] = {}
         self._cold_decisions = 0
+        # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
+        self._peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
 
     # -- model inputs --------------------------------------------------------------------------
 
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
-        """(unseen, queued): our tokens sent since the last scrape, and that scrape's queue."""
+        """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
+        scrape's queue."""
         own = self._in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
-        if not scraped:
-            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled), 0
         current = _signature(worker)
-        unseen = 0
+        peers = self._peer_unseen(worker.url, current)
+        if not scraped:
+            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled) + peers, 0
+        unseen = peers
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
                 break
@@ -238,6 +242,22 @@ class TtftCost:
         else:
             queued = int((worker.queued or 0) * self._mean_uncached)
         return unseen, queued
+
+    def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
+        """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen
+        under an older scrape are dropped (that scrape's queue counts them now)."""
+        table = self._peer_work.get(url)
+        if not table:
+            return 0
+        total = 0
+        for key, (signature, uncached) in list(table.items()):
+            if signature is None:
+                table[key] = (current, uncached)
+            elif signature != current:
+                del table[key]
+                continue
+            total += uncached
+        return total
 
     def running(self, worker: WorkerSnapshot) -> int:
         return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
@@ -412,19 +432,31 @@ class TtftCost:
             return cached_tokens
         return round(cached_tokens * request.prompt_tokens / prompt_tokens)
 
-    def on_peer_decision(self, worker: str, request: RouteRequest) -> None:
-        """Another proxy sent ``request`` to ``worker`` (``peers``): its prompt will be cached there,
-        and if it was new to us too, it counts towards the spread of new prompts as ours would."""
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int = 0, key: Hashable = None) -> None:
+        """Another proxy sent ``request`` to ``worker`` (``peers``): its prompt will be cached there;
+        if it was new to us too, it counts towards the spread of new prompts as ours would; and its
+        ``uncached`` tokens are prefill ahead of ours there until the peer reports its first token
+        (``on_peer_prefilled(worker, key)``) or a newer scrape counts it."""
         if worker not in self.index:
             return
         if all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls()):
             self._count_cold(worker)
         self.index.record(worker, request.block_hashes, request.block_tokens)
+        if key is not None and uncached > 0:
+            table = self._peer_work.setdefault(worker, {})
+            table[key] = (None, uncached)
+            if len(table) > self.params.max_tracked_per_worker:
+                del table[next(iter(table))]
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
+        table = self._peer_work.get(worker)
+        if table is not None:
+            table.pop(key, None)
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._last_pick, self._recent, self._cold):
+        for table in (self._in_flight, self._last_pick, self._recent, self._cold, self._peer_work):
             for url in [u for u in table if u not in present]:
                 del table[url]
         for url in [u for u in self.model.known() if u not in present]:

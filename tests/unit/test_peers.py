@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequest
-from proxy.peers import MAX_BLOCKS, decode, encode
+from proxy.peers import MAX_BLOCKS, Decision, Message, Prefilled, decode, encode
 from proxy.routing.base import RouteRequest
 
 routes = st.builds(
@@ -21,9 +21,13 @@ routes = st.builds(
 )
 
 
-@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), routes), max_size=20))
-def test_decisions_survive_the_wire(decisions: list[tuple[str, RouteRequest]]) -> None:
-    assert decode(encode(decisions, "me")) == ("me", decisions)
+decisions = st.builds(Decision, st.text(min_size=1, max_size=30), routes, st.text(max_size=10), st.integers(0, 10**6))
+notices = st.builds(Prefilled, st.text(max_size=30), st.text(max_size=10))
+
+
+@given(st.lists(decisions, max_size=20), st.lists(notices, max_size=20))
+def test_messages_survive_the_wire(ds: list[Decision], ns: list[Prefilled]) -> None:
+    assert decode(encode(ds, ns, "me")) == Message("me", ds, ns)
 
 
 def one(**change: object) -> bytes:
@@ -47,6 +51,10 @@ def one(**change: object) -> bytes:
     (one(blocks=[2**64]), "decisions[0].blocks"),
     (one(blocks=[1.5]), "decisions[0].blocks"),
     (one(blocks=list(range(MAX_BLOCKS + 1))), "decisions[0].blocks"),
+    (one(uncached=-3), "decisions[0].uncached"),
+    (one(ref=5), "decisions[0].ref"),
+    (b'{"v": 1, "prefilled": {}}', "prefilled"),
+    (b'{"v": 1, "prefilled": [{"worker": "http://w"}]}', "prefilled[0]"),
 ])
 def test_a_malformed_message_names_its_field(body: bytes, field: str) -> None:
     with pytest.raises(BadRequest) as e:

@@ -297,3 +297,17 @@ def test_a_peer_decision_for_an_unknown_worker_is_ignored() -> None:
     policy = TtftCost(TtftParams())
     policy.on_peer_decision("http://gone", prompt(1, 20))
     assert "http://gone" not in policy.index
+
+
+def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape() -> None:
+    policy = TtftCost(TtftParams())
+    for w in fleet():
+        policy.index.worker(w.url)
+    scraped = fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]
+    policy.on_peer_decision(URLS[0], prompt(1, 20), uncached=300, key=("p", "r1"))
+    policy.on_peer_decision(URLS[0], prompt(2, 20), uncached=200, key=("p", "r2"))
+    assert policy.pending_prefill(scraped) == (500, 0)
+    policy.on_peer_prefilled(URLS[0], ("p", "r1"))
+    assert policy.pending_prefill(scraped) == (200, 0)
+    rescraped = fleet(a={"running": 1, "queued": 1, "waiting_uncached_tokens": 200})[0]
+    assert policy.pending_prefill(rescraped) == (0, 200)  # the engine counts it now

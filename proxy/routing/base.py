@@ -127,6 +127,22 @@ class Policy(Protocol):
         ...
 
 
+class IgnoresFeedback:
+    """No-op feedback hooks, for policies that learn nothing from answers or from peers."""
+
+    def on_first_token(self, first: FirstToken) -> None:
+        pass
+
+    def on_complete(self, completion: Completion) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        pass
+
+    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
+        pass
+
+
 def healthy(workers: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:
     """The workers a decision may name."""
     return [w for w in workers if w.healthy]

@@ -34,14 +34,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
 from proxy.routing.base import (
-    Completion,
     Decision,
-    FirstToken,
+    IgnoresFeedback,
     NoWorkerAvailable,
     RouteRequest,
     WorkerSnapshot,
@@ -186,7 +185,7 @@ class CharTree:
         return out
 
 
-class CacheAware:
+class CacheAware(IgnoresFeedback):
     name = "cache_aware"
 
     def __init__(self, params: CacheAwareParams) -> None:
@@ -235,18 +234,6 @@ class CacheAware:
             return 0
         tokens = math.floor(matched_chars * request.prompt_tokens / len(request.prompt_text))
         return blocks_within(tokens, request.block_tokens, len(request.block_hashes))
-
-    def on_first_token(self, first: FirstToken) -> None:
-        pass
-
-    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
-        pass
-
-    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        pass
-
-    def on_complete(self, completion: Completion) -> None:
-        pass
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         present = {w.url for w in workers}

@@ -34,16 +34,15 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import xxhash
 
 from proxy.config import ConfigError
 from proxy.routing.base import (
-    Completion,
     Decision,
-    FirstToken,
+    IgnoresFeedback,
     NoWorkerAvailable,
     RouteRequest,
     WorkerSnapshot,
@@ -120,7 +119,7 @@ def _load(worker: WorkerSnapshot) -> int:
     return worker.in_flight + (worker.queued or 0)
 
 
-class ConsistentHash:
+class ConsistentHash(IgnoresFeedback):
     name = "consistent_hash"
 
     def __init__(self, params: ConsistentHashParams) -> None:
@@ -148,18 +147,6 @@ class ConsistentHash:
             return Decision(url, "home" if position == 0 else "spill", reason=f"load={_load(worker)} bound={bound}")
         least = min(candidates, key=lambda w: (w.stale, _load(w), order.index(w.url)))
         return Decision(least.url, "overloaded", reason=f"load={_load(least)} bound={bound}")
-
-    def on_first_token(self, first: FirstToken) -> None:
-        pass
-
-    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
-        pass
-
-    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        pass
-
-    def on_complete(self, completion: Completion) -> None:
-        pass
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         urls = frozenset(w.url for w in workers)

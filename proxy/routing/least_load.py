@@ -15,14 +15,13 @@ Params: ``choices`` (int, default 2; ≥ 2; ``choices`` ≥ workers means exact 
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.config import ConfigError
 from proxy.routing.base import (
-    Completion,
     Decision,
-    FirstToken,
+    IgnoresFeedback,
     NoWorkerAvailable,
     RouteRequest,
     WorkerSnapshot,
@@ -45,7 +44,7 @@ def load_of(worker: WorkerSnapshot) -> tuple[int, int]:
     return (1 if worker.stale else 0, worker.in_flight + (worker.queued or 0))
 
 
-class LeastLoad:
+class LeastLoad(IgnoresFeedback):
     name = "least_load"
 
     def __init__(self, params: LeastLoadParams, rng: random.Random) -> None:
@@ -61,18 +60,6 @@ class LeastLoad:
         sampled = self._rng.sample(candidates, min(self._choices, len(candidates)))
         best = min(sampled, key=load_of)  # min() keeps the first of equal keys
         return Decision(best.url, "p2c", reason=f"load={load_of(best)[1]}")
-
-    def on_first_token(self, first: FirstToken) -> None:
-        pass
-
-    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
-        pass
-
-    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        pass
-
-    def on_complete(self, completion: Completion) -> None:
-        pass
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         pass

@@ -9,13 +9,12 @@ Params: none.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.routing.base import (
-    Completion,
     Decision,
-    FirstToken,
+    IgnoresFeedback,
     NoWorkerAvailable,
     RouteRequest,
     WorkerSnapshot,
@@ -29,7 +28,7 @@ class RoundRobinParams:
     pass
 
 
-class RoundRobin:
+class RoundRobin(IgnoresFeedback):
     name = "round_robin"
 
     def __init__(self) -> None:
@@ -42,18 +41,6 @@ class RoundRobin:
         choice = candidates[self._next % len(candidates)]
         self._next += 1
         return Decision(choice.url, "rr")
-
-    def on_first_token(self, first: FirstToken) -> None:
-        pass
-
-    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
-        pass
-
-    def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        pass
-
-    def on_complete(self, completion: Completion) -> None:
-        pass
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         pass

@@ -86,6 +86,9 @@ async def run_http_rate(args: argparse.Namespace, specs: list[RequestSpec], arri
                 rows.append(await run_one(args, fleet, name, specs, arrivals, Path(tmp), 1))
             if args.replicas > 1:
                 rows.append(await run_one(args, fleet, args.replica_policy, specs, arrivals, Path(tmp), args.replicas))
+                if args.peer_sync >= 0:  # over HTTP the delay is the real one
+                    rows.append(await run_one(args, fleet, args.replica_policy, specs, arrivals, Path(tmp),
+                                              args.replicas, peers=True))
     return rows
 
 
@@ -102,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replicas", type=int, default=1, help="also run --replica-policy behind this many proxies")
     ap.add_argument("--replica-policy", default="ttft")
     ap.add_argument("--peer-sync", type=float, default=-1.0,
-                    help="sim mode, with --replicas: replicas share decisions, arriving this many seconds later "
-                         "(routing.peers; -1 = share nothing)")
+                    help="with --replicas, also a run where replicas share decisions (routing.peers): sim mode, "
+                         "arriving this many seconds later; http mode, over real POSTs (any value >= 0); -1 = no")
     ap.add_argument("--params", default="{}", help='sim mode: policy params, e.g. {"ttft": {"work_weight": 2}}')
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", default="llama-3.1-8b-h100", choices=sorted(PROFILES))

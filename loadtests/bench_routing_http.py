@@ -107,13 +107,16 @@ def free_port() -> int:
 class Router:
     """One or more router processes in front of the fleet; ``bases`` are their URLs."""
 
-    def __init__(self, name: str, urls: list[str], replicas: int, workdir: Path) -> None:
+    def __init__(self, name: str, urls: list[str], replicas: int, workdir: Path, *, peers: bool = False) -> None:
         self.name, self.urls, self.replicas, self.workdir = name, urls, replicas, workdir
+        # radixgate replicas that tell each other their decisions (routing.peers on fixed admin ports).
+        self.peers = peers
         self.procs: list[asyncio.subprocess.Process] = []
         self.bases: list[str] = []
         self.logs: list[Path] = []
 
     async def __aenter__(self) -> Router:
+        admin_ports = [free_port() if self.peers else 0 for _ in range(self.replicas)]
         for i in range(self.replicas):
             log = self.workdir / f"{self.name}-{i}.log"
             self.logs.append(log)
@@ -126,9 +129,10 @@ class Router:
                 self.bases.append(f"http://127.0.0.1:{port}")
             else:
                 cfg = self.workdir / f"{self.name}-{i}.yaml"
+                peers = [f"http://127.0.0.1:{port}" for j, port in enumerate(admin_ports) if j != i and self.peers]
                 cfg.write_text(yaml.safe_dump({
-                    "server": {"host": "127.0.0.1", "port": 0, "admin_port": 0, "drain_grace_s": 1.0},
-                    "workers": {"static": self.urls}, "routing": {"policy": self.name},
+                    "server": {"host": "127.0.0.1", "port": 0, "admin_port": admin_ports[i], "drain_grace_s": 1.0},
+                    "workers": {"static": self.urls}, "routing": {"policy": self.name, "peers": peers},
                     "scrape": {"interval_s": 0.1}, "health": {"interval_s": 1.0},
                     "telemetry": {"log_level": "info", "log_requests": True}}))
                 proc = await asyncio.create_subprocess_exec(
@@ -209,13 +213,13 @@ async def flush(session: aiohttp.ClientSession, urls: list[str]) -> None:
 # -- one run --------------------------------------------------------------------------------------
 
 async def run_one(args: argparse.Namespace, fleet: Fleet, router_name: str, specs: list[RequestSpec],
-                  arrivals: list[float], workdir: Path, replicas: int) -> dict[str, Any]:
+                  arrivals: list[float], workdir: Path, replicas: int, *, peers: bool = False) -> dict[str, Any]:
     k = args.time_scale
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         await flush(session, fleet.urls)
-        async with Router(router_name, fleet.urls, replicas, workdir) as router:
+        async with Router(router_name, fleet.urls, replicas, workdir, peers=peers) as router:
             before = await worker_requests(session, fleet.urls)  # after the readiness probes
             start = time.perf_counter()
             tasks = []
@@ -231,7 +235,7 @@ async def run_one(args: argparse.Namespace, fleet: Fleet, router_name: str, spec
     per_worker = [a - b for a, b in zip(after, before, strict=True)]
     ok = [s for s in samples if s.ok and s.first is not None and s.done is not None]
     return summarize(
-        router_name if replicas == 1 else f"{router_name} x{replicas}",
+        router_name if replicas == 1 else f"{router_name} x{replicas} proxies" + (", peers" if peers else ", sharing nothing"),
         sent=len(samples),
         ttft=[(s.first - s.sent) * k for s in ok if s.first is not None],
         e2e=[(s.done - s.sent) * k for s in ok if s.done is not None],

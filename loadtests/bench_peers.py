@@ -140,10 +140,10 @@ async def run(args: argparse.Namespace) -> None:
                 cpu0 = sum(p[2].cpu_times().user + p[2].cpu_times().system for p in procs)
                 ttfts = sorted(await load(session, ports, args.requests, args.concurrency, deadline))
                 cpu = sum(p[2].cpu_times().user + p[2].cpu_times().system for p in procs) - cpu0
-                posts = sum([await counter(session, p[1], "radixgate_peer_posts_total") for p in procs])
+                posts = sum([await counter(session, p[1], "radixgate_peer_messages_total") for p in procs])
                 print(f"{'peers' if peers else 'sharing nothing':16s} {len(ttfts)} streams at c={args.concurrency}: "
                       f"TTFT p50 {ttfts[len(ttfts) // 2] * 1e3:.2f} ms p99 {ttfts[int(len(ttfts) * 0.99)] * 1e3:.2f} ms; "
-                      f"proxy CPU {cpu / len(ttfts) * 1e3:.3f} ms/request; peer POSTs {posts:.0f}", flush=True)
+                      f"proxy CPU {cpu / len(ttfts) * 1e3:.3f} ms/request; peer messages {posts:.0f}", flush=True)
                 if peers:
                     delays = sorted(await delivery_delays(session, procs[0], procs[1], args.probes, deadline))
                     polls = []

@@ -120,7 +120,7 @@ class App:
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ))
         if self.peers.enabled:
             self.pipeline.route_listeners.append(self.peers)
-        self.add_admin_route("POST", PEER_PATH, self.peers.handle)
+        self.add_admin_route("GET", PEER_PATH, self.peers.handle)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0
         self.admin_port = 0
@@ -235,6 +235,7 @@ class App:
         if self._grpc is not None:
             # What is left of the grace lets drained calls send their last message and status.
             await self._grpc.stop(max(0.0, grace - (self.clock.now() - drain_started)))
+        await self.peers.stop()  # its WebSockets would hold the admin server's shutdown
         for listener in self._listeners:
             listener.close()
         self._listeners.clear()
@@ -248,7 +249,6 @@ class App:
                 await task
         self._tasks.clear()
         await self.diagnosis.stop()
-        await self.peers.stop()
         await self.upstream.close()
 
 

@@ -120,7 +120,7 @@ class RoutingConfig:
     peer_sync_interval_s: float = 0.0
     peer_timeout_s: float = 0.5
     # Environment variable holding a key shared by the replicas (sent and required as a Bearer
-    # token on POST /peer/decisions); "" = none.
+    # token on GET /peer/stream); "" = none.
     peer_key_env: str = ""
 
 

@@ -159,12 +159,12 @@ class Metrics:
         self.worker_restarts = FastCounter(
             "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
             ["worker"], registry=r)
-        self.peer_posts = FastCounter(
-            "radixgate_peer_posts_total", "Decision batches sent to peer replicas, by outcome.",
-            ["peer", "outcome"], registry=r)
+        self.peer_messages = FastCounter(
+            "radixgate_peer_messages_total", "Messages sent to peer replicas (ok), and their connections' ends "
+            "(self, http_NNN, timeout, connect_error, closed).", ["peer", "outcome"], registry=r)
         self.peer_received = FastCounter(
             "radixgate_peer_decisions_received_total", "Peer replicas' decisions received, by outcome "
-            "(applied counts decisions; the refusals count requests).", ["outcome"], registry=r)
+            "(applied and prefilled count items; the refusals count connections).", ["outcome"], registry=r)
         self.peer_decisions_dropped = FastCounter(
             "radixgate_peer_decisions_dropped_total", "Decisions dropped unsent because the peer buffer was full.",
             [], registry=r)

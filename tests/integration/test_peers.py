@@ -4,9 +4,11 @@ simulated workers: a prefix one proxy placed is found by another that never saw 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import aiohttp
+import pytest
 
 from loadtests.simworker.config import SimConfig
 from loadtests.workloads import shared_prefix
@@ -57,7 +59,7 @@ async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harnes
         return total(m, "radixgate_peer_decisions_received_total", outcome="prefilled") >= 1
 
     await eventually(b_heard_the_first_token)
-    assert total(await scrape(client, admin(a)), "radixgate_peer_posts_total", peer=admin(b), outcome="ok") >= 1
+    assert total(await scrape(client, admin(a)), "radixgate_peer_messages_total", peer=admin(b), outcome="ok") >= 1
 
 
 async def test_an_unreachable_peer_is_counted_and_serving_goes_on(harness: Harness, client: aiohttp.ClientSession) -> None:
@@ -68,14 +70,15 @@ async def test_an_unreachable_peer_is_counted_and_serving_goes_on(harness: Harne
         await generate(client, base(a), f"prompt number {i} " * 20)
 
     async def counted() -> bool:
-        return total(await scrape(client, admin(a)), "radixgate_peer_posts_total", peer=dead,
+        return total(await scrape(client, admin(a)), "radixgate_peer_messages_total", peer=dead,
                      outcome="connect_error") >= 1
 
     await eventually(counted)
     assert total(await scrape(client, admin(a)), "radixgate_requests_succeeded_total") == 3
 
 
-async def test_peer_posts_are_checked(harness: Harness, client: aiohttp.ClientSession, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_peer_connections_and_messages_are_checked(harness: Harness, client: aiohttp.ClientSession,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RG_TEST_PEER_KEY", "s3cret")
     fleet = await harness.fleet()
     b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peer_key_env": "RG_TEST_PEER_KEY"})
@@ -83,19 +86,20 @@ async def test_peer_posts_are_checked(harness: Harness, client: aiohttp.ClientSe
                                    "blocks": [1, 2]}]}
     url = admin(b) + PATH
     auth = {"Authorization": "Bearer s3cret"}
-    async with client.post(url, json=good) as r:
-        assert r.status == 401
-    async with client.post(url, json=good, headers={"Authorization": "Bearer wrong"}) as r:
-        assert r.status == 401
-    async with client.post(url, data=b"{not json", headers=auth) as r:
-        assert r.status == 400
-        assert "body" in (await r.json())["error"]["message"]
-    bad = {"v": 1, "decisions": [{**good["decisions"][0], "blocks": [-1]}]}  # type: ignore[dict-item]
-    async with client.post(url, json=bad, headers=auth) as r:
-        assert r.status == 400
-        assert "decisions[0].blocks" in (await r.json())["error"]["message"]
-    async with client.post(url, json=good, headers=auth) as r:
-        assert r.status == 204
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await client.ws_connect(url, headers=headers)
+        assert refused.value.status == 401
+    async with client.ws_connect(url, headers=auth) as ws:
+        await ws.send_str(json.dumps(good))
+        await ws.send_str("{not json")
+        closing = await ws.receive()
+        assert closing.type is aiohttp.WSMsgType.CLOSE and closing.data == aiohttp.WSCloseCode.INVALID_TEXT
+        assert closing.extra.startswith("body:")
+    async with client.ws_connect(url, headers=auth) as ws:
+        await ws.send_str(json.dumps({"v": 1, "decisions": [{**good["decisions"][0], "blocks": [-1]}]}))  # type: ignore[dict-item]
+        closing = await ws.receive()
+        assert closing.data == aiohttp.WSCloseCode.INVALID_TEXT and closing.extra.startswith("decisions[0].blocks")
     m = await scrape(client, admin(b))
     assert total(m, "radixgate_peer_decisions_received_total", outcome="unauthorized") == 2
     assert total(m, "radixgate_peer_decisions_received_total", outcome="bad_request") == 2
@@ -130,17 +134,17 @@ async def test_a_replica_that_finds_itself_among_its_peers_skips_itself(
     fleet = await harness.fleet()
     # Its own admin address is what DNS returns (peers_port 0 = our own admin port).
     a = await harness.proxy(fleet.urls, **{"server.admin_port": free_port(), "routing.peers_dns": "127.0.0.1"})
-    for round_ in range(3):  # several flushes: only the first may reach itself
+    for round_ in range(3):  # several decisions: none may reach itself
         await generate(client, base(a), f"prompt number {round_} " * 20)
 
         async def flushed(n: int = round_ + 1) -> bool:
             m = await scrape(client, admin(a))
-            return total(m, "radixgate_peer_posts_total") >= 1 and total(m, "radixgate_requests_succeeded_total") >= n
+            return total(m, "radixgate_peer_messages_total") >= 1 and total(m, "radixgate_requests_succeeded_total") >= n
 
         await eventually(flushed)
         await asyncio.sleep(0.05)  # a few flush intervals
     m = await scrape(client, admin(a))
-    assert total(m, "radixgate_peer_posts_total", outcome="self") == 1
-    assert total(m, "radixgate_peer_posts_total") == 1  # never posted to itself again
+    assert total(m, "radixgate_peer_messages_total", outcome="self") == 1
+    assert total(m, "radixgate_peer_messages_total") == 1  # the refused connection, then nothing
     assert total(m, "radixgate_peer_decisions_received_total", outcome="self") == 1
     assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 0

@@ -118,9 +118,9 @@ class App:
                        reject=self.pipeline.reject)
         self.admin_app = build_admin_app(self.pipeline)
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ))
-        if self.peers.enabled:
+        if self.peers.enabled:  # a proxy that names no peers takes no routing state from outside
             self.pipeline.route_listeners.append(self.peers)
-        self.add_admin_route("GET", PEER_PATH, self.peers.handle)
+            self.add_admin_route("GET", PEER_PATH, self.peers.handle)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0
         self.admin_port = 0

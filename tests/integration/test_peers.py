@@ -19,6 +19,13 @@ from tests.integration.reliability import scrape, total
 SYSTEM_TOKENS = 300
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 async def generate(client: aiohttp.ClientSession, url: str, text: str) -> int:
     """Send one prompt; the cached tokens its worker reported."""
     body = {"text": text, "sampling_params": {"max_new_tokens": 2}}
@@ -31,8 +38,10 @@ async def generate(client: aiohttp.ClientSession, url: str, text: str) -> int:
 async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=FAST) for _ in range(4)])
     # b routes with ttft; a (round robin, so not the placement b's hashing would pick) tells b.
-    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
-    a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)]})
+    a_admin = free_port()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
+    a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)],
+                                           "server.admin_port": a_admin})
     specs = shared_prefix(groups=8, prompts_per_group=2, system_tokens=SYSTEM_TOKENS, question_tokens=20,
                           output_tokens=2, shuffle=False)
     firsts, follow_ups = specs[0::2], specs[1::2]
@@ -77,11 +86,20 @@ async def test_an_unreachable_peer_is_counted_and_serving_goes_on(harness: Harne
     assert total(await scrape(client, admin(a)), "radixgate_requests_succeeded_total") == 3
 
 
+async def test_a_proxy_without_peers_refuses_peer_connections(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    lone = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect(admin(lone) + PATH)
+    assert refused.value.status == 404
+
+
 async def test_peer_connections_and_messages_are_checked(harness: Harness, client: aiohttp.ClientSession,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RG_TEST_PEER_KEY", "s3cret")
     fleet = await harness.fleet()
-    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peer_key_env": "RG_TEST_PEER_KEY"})
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peer_key_env": "RG_TEST_PEER_KEY",
+                                           "routing.peers": ["http://127.0.0.1:9"]})
     good = {"v": 1, "decisions": [{"worker": fleet.urls[0], "model": "m", "block_tokens": 16, "prompt_tokens": 32,
                                    "blocks": [1, 2]}]}
     url = admin(b) + PATH
@@ -106,16 +124,9 @@ async def test_peer_connections_and_messages_are_checked(harness: Harness, clien
     assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 async def test_peers_found_in_dns_get_the_decisions(harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet()
-    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": ["http://127.0.0.1:9"]})
     a = await harness.proxy(fleet.urls, **{"routing.peers_dns": "127.0.0.1", "routing.peers_port": b.admin_port})
     sent = 0
 

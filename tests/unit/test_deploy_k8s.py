@@ -286,6 +286,17 @@ def test_sidecar_fronts_exactly_the_workers_in_its_own_pod(tmp_path: Path) -> No
     assert cfg.discovery.kind == "static"
 
 
+def test_production_replicas_take_their_peer_key_from_a_secret(tmp_path: Path) -> None:
+    objects = rendered("overlays/gateway-production")
+    deployment, _ = radixgate_config(objects, tmp_path)
+    env = {e["name"]: e for e in container(deployment, "radixgate")["env"]}
+    named = env["RADIXGATE_ROUTING__PEER_KEY_ENV"]["value"]  # overrides the ConfigMap (YAML → env → CLI)
+    assert env[named]["valueFrom"]["secretKeyRef"] == {"name": "radixgate-peer-key", "key": "key"}
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap")
+    with_env = load(tmp_path / "radixgate.yaml", env={"RADIXGATE_ROUTING__PEER_KEY_ENV": named})
+    assert with_env.routing.peer_key_env == named and "radixgate-peers" in config_map["data"]["radixgate.yaml"]
+
+
 def test_production_overlay_pins_images_and_moves_everything_into_its_namespace() -> None:
     objects = rendered("overlays/gateway-production")
     images = {c["image"] for o in objects for c in _containers(o)}

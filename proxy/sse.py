@@ -152,6 +152,13 @@ def last_output_payload(data: bytes) -> bytes | None:
     return None
 
 
+def token_ids(ids: Any) -> tuple[int, ...]:
+    """A chunk's ``output_ids`` as ints; ``ValueError`` for anything else (1e999, "7", 1.5)."""
+    if not all(type(i) is int for i in ids):
+        raise ValueError(f"output_ids: expected integers, got {ids!r:.80}")
+    return tuple(ids)
+
+
 def first_token_counts(dialect: Dialect, data: bytes) -> tuple[int | None, int | None]:
     """(prompt_tokens, cached_tokens) from the run that carried a stream's first token.
 
@@ -292,7 +299,7 @@ class EventDecoder:
             else:
                 new_ids = ids
                 self._ids_len += len(ids)
-            return [TextDelta(new_text, tuple(int(i) for i in new_ids), completion)]
+            return [TextDelta(new_text, token_ids(new_ids), completion)]
         pieces: list[str] = []
         for c in obj.get("choices") or ():
             if isinstance(c, Mapping):

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from proxy.frontends.grpc_messages import tokens_added
 from proxy.request import Dialect
-from proxy.sse import DONE, ErrorEvent, EventDecoder, TextDelta, error_of, iter_payloads
+from proxy.sse import DONE, ErrorEvent, EventDecoder, TextDelta, error_of, iter_payloads, token_ids
 
 _TEXT_KEYS = (b'{"text":"', b'{"text": "')
 _WS = b" \t\n\r"  # JSON's whitespace (bytes.strip() would also take \x0b and \x0c)
@@ -235,7 +235,7 @@ class RunReader:
         else:
             new_ids = ids
             self._ids_len += len(ids)
-        delta = TextDelta(new_text, tuple(int(i) for i in new_ids), completion)
+        delta = TextDelta(new_text, token_ids(new_ids), completion)
         self._raw_text = _raw_string(p, self._parts[0])
         return new_text, tokens_added(delta, self._emitted)
 

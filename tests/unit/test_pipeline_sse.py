@@ -179,3 +179,9 @@ def test_openai_streams_report_no_counts_at_the_first_token(dialect: Dialect) ->
                                   b"data: [DONE]\n\n"])
 def test_first_token_counts_of_odd_native_events_are_unknown(data: bytes) -> None:
     assert first_token_counts(Dialect.SGLANG, data) == (None, None)
+
+
+@pytest.mark.parametrize("ids", [[1e999], ["7"], [1.5], [True]])
+def test_output_ids_that_are_not_integers_are_a_value_error(ids: list[object]) -> None:
+    with pytest.raises(ValueError, match="output_ids"):
+        EventDecoder(Dialect.SGLANG).decode(sse({"text": "a", "output_ids": ids, "meta_info": {}}))

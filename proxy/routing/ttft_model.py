@@ -89,21 +89,27 @@ class TtftModel:
         )
         self._factor: dict[str, float] = {}
         self._factor_alpha = factor_alpha
+        self._coefficients = self._clamped()
 
-    def coefficients(self) -> tuple[float, ...]:
-        """(base s, s per uncached token, s per unseen token, s per queued token, s per running)."""
+    def _clamped(self) -> tuple[float, float, float, float, float]:
         c = [max(0.0, t) for t in self._fit.theta]
         return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING)
 
+    def coefficients(self) -> tuple[float, ...]:
+        """(base s, s per uncached token, s per unseen token, s per queued token, s per running)."""
+        return self._coefficients
+
     def seconds_per_token(self, url: str) -> float:
         """This worker's prefill cost of one more uncached token of the request itself."""
-        return max(0.0, self._fit.theta[1]) / _TOKENS * self.factor(url)
+        return self._coefficients[1] * self.factor(url)
 
     def factor(self, url: str) -> float:
         return self._factor.get(url, 1.0)
 
     def fleet_predict(self, x: Features) -> float:
-        return sum(max(0.0, t) * v for t, v in zip(self._fit.theta, x.vector(), strict=True))
+        # Spelled out: it runs once per worker per decision, and a generator over zip() cost ~5 µs.
+        c0, c1, c2, c3, c4 = self._coefficients
+        return c0 + c1 * x.uncached + c2 * x.unseen + c3 * x.queued + c4 * x.running
 
     def predict(self, url: str, x: Features) -> float:
         return self.factor(url) * self.fleet_predict(x)
@@ -121,6 +127,7 @@ class TtftModel:
                 self._factor[key] /= mean
         # The fleet fit sees the observation with this worker's own speed taken out.
         self._fit.update(x.vector(), observed / self._factor[url])
+        self._coefficients = self._clamped()
 
     def known(self) -> list[str]:
         return list(self._factor)

@@ -5,7 +5,9 @@
 1. Decision cost: for each policy, time ``build_route_request`` (canonicalise + hash) plus
    ``policy.select`` (+ ``on_complete`` outside the timed part) on distinct 32k-token prompts
    (~128k characters) that share a 2k-token system prompt with 1 of 16 groups, over 8 workers
-   whose indexes are already warm. Prints p50 / p99 / max in microseconds.
+   whose indexes are already warm, with the garbage-collector settings ``radixgate serve`` runs
+   with (``proxy/gctune.py``: start-up heap frozen, young generation at 20,000). Prints p50 / p99
+   / max in microseconds.
 2. Index memory: fill 8 ``WorkerIndex`` of 500k KV tokens each to capacity with 16-token blocks
    (the worst case: short prompts, every block one unit), and report the resident-set growth
    (psutil).
@@ -24,6 +26,7 @@ import time
 import psutil
 
 from loadtests.workloads import words
+from proxy.gctune import settle_after_startup
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, WorkerSnapshot
 from proxy.routing.prefix_index import WorkerIndex
@@ -52,7 +55,7 @@ def bench_decisions(policy_name: str, iterations: int, n_workers: int, prompt_to
     body = words(rng, prompt_tokens * 2)
     policy = build_named(policy_name, {}, rng=random.Random(seed))
     samples: list[float] = []
-    gc.collect()
+    settle_after_startup()  # the collector settings `radixgate serve` runs with (proxy/gctune.py)
     for i in range(iterations):
         start = rng.randrange(0, len(body) // 2)
         text = systems[i % len(systems)] + body[start : start + 4 * (prompt_tokens - 2048)]

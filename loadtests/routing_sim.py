@@ -120,6 +120,8 @@ def simulate(
     policies: list[Policy] = [build_named(policy_name, params or {}, rng=random.Random(seed + r)) for r in range(replicas)]
     in_flight: list[dict[str, int]] = [dict.fromkeys(by_url, 0) for _ in range(replicas)]
     scraped = {w.url: w.snapshot() for w in fleet}
+    for policy in policies:  # as the registry tells the policy of the worker set at start-up
+        policy.on_worker_change(list(scraped.values()))
     outcomes: list[Outcome] = []
     # rid -> (outcome, route, replica, request)
     live: dict[str, tuple[Outcome, RouteRequest, int, SimRequest]] = {}

@@ -8,8 +8,8 @@ TTFT p95 0.314 s against 0.135 s for one proxy). When each replica tells the oth
 uncached tokens, went to worker W" and later "its first token is out", they record P in their
 prefix index as if they had routed it, count it in their spread of new prompts, and count U as
 prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``).
-In the simulation (16 seeds), 4 proxies told 2 ms later reach 0.150 s (told at once 0.148, 5 ms
-later 0.157, 20 ms later 0.167), and come within 8% of one proxy on the README's other workloads.
+In the simulation (16 seeds), 4 proxies told 2 ms later reach 0.141 s (20 ms later: 0.169), and
+come within 6% of one proxy on every workload of the README's Routing section.
 
 Protocol: a WebSocket from each replica to each peer's admin port, ``GET /peer/stream`` with
 ``X-Radixgate-Instance: <random id>`` (and ``Authorization: Bearer <key>`` when ``routing.peer_key_env``

@@ -115,9 +115,10 @@ class RoutingConfig:
     peers_dns: str = ""
     peers_dns_interval_s: float = 5.0
     peers_port: int = 0
-    # Each peer gets one POST at a time, sent as soon as there is something to send (what is
-    # decided meanwhile goes in the next); > 0 waits this long before each POST to batch more.
+    # Each peer gets one WebSocket; a message goes out as soon as there is something to send
+    # (what is decided meanwhile goes in the same one); > 0 waits this long first, to batch more.
     peer_sync_interval_s: float = 0.0
+    # Connecting to a peer (TCP + WebSocket handshake); a failed attempt is retried with backoff.
     peer_timeout_s: float = 0.5
     # Environment variable holding a key shared by the replicas (sent and required as a Bearer
     # token on GET /peer/stream); "" = none.

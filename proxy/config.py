@@ -120,6 +120,8 @@ class RoutingConfig:
     peer_sync_interval_s: float = 0.0
     # Connecting to a peer (TCP + WebSocket handshake); a failed attempt is retried with backoff.
     peer_timeout_s: float = 0.5
+    # Ping each peer this often; one that does not answer within half of it is reconnected. 0 = off.
+    peer_heartbeat_s: float = 5.0
     # Environment variable holding a key shared by the replicas (sent and required as a Bearer
     # token on GET /peer/stream); "" = none.
     peer_key_env: str = ""
@@ -403,6 +405,7 @@ def validate(cfg: Config) -> None:
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
         (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),
         (cfg.routing.peer_timeout_s > 0, "routing.peer_timeout_s: must be > 0"),
+        (cfg.routing.peer_heartbeat_s >= 0, "routing.peer_heartbeat_s: must be >= 0 (0 = off)"),
         (cfg.routing.peers_dns_interval_s >= 0, "routing.peers_dns_interval_s: must be >= 0 (0 = resolve once)"),
         (0 <= cfg.routing.peers_port <= 65535, "routing.peers_port: must be 0..65535 (0 = server.admin_port)"),
         (cfg.admission.queue_size >= 0, "admission.queue_size: must be >= 0"),

@@ -21,6 +21,8 @@ document::
                     "blocks": [<u64 chained block hash>, ...], "ref": "<rid>", "uncached": 2176}],
      "prefilled": [{"worker": "http://w1:30000", "ref": "<rid>"}]}
 
+Each link pings every ``routing.peer_heartbeat_s``; a peer that stops answering (a node that
+vanished without closing its connections) is noticed within that, not when TCP gives up.
 One connection per peer instead of a request per batch: a message costs a few tens of µs where an
 HTTP POST and its answer cost a few hundred. Sending: one task per peer writes what was decided
 since its last message as soon as the loop lets it (``routing.peer_sync_interval_s`` > 0 adds a
@@ -290,20 +292,27 @@ class PeerSync:
     async def _connect_and_send(self, link: _Link) -> str:
         """Hold one connection to the peer and write to it until it breaks; why it ended."""
         assert self._session is not None
+        heartbeat = self.config.peer_heartbeat_s or None
         try:
-            async with self._session.ws_connect(link.url + PATH, autoping=True) as ws:
+            async with self._session.ws_connect(link.url + PATH, heartbeat=heartbeat) as ws:
                 link.connected = True
-                while True:
-                    await link.wake.wait()
-                    link.wake.clear()
-                    if self.config.peer_sync_interval_s > 0:
-                        await asyncio.sleep(self.config.peer_sync_interval_s)
-                    decisions, prefilled = link.take()
-                    if ws.closed:
-                        return "closed"
-                    if decisions or prefilled:
-                        await ws.send_bytes(encode(decisions, prefilled, self.instance))
-                        self.metrics.inc(self.metrics.peer_messages, link.url, "ok")
+                reader = asyncio.get_running_loop().create_task(_drain(ws, link))
+                try:
+                    while True:
+                        await link.wake.wait()
+                        link.wake.clear()
+                        if self.config.peer_sync_interval_s > 0:
+                            await asyncio.sleep(self.config.peer_sync_interval_s)
+                        decisions, prefilled = link.take()
+                        if ws.closed:
+                            return "closed"
+                        if decisions or prefilled:
+                            await ws.send_bytes(encode(decisions, prefilled, self.instance))
+                            self.metrics.inc(self.metrics.peer_messages, link.url, "ok")
+                finally:
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reader
         except aiohttp.WSServerHandshakeError as e:
             return "self" if e.status == 409 else f"http_{e.status}"
         except TimeoutError:
@@ -348,6 +357,14 @@ class PeerSync:
         self.metrics.inc(self.metrics.peer_received, "applied", amount=len(message.decisions))
         if message.prefilled:
             self.metrics.inc(self.metrics.peer_received, "prefilled", amount=len(message.prefilled))
+
+
+async def _drain(ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
+    """Read the peer's side of a link until it ends (the peer closed it, or the heartbeat gave up on
+    a silent peer), then wake the sender, so it reconnects now rather than at its next decision."""
+    async for _ in ws:
+        pass
+    link.wake.set()
 
 
 def _authorized(header: str | None, key: str) -> bool:

@@ -9,6 +9,7 @@ import socket
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from loadtests.simworker.config import SimConfig
 from loadtests.workloads import shared_prefix
@@ -41,7 +42,7 @@ async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harnes
     a_admin = free_port()
     b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
     a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)],
-                                           "server.admin_port": a_admin})
+                                           "server.admin_port": a_admin, "routing.peer_heartbeat_s": 0.05})
     specs = shared_prefix(groups=8, prompts_per_group=2, system_tokens=SYSTEM_TOKENS, question_tokens=20,
                           output_tokens=2, shuffle=False)
     firsts, follow_ups = specs[0::2], specs[1::2]
@@ -68,6 +69,8 @@ async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harnes
         return total(m, "radixgate_peer_decisions_received_total", outcome="prefilled") >= 1
 
     await eventually(b_heard_the_first_token)
+    # A peer that answers its pings keeps its link: one connection all along.
+    assert total(await scrape(client, admin(a)), "radixgate_peer_messages_total", peer=admin(b), outcome="closed") == 0
     assert total(await scrape(client, admin(a)), "radixgate_peer_messages_total", peer=admin(b), outcome="ok") >= 1
 
 
@@ -159,3 +162,35 @@ async def test_a_replica_that_finds_itself_among_its_peers_skips_itself(
     assert total(m, "radixgate_peer_messages_total") == 1  # the refused connection, then nothing
     assert total(m, "radixgate_peer_decisions_received_total", outcome="self") == 1
     assert total(m, "radixgate_peer_decisions_received_total", outcome="applied") == 0
+
+
+async def test_a_peer_that_stops_answering_pings_is_reconnected(harness: Harness, client: aiohttp.ClientSession) -> None:
+    accepted = 0
+
+    async def silent(request: web.Request) -> web.WebSocketResponse:  # takes the link, never pongs
+        nonlocal accepted
+        accepted += 1
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get(PATH, silent)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        fleet = await harness.fleet()
+        peer = f"http://127.0.0.1:{port}"
+        a = await harness.proxy(fleet.urls, **{"routing.peers": [peer], "routing.peer_heartbeat_s": 0.1})
+
+        async def dropped_and_retried() -> bool:
+            m = await scrape(client, admin(a))
+            return total(m, "radixgate_peer_messages_total", peer=peer, outcome="closed") >= 1 and accepted >= 2
+
+        await eventually(dropped_and_retried)
+    finally:
+        await runner.cleanup()

@@ -30,7 +30,9 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
   evenly even at concurrency 1 (never "first in the list"), and a new group still lands on one
   of the same ``cold_choices`` workers whatever each proxy routed before.
 Behind several proxies, each can tell the others its decisions (``on_peer_decision``, fed by
-``proxy/peers.py``): they land in its index as its own would, and count in its cold spread.
+``proxy/peers.py``): they land in its index as its own would, count in its cold spread, and their
+uncached tokens count as ``unseen`` on their worker until the peer reports the first token
+(``on_peer_prefilled``) or a newer scrape covers them.
 "recent" breaks every tie by recent picks (one proxy's exact rotation; replicas disagree), "hash"
 by the hash alone. Saturated: stale snapshot, ``token_usage >= token_usage_limit``, every running
 slot taken with a queue behind it, or our own ``in_flight >= max_in_flight`` (0 = off; admission

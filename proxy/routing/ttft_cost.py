@@ -3,8 +3,9 @@
 Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``ttft_model``):
     cached_w   = tokens of the longest prefix w probably holds (``PrefixIndex``), at most P
     uncached_w = P - cached_w
-    unseen_w   = uncached tokens of our requests sent to w since its scraped state last changed
-                 (the engine cannot have counted them yet); before any scrape, all our in-flight
+    unseen_w   = uncached tokens of our requests (and our peers') sent to w since its scraped
+                 state last changed and still without a first token (the engine cannot have
+                 counted them yet); before any scrape, all our in-flight ones
     queued_w   = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the mean
                  uncached size of our requests); counts other proxies' traffic too
     running_w  = its decode batch (scraped ``running``, else our in-flight count)

@@ -42,7 +42,7 @@ async def test_a_replica_follows_the_placements_its_peer_told_it(harness: Harnes
     a_admin = free_port()
     b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
     a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)],
-                                           "server.admin_port": a_admin, "routing.peer_heartbeat_s": 0.05})
+                                           "server.admin_port": a_admin, "routing.peer_heartbeat_s": 0.5})
     specs = shared_prefix(groups=8, prompts_per_group=2, system_tokens=SYSTEM_TOKENS, question_tokens=20,
                           output_tokens=2, shuffle=False)
     firsts, follow_ups = specs[0::2], specs[1::2]

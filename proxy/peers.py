@@ -74,7 +74,10 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 _U64 = 1 << 64
 
-class Decision(NamedTuple):
+class Placement(NamedTuple):
+    """One routing decision as peers hear it: ``route`` went to ``worker`` with ``uncached`` tokens
+    to prefill there; ``ref`` (the request id) names it in a later ``Prefilled``."""
+
     worker: str
     route: RouteRequest
     ref: str = ""
@@ -88,11 +91,11 @@ class Prefilled(NamedTuple):
 
 class Message(NamedTuple):
     sender: str
-    decisions: list[Decision]
+    decisions: list[Placement]
     prefilled: list[Prefilled]
 
 
-def encode(decisions: Iterable[Decision], prefilled: Iterable[Prefilled] = (), sender: str = "") -> bytes:
+def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), sender: str = "") -> bytes:
     return json.dumps({
         "v": VERSION, "from": sender,
         "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
@@ -125,7 +128,7 @@ def decode(body: bytes) -> Message:
                    [_prefilled(i, item) for i, item in enumerate(notices)])
 
 
-def _decision(i: int, item: Any) -> Decision:
+def _decision(i: int, item: Any) -> Placement:
     where = f"decisions[{i}]"
     if not isinstance(item, Mapping):
         raise BadRequest(f"{where}: expected an object")
@@ -146,7 +149,7 @@ def _decision(i: int, item: Any) -> Decision:
             raise BadRequest(f"{where}.blocks: expected unsigned 64-bit integers, got {h!r}")
     route = RouteRequest(model=model, block_hashes=tuple(blocks), block_tokens=block_tokens,
                          prompt_tokens=prompt_tokens)
-    return Decision(worker, route, ref, uncached)
+    return Placement(worker, route, ref, uncached)
 
 
 def _prefilled(i: int, item: Any) -> Prefilled:
@@ -167,13 +170,13 @@ class _Link:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.decisions: deque[Decision] = deque(maxlen=MAX_BUFFERED)
+        self.decisions: deque[Placement] = deque(maxlen=MAX_BUFFERED)
         self.prefilled: deque[Prefilled] = deque(maxlen=MAX_BUFFERED)
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.connected = False
 
-    def take(self) -> tuple[list[Decision], list[Prefilled]]:
+    def take(self) -> tuple[list[Placement], list[Prefilled]]:
         decisions, prefilled = list(self.decisions), list(self.prefilled)
         self.decisions.clear()
         self.prefilled.clear()
@@ -209,7 +212,7 @@ class PeerSync:
         if not route.block_hashes:
             return
         uncached = max(0, route.prompt_tokens - prefix_tokens(matched_blocks, route.block_tokens))
-        decision = Decision(worker, route, rid, uncached)
+        decision = Placement(worker, route, rid, uncached)
         for link in self._links.values():
             if len(link.decisions) == MAX_BUFFERED:
                 self.metrics.inc(self.metrics.peer_decisions_dropped)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequest
-from proxy.peers import MAX_BLOCKS, Decision, Message, Prefilled, decode, encode
+from proxy.peers import MAX_BLOCKS, Message, Placement, Prefilled, decode, encode
 from proxy.routing.base import RouteRequest
 
 routes = st.builds(
@@ -21,12 +21,12 @@ routes = st.builds(
 )
 
 
-decisions = st.builds(Decision, st.text(min_size=1, max_size=30), routes, st.text(max_size=10), st.integers(0, 10**6))
+decisions = st.builds(Placement, st.text(min_size=1, max_size=30), routes, st.text(max_size=10), st.integers(0, 10**6))
 notices = st.builds(Prefilled, st.text(max_size=30), st.text(max_size=10))
 
 
 @given(st.lists(decisions, max_size=20), st.lists(notices, max_size=20))
-def test_messages_survive_the_wire(ds: list[Decision], ns: list[Prefilled]) -> None:
+def test_messages_survive_the_wire(ds: list[Placement], ns: list[Prefilled]) -> None:
     assert decode(encode(ds, ns, "me")) == Message("me", ds, ns)
 
 

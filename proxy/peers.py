@@ -74,6 +74,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 _U64 = 1 << 64
 
+
 class Placement(NamedTuple):
     """One routing decision as peers hear it: ``route`` went to ``worker`` with ``uncached`` tokens
     to prefill there; ``ref`` (the request id) names it in a later ``Prefilled``."""

@@ -3,13 +3,13 @@
 Why: N proxies in front of one fleet each see 1/N of the traffic. A proxy learns where a prefix
 lives, and how much prefill is queued where, only from its own decisions, so a group's requests
 spread over up to N workers, each paying the prefix's prefill, and each proxy underestimates the
-load it adds to (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routing_sim``, 16 seeds:
-TTFT p95 0.314 s against 0.135 s for one proxy). When each replica tells the others "prompt P, U
+load it adds to (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routing_sim``, 32 seeds:
+TTFT p95 0.363 s against 0.150 s for one proxy). When each replica tells the others "prompt P, U
 uncached tokens, went to worker W" and later "its first token is out", they record P in their
 prefix index as if they had routed it, count it in their spread of new prompts, and count U as
 prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``).
-In the simulation (16 seeds), 4 proxies told 2 ms later reach 0.141 s (20 ms later: 0.169), and
-come within 6% of one proxy on every workload of the README's Routing section.
+In the simulation, 4 proxies told 2 ms later reach 0.145 s against one proxy's 0.150 (32 seeds;
+sharing nothing 0.363); on the README's small chat and unique-prompt runs they stay 14-15% behind.
 
 Protocol: a WebSocket from each replica to each peer's admin port, ``GET /peer/stream`` with
 ``X-Radixgate-Instance: <random id>`` (and ``Authorization: Bearer <key>`` when ``routing.peer_key_env``

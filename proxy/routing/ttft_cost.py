@@ -111,11 +111,11 @@ class TtftParams:
     key_blocks: int = 16
     cold_blocks: int = 1
     cold_choices: int = 2
-    # 1: the first choice unless it has more than one cold placement over the second: a group's
-    # early requests agree on its first choice more often than with 0 (strict least used), and
-    # in a cold burst fewer groups are prefilled twice (shared_prefix @128, 16 seeds: p95 0.135
-    # vs 0.150 s).
-    cold_slack: float = 1.0
+    # 0: the less used of the choices, so new groups spread evenly (8 groups x 128 on 4 workers:
+    # 98% of groups stay whole, 84% with 1). 1 keeps more new groups on their first choice; on
+    # shared_prefix @128 it was no better over 32 seeds (p95 0.145 vs 0.150 s; better on 12 of the
+    # first 16 seeds, on 7 of the next 16).
+    cold_slack: float = 0.0
     # For a cold prompt, scores within this many of its own prefill times of the best also tie,
     # so the cold spread above decides among idle-ish workers whose scores differ by noise
     # (unique prompts at concurrency 1: max/mean 1.05 instead of 1.19 with cold_slack 1).

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import uuid
@@ -57,6 +56,7 @@ from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
 from proxy.routing.base import Policy, RouteRequest
 from proxy.routing.prefix_key import prefix_tokens
+from proxy.security import ApiKeys, presented_key
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.discovery_dns import DnsSource
 
@@ -192,6 +192,7 @@ class PeerSync:
         self.config = config
         self.instance = instance or uuid.uuid4().hex
         self.policy, self.metrics, self._key = policy, metrics, key
+        self._accepted = ApiKeys([key] if key else [])
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()
         self._myself: set[str] = set()  # peer URLs that answered with our own instance id
@@ -327,7 +328,7 @@ class PeerSync:
     # -- receiving --------------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """``GET /peer/stream`` on the admin port: a peer's WebSocket."""
-        if self._key is not None and not _authorized(request.headers.get("Authorization"), self._key):
+        if self._accepted and not self._accepted.accepts(presented_key(request.headers.get("Authorization"), None)):
             self.metrics.inc(self.metrics.peer_received, "unauthorized")
             return _error(401, "missing or wrong peer key (Authorization: Bearer <routing.peer_key_env>)")
         if request.headers.get(INSTANCE_HEADER) == self.instance:
@@ -369,11 +370,6 @@ async def _drain(ws: aiohttp.ClientWebSocketResponse, link: _Link) -> None:
     async for _ in ws:
         pass
     link.wake.set()
-
-
-def _authorized(header: str | None, key: str) -> bool:
-    scheme, _, presented = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), key.encode())
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -35,7 +35,7 @@ from loadtests.workloads import RequestSpec
 from proxy.clock import ManualClock
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.prefix_key import build_route_request, prefix_tokens
+from proxy.routing.prefix_key import build_route_request, uncached_tokens
 from proxy.routing.registry import build_named
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -131,7 +131,6 @@ def simulate(
     i = 0
     # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token notice)
     peer_events: list[tuple[float, int, int, str, RouteRequest | None, int, str]] = []
-    uncached_of: dict[str, int] = {}
     while i < len(specs) or steps:
         t_arrival = arrivals[i] if i < len(specs) else float("inf")
         t_step = steps[0][0] if steps else float("inf")
@@ -140,9 +139,9 @@ def simulate(
             for r, policy in enumerate(policies):
                 if r != source:
                     if peer_route is None:
-                        policy.on_peer_prefilled(url, key)  # type: ignore[attr-defined]
+                        policy.on_peer_prefilled(url, key)
                     else:
-                        policy.on_peer_decision(url, peer_route, uncached, key)  # type: ignore[call-arg]
+                        policy.on_peer_decision(url, peer_route, uncached, key)
             continue
         if next_scrape <= min(t_arrival, t_step):
             scraped = {w.url: w.snapshot() for w in fleet}
@@ -156,9 +155,8 @@ def simulate(
             worker = by_url[decision.worker]
             if peer_sync_s is not None and replicas > 1:
                 seq += 1
-                uncached = route.prompt_tokens - prefix_tokens(decision.matched_blocks, route.block_tokens)
-                uncached_of[f"r{i}"] = max(0, uncached)
-                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, max(0, uncached), f"r{i}"))
+                uncached = uncached_tokens(route, decision.matched_blocks)
+                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
             req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
             outcome = Outcome(spec.group, now, worker.url, branch=decision.branch)
             outcomes.append(outcome)

@@ -55,7 +55,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
 from proxy.routing.base import Policy, RouteRequest
-from proxy.routing.prefix_key import prefix_tokens
+from proxy.routing.prefix_key import uncached_tokens
 from proxy.security import ApiKeys, presented_key
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.discovery_dns import DnsSource
@@ -213,8 +213,7 @@ class PeerSync:
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
         if not route.block_hashes:
             return
-        uncached = max(0, route.prompt_tokens - prefix_tokens(matched_blocks, route.block_tokens))
-        decision = Placement(worker, route, rid, uncached)
+        decision = Placement(worker, route, rid, uncached_tokens(route, matched_blocks))
         for link in self._links.values():
             if len(link.decisions) == MAX_BUFFERED:
                 self.metrics.inc(self.metrics.peer_decisions_dropped)

@@ -101,6 +101,11 @@ def prefix_tokens(n_blocks: int, block_tokens: int) -> int:
     return covered + rest * (block_tokens << (runs + 1))
 
 
+def uncached_tokens(request: RouteRequest, matched_blocks: int) -> int:
+    """Prompt tokens a worker holding ``matched_blocks`` of ``request``'s blocks still has to prefill."""
+    return request.prompt_tokens - min(prefix_tokens(matched_blocks, request.block_tokens), request.prompt_tokens)
+
+
 def block_sizes(block_tokens: int, n_blocks: int) -> Sequence[int]:
     """Token length of each of the first ``n_blocks`` blocks."""
     table = _size_table(block_tokens)

@@ -77,7 +77,7 @@ from proxy.routing.base import (
 )
 from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
-from proxy.routing.prefix_key import prefix_tokens
+from proxy.routing.prefix_key import uncached_tokens
 from proxy.routing.registry import PolicySpec
 from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 
@@ -282,9 +282,8 @@ class TtftCost:
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = self.index.held(worker.url, request.block_hashes)
-        cached = min(prefix_tokens(matched, request.block_tokens), request.prompt_tokens)
         unseen, queued = self.pending_prefill(worker)
-        x = Features(request.prompt_tokens - cached, unseen, queued, self.running(worker))
+        x = Features(uncached_tokens(request, matched), unseen, queued, self.running(worker))
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running

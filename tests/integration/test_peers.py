@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from loadtests.bench_overhead import free_port
 from loadtests.simworker.config import SimConfig
 from loadtests.workloads import shared_prefix
 from proxy.peers import PATH
@@ -18,13 +18,6 @@ from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import scrape, total
 
 SYSTEM_TOKENS = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def generate(client: aiohttp.ClientSession, url: str, text: str) -> int:

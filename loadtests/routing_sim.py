@@ -12,7 +12,9 @@ Event loop: arrivals (the trace), step completions (one per busy worker) and scr
 ``scrape_interval_s``: snapshots of running / queued / waiting uncached tokens / token usage, as
 radixgate's scraper publishes them, so policies see state as stale as in production). An arrival
 is routed with the latest scrape plus the routing replica's own in-flight count, submitted to the
-chosen scheduler, and its worker starts a step if idle. A step's end applies it and records first
+chosen scheduler, and its worker starts a step if idle; a ``hold`` decision (``Decision.after``)
+keeps it aside until that request's first token (or a peer's notice of it, or ``hold_max_s``), then
+routes it again, as the pipeline does. A step's end applies it and records first
 tokens, token gaps and completions; a completion goes back to the replica that routed it.
 Several replicas (independent policy instances, each seeing every ``replicas``-th request) model
 proxies that share nothing.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from loadtests.simworker import protocol, tokenizer
@@ -90,7 +92,7 @@ def prompt_ids(spec: RequestSpec) -> list[int]:
 
 def route_of(spec: RequestSpec, *, block_tokens: int = 16, chars_per_token: float = 4.0) -> RouteRequest:
     req = GenerateRequest(dialect=Dialect.CHAT if spec.messages is not None else Dialect.SGLANG, payload={},
-                          model=MODEL, text=spec.text, messages=spec.messages)
+                          model=MODEL, text=spec.text, messages=spec.messages, stream=True)
     return build_route_request(req, block_tokens=block_tokens, chars_per_token=chars_per_token, max_blocks=2048)
 
 
@@ -107,13 +109,15 @@ def simulate(
     params: dict[str, object] | None = None,
     first_token_feedback: bool = True,
     peer_sync_s: float | None = None,
+    hold_max_s: float = 1.0,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
     ``first_token_feedback``: tell policies of each first token, as the proxy does for streamed
     answers (False: only completions, as for non-streamed ones). ``peer_sync_s``: replicas tell
     each other their decisions, arriving this many seconds later (``routing.peers``); None = they
-    share nothing."""
+    share nothing. ``hold_max_s``: the longest a request is held for a prefix being prefilled
+    (``Decision.after``, ``routing.hold_max_s``)."""
     sim = sim or SimConfig()
     fleet = [VirtualWorker(f"http://w{i}", sim) for i in range(workers)]
     by_url = {w.url: w for w in fleet}
@@ -131,42 +135,71 @@ def simulate(
     i = 0
     # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token notice)
     peer_events: list[tuple[float, int, int, str, RouteRequest | None, int, str]] = []
-    while i < len(specs) or steps:
+    # Decision.after -> requests held until that prefill ends: (index, route, arrival, release by)
+    held: dict[Hashable, list[tuple[int, RouteRequest, float, float]]] = {}
+    hold_ends: list[tuple[float, int, Hashable]] = []  # (release by, tiebreak, key)
+
+    def release(key: Hashable, now: float, *, expired: bool = False) -> None:
+        waiting = held.pop(key, [])
+        if expired:  # only those whose time is up; the rest keep waiting
+            keep = [h for h in waiting if h[3] > now]
+            if keep:
+                held[key] = keep
+            waiting = [h for h in waiting if h[3] <= now]
+        for j, route, arrival, _ in waiting:
+            dispatch(j, dataclasses.replace(route, held=True), arrival, now)
+
+    def dispatch(i: int, route: RouteRequest, arrival: float, now: float) -> None:
+        nonlocal seq
+        spec, replica = specs[i], i % replicas
+        snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u]) for u in by_url]
+        decision = policies[replica].select(route, snaps)
+        if decision.after is not None:
+            held.setdefault(decision.after, []).append((i, route, arrival, now + hold_max_s))
+            seq += 1
+            heapq.heappush(hold_ends, (now + hold_max_s, seq, decision.after))
+            return
+        worker = by_url[decision.worker]
+        if peer_sync_s is not None and replicas > 1:
+            seq += 1
+            uncached = uncached_tokens(route, decision.matched_blocks)
+            heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
+        req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
+        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch)
+        outcomes.append(outcome)
+        live[req.rid] = (outcome, route, replica, req)
+        in_flight[replica][worker.url] += 1
+        worker.requests += 1
+        worker.scheduler.submit(req, now)
+        if worker.step is None and worker.start_step(now):
+            seq += 1
+            heapq.heappush(steps, (worker.step_end, seq, worker.url))
+
+    while i < len(specs) or steps or held:
         t_arrival = arrivals[i] if i < len(specs) else float("inf")
         t_step = steps[0][0] if steps else float("inf")
         if peer_events and peer_events[0][0] <= min(t_arrival, t_step):
-            _, _, source, url, peer_route, uncached, key = heapq.heappop(peer_events)
+            at, _, source, url, peer_route, uncached, key = heapq.heappop(peer_events)
             for r, policy in enumerate(policies):
                 if r != source:
                     if peer_route is None:
                         policy.on_peer_prefilled(url, key)
                     else:
                         policy.on_peer_decision(url, peer_route, uncached, key)
+            if peer_route is None:
+                release(key, at)
+            continue
+        if hold_ends and hold_ends[0][0] <= min(t_arrival, t_step):
+            at, _, key = heapq.heappop(hold_ends)
+            if key in held:
+                release(key, at, expired=True)
             continue
         if next_scrape <= min(t_arrival, t_step):
             scraped = {w.url: w.snapshot() for w in fleet}
             next_scrape += scrape_interval_s
             continue
         if t_arrival <= t_step:
-            now, spec, replica = t_arrival, specs[i], i % replicas
-            route = route_of(spec)
-            snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u]) for u in by_url]
-            decision = policies[replica].select(route, snaps)
-            worker = by_url[decision.worker]
-            if peer_sync_s is not None and replicas > 1:
-                seq += 1
-                uncached = uncached_tokens(route, decision.matched_blocks)
-                heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
-            req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
-            outcome = Outcome(spec.group, now, worker.url, branch=decision.branch)
-            outcomes.append(outcome)
-            live[req.rid] = (outcome, route, replica, req)
-            in_flight[replica][worker.url] += 1
-            worker.requests += 1
-            worker.scheduler.submit(req, now)
-            if worker.step is None and worker.start_step(now):
-                seq += 1
-                heapq.heappush(steps, (worker.step_end, seq, worker.url))
+            dispatch(i, route_of(specs[i]), t_arrival, t_arrival)
             i += 1
             continue
         now, _, url = heapq.heappop(steps)
@@ -179,6 +212,7 @@ def simulate(
                 outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
                 if first_token_feedback:
                     policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, outcome.cached_tokens))
+                release(id(route), now)
                 if peer_sync_s is not None and replicas > 1:
                     seq += 1
                     heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, url, None, 0, req.rid))

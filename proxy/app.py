@@ -120,6 +120,7 @@ class App:
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ))
         if self.peers.enabled:  # a proxy that names no peers takes no routing state from outside
             self.pipeline.route_listeners.append(self.peers)
+            self.peers.prefill_ended = self.pipeline.prefilled
             self.add_admin_route("GET", PEER_PATH, self.peers.handle)
         self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
         self.http_port = 0

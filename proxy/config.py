@@ -125,6 +125,10 @@ class RoutingConfig:
     # Environment variable holding a key shared by the replicas (sent and required as a Bearer
     # token on GET /peer/stream); "" = none.
     peer_key_env: str = ""
+    # The longest a request is held at the proxy while the prefix it would reuse is still being
+    # prefilled on its worker by an earlier request (the policy's "hold" branch, ttft's
+    # hold_tokens); then it is routed whatever happened. 0 = never hold.
+    hold_max_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -404,6 +408,7 @@ def validate(cfg: Config) -> None:
         (cfg.routing.chars_per_token > 0, "routing.chars_per_token: must be > 0"),
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
         (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),
+        (cfg.routing.hold_max_s >= 0, "routing.hold_max_s: must be >= 0 (0 = never hold)"),
         (cfg.routing.peer_timeout_s > 0, "routing.peer_timeout_s: must be > 0"),
         (cfg.routing.peer_heartbeat_s >= 0, "routing.peer_heartbeat_s: must be >= 0 (0 = off)"),
         (cfg.routing.peers_dns_interval_s >= 0, "routing.peers_dns_interval_s: must be >= 0 (0 = resolve once)"),

@@ -7,9 +7,10 @@ load it adds to (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routin
 TTFT p95 0.363 s against 0.150 s for one proxy). When each replica tells the others "prompt P, U
 uncached tokens, went to worker W" and later "its first token is out", they record P in their
 prefix index as if they had routed it, count it in their spread of new prompts, and count U as
-prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``).
-In the simulation, 4 proxies told 2 ms later reach 0.145 s against one proxy's 0.150 (32 seeds;
-sharing nothing 0.363); on the README's small chat and unique-prompt runs they stay 14-15% behind.
+prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``),
+and hold a request whose prefix a peer's streamed request is still prefilling until that first
+token (``Pipeline.prefilled``). In the simulation, 4 proxies told 2 ms later reach 0.119 s against
+one proxy's 0.110 (32 seeds; sharing nothing 0.365).
 
 Protocol: a WebSocket from each replica to each peer's admin port, ``GET /peer/stream`` with
 ``X-Radixgate-Instance: <random id>`` (and ``Authorization: Bearer <key>`` when ``routing.peer_key_env``
@@ -18,7 +19,8 @@ document::
 
     {"v": 1, "from": "<instance id>",
      "decisions": [{"worker": "http://w1:30000", "model": "m", "block_tokens": 16, "prompt_tokens": 2176,
-                    "blocks": [<u64 chained block hash>, ...], "ref": "<rid>", "uncached": 2176}],
+                    "blocks": [<u64 chained block hash>, ...], "ref": "<rid>", "uncached": 2176,
+                    "stream": true}],
      "prefilled": [{"worker": "http://w1:30000", "ref": "<rid>"}]}
 
 Each link pings every ``routing.peer_heartbeat_s``; a peer that stops answering (a node that
@@ -46,7 +48,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -101,7 +103,7 @@ def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), 
         "v": VERSION, "from": sender,
         "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
                        "prompt_tokens": d.route.prompt_tokens, "blocks": list(d.route.block_hashes),
-                       "ref": d.ref, "uncached": d.uncached} for d in decisions],
+                       "ref": d.ref, "uncached": d.uncached, "stream": d.route.stream} for d in decisions],
         "prefilled": [{"worker": p.worker, "ref": p.ref} for p in prefilled],
     }, separators=(",", ":")).encode()
 
@@ -143,13 +145,16 @@ def _decision(i: int, item: Any) -> Placement:
     block_tokens = _int(item.get("block_tokens"), f"{where}.block_tokens", least=1)
     prompt_tokens = _int(item.get("prompt_tokens"), f"{where}.prompt_tokens")
     uncached = _int(item.get("uncached", 0), f"{where}.uncached")
+    stream = item.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"{where}.stream: expected true or false")
     if not isinstance(blocks, list) or len(blocks) > MAX_BLOCKS:
         raise BadRequest(f"{where}.blocks: expected a list of at most {MAX_BLOCKS} block hashes")
     for h in blocks:
         if type(h) is not int or not 0 <= h < _U64:
             raise BadRequest(f"{where}.blocks: expected unsigned 64-bit integers, got {h!r}")
     route = RouteRequest(model=model, block_hashes=tuple(blocks), block_tokens=block_tokens,
-                         prompt_tokens=prompt_tokens)
+                         prompt_tokens=prompt_tokens, stream=stream)
     return Placement(worker, route, ref, uncached)
 
 
@@ -192,6 +197,9 @@ class PeerSync:
         self.config = config
         self.instance = instance or uuid.uuid4().hex
         self.policy, self.metrics, self._key = policy, metrics, key
+        # Told when a peer's request has its first token (App: Pipeline.prefilled, which releases
+        # requests held for that prefix).
+        self.prefill_ended: Callable[[Hashable], None] = lambda key: None
         self._accepted = ApiKeys([key] if key else [])
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()
@@ -357,7 +365,9 @@ class PeerSync:
         for d in message.decisions:
             self.policy.on_peer_decision(d.worker, d.route, d.uncached, (message.sender, d.ref))
         for n in message.prefilled:
-            self.policy.on_peer_prefilled(n.worker, (message.sender, n.ref))
+            key = (message.sender, n.ref)
+            self.policy.on_peer_prefilled(n.worker, key)
+            self.prefill_ended(key)
         self.metrics.inc(self.metrics.peer_received, "applied", amount=len(message.decisions))
         if message.prefilled:
             self.metrics.inc(self.metrics.peer_received, "prefilled", amount=len(message.prefilled))

@@ -5,7 +5,8 @@
 1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16).
 2. admit: an ``Admission`` lease — waits at the proxy until a worker slot is free.
 3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
-   serve the model.
+   serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``,
+   for the named prefill's first token (``Pipeline.prefilled``), then selects again.
 4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
    first byte of the answer reaches the client, a connect error, a 5xx, a 503 (queue full /
    starting) or a first-byte timeout moves the request to another worker, at most
@@ -28,9 +29,10 @@ with an error event and ``[DONE]``. If the consumer leaves early (client disconn
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from types import TracebackType
 from typing import Protocol
 
@@ -105,6 +107,8 @@ class Pipeline:
         # caller's Authorization → what the worker gets (App sets it from security config).
         self.upstream_authorization: Callable[[str | None], str | None] = lambda client: client
         self.active = 0
+        # Decision.after -> requests held until that prefill's first token
+        self._holds: dict[Hashable, list[asyncio.Future[None]]] = {}
         self._live: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -120,6 +124,13 @@ class Pipeline:
             rid="", frontend=frontend, dialect=dialect, stream=False, worker=None, status=err.status,
             outcome="error", cause=err.cause, retries=0, policy=self.policy.name, decision=None, route=None,
             admission=None, admission_wait=None, timing=timing, finish_reason=None))
+
+    def prefilled(self, key: Hashable) -> None:
+        """The prefill named ``key`` ended (its first token, or its request ended, or a peer said
+        so): release the requests held for it."""
+        for fut in self._holds.pop(key, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     def models(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -222,6 +233,8 @@ class Exchange:
         self.route = build_route_request(
             self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
             chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks)
+        if cfg.routing.hold_max_s <= 0:  # holds are off: a policy routes it at once
+            self.route = dataclasses.replace(self.route, held=True)
         remaining = self._deadline - p.clock.now()
         self._lease = lease = p.admission.lease(priority=self.req.priority, timeout_s=remaining)
         await lease.__aenter__()
@@ -241,6 +254,11 @@ class Exchange:
                 decision = p.policy.select(self.route, candidates)
             except NoWorkerAvailable:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
+            if decision.after is not None:
+                p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
+                await self._hold(decision.after)
+                self.route = dataclasses.replace(self.route, held=True)
+                continue
             lease.assign(decision.worker)
             self.worker, self.decision = decision.worker, decision
             for listener in p.route_listeners:
@@ -260,6 +278,34 @@ class Exchange:
                     raise r.error from None
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
+
+    async def _hold(self, key: Hashable) -> None:
+        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s`` and the deadline."""
+        p = self.p
+        start = p.clock.now()
+        limit = min(p.config.routing.hold_max_s, self._deadline - start)
+        if limit <= 0:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = p._holds.setdefault(key, [])
+        waiting.append(fut)
+        outcome = "timed_out"
+        try:
+            await asyncio.wait_for(fut, limit)
+            outcome = "released"
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            if fut in waiting:  # timed out or cancelled: no longer held for it
+                waiting.remove(fut)
+                if not waiting and p._holds.get(key) is waiting:
+                    del p._holds[key]
+            held = p.clock.now() - start
+            self.timing.prefix_hold += held
+            p.metrics.observe(p.metrics.prefix_hold, held, outcome)
 
     def _report_sick(self, worker: str) -> None:
         if self.p.registry.report_request(worker, False) is Change.EJECTED:
@@ -419,6 +465,8 @@ class Exchange:
         if self.worker is not None and self.route is not None:
             prompt_tokens, cached_tokens = first_token_counts(self.req.dialect, data)
             self.p.policy.on_first_token(FirstToken(self.worker, self.route, prompt_tokens, cached_tokens))
+            if self.p._holds:
+                self.p.prefilled(id(self.route))
             for listener in self.p.route_listeners:
                 listener.prefilled(self.worker, self.rid)
 
@@ -483,6 +531,8 @@ class Exchange:
         if self.worker is not None and self.route is not None:
             p.policy.on_complete(Completion(
                 self.worker, self.route, outcome == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))
+            if p._holds:  # ended without a first token (failed, not streamed): stop holding for it
+                p.prefilled(id(self.route))
         status = exc.status if isinstance(exc, RadixgateError) else (499 if outcome == "cancelled" else self.status)
         p._record(CompletedRequest(
             rid=self.rid, frontend=self.req.frontend, dialect=self.req.dialect.value, stream=self.req.stream,

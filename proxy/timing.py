@@ -5,6 +5,7 @@ of its marks exist, so a request that failed early never reports a made-up stage
 
     received ─ admitted ─ dispatched ─ upstream_headers ─ first_byte ─ first_token ─ … tokens … ─ done
       └ admission_wait ┘            └── upstream_ttfb ──┘
+                        (prefix_hold: part of admitted ─ dispatched, when routing held the request)
       └──────────────────────── ttft (as the client sees it) ─────────┘
                                                           └──────── decode ──────────┘
 """
@@ -25,6 +26,8 @@ class RequestTiming:
     first_token: float | None = None
     last_token: float | None = None
     done: float | None = None
+    # Seconds held between admitted and dispatched for a prefix being prefilled (routing.hold_max_s).
+    prefix_hold: float = 0.0
     # Gaps between consecutive token-bearing chunks, seconds.
     token_gaps: list[float] = field(default_factory=list)
     # What the worker itself reported (meta_info, --enable-metrics), seconds.
@@ -66,11 +69,11 @@ class RequestTiming:
 
     @property
     def proxy_overhead(self) -> float | None:
-        """Our share of TTFT: time before dispatch, excluding the admission queue wait."""
+        """Our share of TTFT: time before dispatch, excluding the admission queue wait and a hold."""
         if self.dispatched is None:
             return None
         wait = self.admission_wait or 0.0
-        return max(0.0, self.dispatched - self.received - wait)
+        return max(0.0, self.dispatched - self.received - wait - self.prefix_hold)
 
     @property
     def decode(self) -> float | None:
@@ -105,6 +108,7 @@ class RequestTiming:
         """Named durations for logs and reports (seconds)."""
         return {
             "admission_wait": self.admission_wait,
+            "prefix_hold": self.prefix_hold or None,
             "proxy_overhead": self.proxy_overhead,
             "upstream_ttfb": self.upstream_ttfb,
             "worker_queue": self.worker_queue_time,

@@ -285,6 +285,8 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
     itl = Distribution.of(gaps)
     stages = (
         ("admission_wait", admission_wait),
+        # Only the requests routing held for a prefix being prefilled (routing.hold_max_s).
+        ("prefix_hold", Distribution.of(t.prefix_hold or None for t in timings)),
         ("proxy_overhead", proxy_overhead),
         ("worker_queue", worker_queue),
         ("prefill", Distribution.of(_prefill(t) for t in timings)),

@@ -59,6 +59,11 @@ class RouteRequest:
     # Canonical prompt text, for policies that match characters (cache_aware baseline).
     prompt_text: str = ""
     priority: int = 0
+    # The answer is streamed, so its first token (prefill done) will be reported: a later
+    # request can be held until then (``Decision.after``).
+    stream: bool = False
+    # The proxy already held this request once for a prefix being prefilled: route it now.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,11 @@ class Decision:
     branch: str
     matched_blocks: int = 0
     reason: str = ""
+    # Branch "hold": nothing was sent. Hold the request until the prefill named by this key ends
+    # (``Pipeline.prefilled``: an own request's first token, ``id`` of its RouteRequest, or a
+    # peer's, the key of ``on_peer_decision``): the prefix they share is then cached on
+    # ``worker``. Then select again with ``held=True``.
+    after: Hashable | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,4 +248,5 @@ def build_route_request(
         session_key=req.session_key,
         prompt_text=prompt_text,
         priority=req.priority,
+        stream=req.stream,
     )

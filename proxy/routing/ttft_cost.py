@@ -24,12 +24,19 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
 * otherwise the rendezvous (highest-random-weight) order of the hash of the prompt's first
   ``key_blocks`` blocks, which every proxy computes alike: independent proxies that share
   nothing send a new group, and a spilled group's overflow, to the same worker;
-* for a cold prompt (no worker holds more than ``cold_blocks`` blocks), the first of its first
-  ``cold_choices`` hash choices whose count of our recent cold placements is within
-  ``cold_slack`` of the fewest among them (for such a prompt, scores within
-  ``cold_tie_prefills`` of its own prefill time count as tied): unique prompts spread nearly
-  evenly even at concurrency 1 (never "first in the list"), and a new group still lands on one
-  of the same ``cold_choices`` workers whatever each proxy routed before.
+* for a cold prompt (no worker holds more than ``cold_blocks`` blocks), the first in that order
+  whose count of recent cold placements (ours and our peers') is within ``cold_slack`` of the
+  fewest (for such a prompt, scores within ``cold_tie_prefills`` of its own prefill time count
+  as tied): new groups and unique prompts spread evenly even at concurrency 1 (never "first in
+  the list"). ``cold_choices`` > 0 looks only at the first that many in hash order: proxies that
+  share nothing then still agree more often, at the price of a less even spread.
+Hold: when the chosen worker's match is, for at least ``hold_tokens`` tokens, a prefix that a
+streamed request sent there earlier (ours, or a peer's) is still prefilling, nothing is sent: the
+decision is branch ``hold`` with ``after`` naming that request, and the proxy selects again once
+its first token arrives (``routing.hold_max_s`` at most). Sent at once, it would reach the
+engine before the prefix is cached; SGLang's default FCFS scheduler then batches the two prompts
+together and computes their shared prefix twice. In a burst of new groups, that duplicated
+prefill was a third of all prefill work (64 groups x 16 @128: p95 0.150 s -> 0.114 without it).
 Behind several proxies, each can tell the others its decisions (``on_peer_decision``, fed by
 ``proxy/peers.py``): they land in its index as its own would, count in its cold spread, and their
 uncached tokens count as ``unseen`` on their worker until the peer reports the first token
@@ -41,7 +48,7 @@ normally bounds it). If every worker is saturated the smallest score among all w
 
 Branches: ``affinity`` (chose the longest match, > 0), ``spill`` (a worker holding more of the
 prefix was passed over for load or saturation), ``balance`` (no worker holds any of it),
-``saturated`` (every worker saturated), ``only`` (one healthy worker).
+``saturated`` (every worker saturated), ``only`` (one healthy worker), ``hold`` (wait, above).
 
 The routed prompt is recorded in the chosen worker's index; its first token (``on_first_token``,
 streamed answers) or else its completion confirms it there and corrects the index by the reported
@@ -61,7 +68,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import xxhash
 
@@ -102,19 +109,22 @@ class TtftParams:
     # Among tied workers with equal matches (the hash is over the prompt's first ``key_blocks``
     # blocks, so independent proxies agree on it):
     #   "rendezvous" = the rendezvous-hash order; for a cold prompt (no worker holds more than
-    #     ``cold_blocks`` blocks of it) the first of its first ``cold_choices`` workers whose
-    #     count of our recent cold placements is within ``cold_slack`` of the fewest among them;
+    #     ``cold_blocks`` blocks of it) the first of its first ``cold_choices`` (0 = all) workers
+    #     whose count of recent cold placements is within ``cold_slack`` of the fewest among them;
     #   "hash" = the rendezvous-hash winner, always;
     #   "recent" = the fewest recent picks, then the least recently picked (one proxy's most even
     #     spread, but independent proxies place a new prefix each on its own worker).
     tie_break: str = "rendezvous"
     key_blocks: int = 16
     cold_blocks: int = 1
-    cold_choices: int = 2
-    # 0: the less used of the choices, so new groups spread evenly (8 groups x 128 on 4 workers:
-    # 98% of groups stay whole, 84% with 1). 1 keeps more new groups on their first choice; on
-    # shared_prefix @128 it was no better over 32 seeds (p95 0.145 vs 0.150 s; better on 12 of the
-    # first 16 seeds, on 7 of the next 16).
+    # 0 = every tied worker: 8 groups x 128 on 4 workers all stay whole (91% with 2 choices), unique
+    # prompts at concurrency 1 spread 1.00x the mean (1.04). 2 suits proxies that share nothing
+    # and no peers: two choices keep them agreeing on where a new group goes (150 x 5 behind 4
+    # such proxies: p95 0.35 s with 2, 0.73 with all).
+    cold_choices: int = 0
+    # 0: the least used of the choices. 1 keeps more new groups on their first choice; on
+    # shared_prefix @128 (before holds) it was no better over 32 seeds (p95 0.145 vs 0.150 s;
+    # better on 12 of the first 16 seeds, on 7 of the next 16) and split more of 8 groups.
     cold_slack: float = 0.0
     # For a cold prompt, scores within this many of its own prefill times of the best also tie,
     # so the cold spread above decides among idle-ish workers whose scores differ by noise
@@ -125,6 +135,10 @@ class TtftParams:
     max_in_flight: int = 0
     # KV tokens assumed for a worker that has not reported max_total_tokens yet.
     default_capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
+    # Hold a request at the proxy while the prefix it would reuse on the chosen worker is still
+    # being prefilled there by an earlier streamed request (ours or a peer's), if that part is at
+    # least this many tokens (0 = never hold). 256..2048 gave the same p95 on shared_prefix.
+    hold_tokens: int = 512
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 
@@ -141,19 +155,22 @@ class TtftParams:
             "tie_abs_s": self.tie_abs_s >= 0,
             "token_usage_limit": 0 < self.token_usage_limit <= 1,
             "max_in_flight": self.max_in_flight >= 0,
+            "hold_tokens": self.hold_tokens >= 0,
             "default_capacity_tokens": self.default_capacity_tokens > 0,
             "max_tracked_per_worker": self.max_tracked_per_worker > 0,
             "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,
             "cold_slack": self.cold_slack >= 0,
-            "cold_choices": self.cold_choices >= 1,
+            "cold_choices": self.cold_choices >= 0,
             "cold_tie_prefills": self.cold_tie_prefills >= 0,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ConfigError(f"routing.params.{name}: out of range ({getattr(self, name)!r})")
 
+
+_V = TypeVar("_V")
 
 # Recent picks decay by this per decision (a window of ~64 decisions).
 RECENT_WINDOW = 64
@@ -222,6 +239,8 @@ class TtftCost:
         self._cold_decisions = 0
         # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
         self._peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
+        # url -> {peer's key: its streamed request, until the peer reports its first token}
+        self._peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
 
     # -- model inputs --------------------------------------------------------------------------
 
@@ -319,6 +338,10 @@ class TtftCost:
             branch = "affinity"
         else:
             branch = "spill"
+        holder = self._prefilling(request, chosen)
+        if holder is not None:
+            return Decision(chosen.url, "hold", matched_blocks=chosen.matched_blocks, after=holder,
+                            reason="its prefix is being prefilled there")
         worker = next(w for w in candidates if w.url == chosen.url)
         self._remember(request, chosen, _signature(worker))
         return Decision(
@@ -327,6 +350,32 @@ class TtftCost:
             matched_blocks=chosen.matched_blocks,
             reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
         )
+
+    def _prefilling(self, request: RouteRequest, chosen: Estimate) -> Hashable | None:
+        """The key of a streamed request (ours, or a peer's) sent to the chosen worker and still
+        without its first token whose prompt covers the part of ``request``'s match there that no
+        first token confirmed yet, if that part is at least ``hold_tokens``. Sent now, the engine
+        would batch both prompts together and compute their shared prefix twice (SGLang's
+        default FCFS schedule does not hold back a request whose prefix is being computed)."""
+        p, matched = self.params, chosen.matched_blocks
+        if not p.hold_tokens or request.held or matched == 0:
+            return None
+        confirmed = self.index.confirmed(chosen.url, request.block_hashes, matched)
+        if uncached_tokens(request, confirmed) - uncached_tokens(request, matched) < p.hold_tokens:
+            return None
+        last = request.block_hashes[matched - 1]
+
+        def covers(other: RouteRequest) -> bool:
+            hashes = other.block_hashes
+            return other.stream and len(hashes) >= matched and hashes[matched - 1] == last
+
+        for entry in reversed(self._in_flight.get(chosen.url, {}).values()):
+            if not entry.prefilled and covers(entry.request):
+                return id(entry.request)
+        for key, other in self._peer_pending.get(chosen.url, {}).items():
+            if covers(other):
+                return key
+        return None
 
     def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
         """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
@@ -353,7 +402,7 @@ class TtftCost:
         cold placements are within ``cold_slack`` of the fewest among them."""
         key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
         rank = {e.url: xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)) for e in tied}
-        choices = sorted(tied, key=lambda e: rank[e.url])[: self.params.cold_choices]
+        choices = sorted(tied, key=lambda e: rank[e.url])[: self.params.cold_choices or None]
         counts = {e.url: self.cold_placements(e.url) for e in choices}
         bound = min(counts.values()) + self.params.cold_slack
         return lambda e: (int(counts.get(e.url, bound + 1) > bound), 0.0, rank[e.url])
@@ -444,25 +493,33 @@ class TtftCost:
         if all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls()):
             self._count_cold(worker)
         self.index.record(worker, request.block_hashes, request.block_tokens)
-        if key is not None and uncached > 0:
-            table = self._peer_work.setdefault(worker, {})
-            table[key] = (None, uncached)
-            if len(table) > self.params.max_tracked_per_worker:
-                del table[next(iter(table))]
+        if key is None:
+            return
+        if uncached > 0:
+            _bounded_put(self._peer_work.setdefault(worker, {}), key, (None, uncached), self.params.max_tracked_per_worker)
+        if request.stream:
+            _bounded_put(self._peer_pending.setdefault(worker, {}), key, request, self.params.max_tracked_per_worker)
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        table = self._peer_work.get(worker)
-        if table is not None:
-            table.pop(key, None)
+        for table in (self._peer_work.get(worker), self._peer_pending.get(worker)):
+            if table is not None:
+                table.pop(key, None)
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._last_pick, self._recent, self._cold, self._peer_work):
+        for table in (self._in_flight, self._last_pick, self._recent, self._cold, self._peer_work, self._peer_pending):
             for url in [u for u in table if u not in present]:
                 del table[url]
         for url in [u for u in self.model.known() if u not in present]:
             self.model.forget(url)
+
+
+def _bounded_put(table: dict[Hashable, _V], key: Hashable, value: _V, bound: int) -> None:
+    """Insert, dropping the oldest entry past ``bound`` (a peer that never reports back)."""
+    table[key] = value
+    if len(table) > bound:
+        del table[next(iter(table))]
 
 
 def _factory(params: TtftParams, rng: random.Random) -> TtftCost:

@@ -117,9 +117,14 @@ class Metrics:
         self.admission_wait = FastHistogram(
             "radixgate_admission_wait_seconds", "Time a request waited in the proxy's admission queue.",
             ["frontend", "outcome"], buckets=BUCKETS["queue"], registry=r)
+        self.prefix_hold = FastHistogram(
+            "radixgate_prefix_hold_seconds",
+            "Time a request was held for a prefix being prefilled on its worker (routing branch hold): "
+            "released at that prefill's first token, or timed_out after routing.hold_max_s.",
+            ["outcome"], buckets=BUCKETS["queue"], registry=r)
         self.proxy_overhead = FastHistogram(
             "radixgate_proxy_overhead_seconds",
-            "Proxy time before dispatch, admission wait excluded (parse, hash, route).",
+            "Proxy time before dispatch, admission wait and prefix hold excluded (parse, hash, route).",
             ["frontend"], buckets=BUCKETS["proxy"], registry=r)
         self.upstream_ttfb = FastHistogram(
             "radixgate_upstream_ttfb_seconds", "Dispatch to upstream response headers.",
@@ -213,10 +218,10 @@ class Metrics:
         if done.admission is not None and done.admission_wait is not None:
             self.observe(self.admission_wait, done.admission_wait, fe, done.admission)
         received, dispatched = t.received, t.dispatched
-        if dispatched is not None:  # proxy_overhead: before dispatch, admission wait excluded
+        if dispatched is not None:  # proxy_overhead: before dispatch, admission wait and hold excluded
             admitted = t.admitted
             wait = max(0.0, admitted - received) if admitted is not None else 0.0
-            ends.proxy_overhead.observe(max(0.0, dispatched - received - wait))
+            ends.proxy_overhead.observe(max(0.0, dispatched - received - wait - t.prefix_hold))
         if t.done is not None:
             ends.e2e.observe(max(0.0, t.done - received))
         if wk is None:

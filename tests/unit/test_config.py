@@ -20,6 +20,7 @@ def test_env_overrides_yaml_and_cli_overrides_env(tmp_path) -> None:
         ({"health.nope": 1}, "health.nope"),
         ({"workers.static": ["ftp://x"]}, "workers.static[0].url"),
         ({"telemetry.log_prompts": "yes"}, "telemetry.log_prompts"),
+        ({"routing.hold_max_s": -1}, "routing.hold_max_s"),
     ],
 )
 def test_errors_name_the_bad_field(overrides, field) -> None:

@@ -126,7 +126,7 @@ def test_latency_split_reads_ok_requests_only() -> None:
     total_ttft = sum(r.timing.ttft or 0 for r in recs[:10])
     assert lat.proxy_overhead_share == pytest.approx(0.010 / total_ttft)
     names = [name for name, _ in lat.stages]
-    assert names[:4] == ["admission_wait", "proxy_overhead", "worker_queue", "prefill"]
+    assert names[:5] == ["admission_wait", "prefix_hold", "proxy_overhead", "worker_queue", "prefill"]
     prefill = dict(lat.stages)["prefill"]
     assert prefill.p50 == pytest.approx(0.5)
 

@@ -18,6 +18,7 @@ routes = st.builds(
     block_hashes=st.lists(st.integers(0, 2**64 - 1), max_size=40).map(tuple),
     block_tokens=st.integers(1, 4096),
     prompt_tokens=st.integers(0, 10**6),
+    stream=st.booleans(),
 )
 
 
@@ -28,6 +29,10 @@ notices = st.builds(Prefilled, st.text(max_size=30), st.text(max_size=10))
 @given(st.lists(decisions, max_size=20), st.lists(notices, max_size=20))
 def test_messages_survive_the_wire(ds: list[Placement], ns: list[Prefilled]) -> None:
     assert decode(encode(ds, ns, "me")) == Message("me", ds, ns)
+
+
+def test_a_decision_from_an_older_peer_without_stream_is_not_streamed() -> None:
+    assert decode(one()).decisions[0].route.stream is False
 
 
 def one(**change: object) -> bytes:
@@ -53,6 +58,7 @@ def one(**change: object) -> bytes:
     (one(blocks=list(range(MAX_BLOCKS + 1))), "decisions[0].blocks"),
     (one(uncached=-3), "decisions[0].uncached"),
     (one(ref=5), "decisions[0].ref"),
+    (one(stream="yes"), "decisions[0].stream"),
     (b'{"v": 1, "prefilled": {}}', "prefilled"),
     (b'{"v": 1, "prefilled": [{"worker": "http://w"}]}', "prefilled[0]"),
 ])

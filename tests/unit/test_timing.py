@@ -30,3 +30,10 @@ def test_token_marks_give_ttft_gaps_and_decode() -> None:
 def test_uncached_tokens_subtracts_the_cache_hit() -> None:
     t = RequestTiming(received=0.0, prompt_tokens=100, cached_tokens=64)
     assert t.uncached_prompt_tokens == 36
+
+
+def test_a_prefix_hold_is_its_own_stage_not_proxy_overhead() -> None:
+    t = RequestTiming(received=0.0, admitted=0.1, dispatched=0.45, prefix_hold=0.3)
+    assert abs((t.proxy_overhead or 0) - 0.05) < 1e-9
+    assert t.stages()["prefix_hold"] == 0.3
+    assert RequestTiming(received=0.0).stages()["prefix_hold"] is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from proxy.config import ConfigError
@@ -44,13 +46,13 @@ def test_unique_prompts_spread_evenly_at_concurrency_one(tie_break: str, most: i
     assert min(picks.count(u) for u in URLS) >= 20 - most
 
 
-def test_with_rendezvous_a_new_prefix_lands_on_one_of_its_two_hash_choices_whatever_the_history() -> None:
+def test_with_two_cold_choices_a_new_prefix_lands_on_one_of_them_whatever_the_history() -> None:
     # Independent proxies have different histories (their own cold placements); each still sends
     # a new prefix to one of the same two workers, so a group is split at most two ways.
     new_prefix = prompt(7, 40, shared=30, shared_tag=7)
     chosen = set()
     for history in range(12):
-        policy = TtftCost(TtftParams())
+        policy = TtftCost(TtftParams(cold_choices=2))
         for tag in range(history):
             r = prompt(100 + tag * 13 + history, 40)
             finish(policy, r, policy.select(r, fleet()).worker, ttft=0.05, cached=0)
@@ -256,7 +258,8 @@ def test_one_healthy_worker_is_the_only_choice_and_none_raises() -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [("forgetting", 0.1), ("work_weight", -1.0), ("tie_rel", -0.1), ("token_usage_limit", 1.5), ("max_in_flight", -1),
-                                                  ("tie_break", "random"), ("cold_choices", 0), ("cold_slack", -1.0)])
+                                                  ("tie_break", "random"), ("cold_choices", -1), ("cold_slack", -1.0),
+                                                  ("hold_tokens", -1)])
 def test_bad_params_name_their_field(field, value) -> None:
     with pytest.raises(ConfigError, match=f"routing.params.{field}"):
         TtftParams(**{field: value}).validate()
@@ -311,3 +314,73 @@ def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape(
     assert policy.pending_prefill(scraped) == (200, 0)
     rescraped = fleet(a={"running": 1, "queued": 1, "waiting_uncached_tokens": 200})[0]
     assert policy.pending_prefill(rescraped) == (0, 200)  # the engine counts it now
+
+
+def test_new_groups_spread_two_per_worker_by_default() -> None:
+    # Every tied worker is a cold choice (cold_choices 0): 8 groups on 4 workers, 2 each, so
+    # each group can stay whole on its worker (with two hash choices, 91% of groups did).
+    policy = TtftCost(TtftParams())
+    homes = [policy.select(prompt(tag, 40, shared=30, shared_tag=tag), fleet()).worker for tag in range(8)]
+    assert sorted(homes.count(u) for u in URLS) == [2, 2, 2, 2]
+
+
+def streamed(tag: int, blocks: int, shared: int = 0, shared_tag: int = 999, *, held: bool = False) -> RouteRequest:
+    return dataclasses.replace(prompt(tag, blocks, shared, shared_tag), stream=True, held=held)
+
+
+def test_a_follower_is_held_while_its_prefix_is_being_prefilled_then_follows_it() -> None:
+    policy = TtftCost(TtftParams())
+    first = streamed(1, 80, shared=70)
+    home = policy.select(first, fleet()).worker
+    follower = streamed(2, 80, shared=70)
+    held = policy.select(follower, fleet())
+    assert (held.branch, held.worker, held.after) == ("hold", home, id(first))
+    # Nothing was recorded for it: the next estimate still sees only the first prompt pending.
+    assert policy.pending_prefill(fleet()[URLS.index(home)]) == (first.prompt_tokens, 0)
+    policy.on_first_token(FirstToken(home, first, first.prompt_tokens, 0))
+    again = policy.select(dataclasses.replace(follower, held=True), fleet())
+    assert (again.branch, again.worker, again.after) == ("affinity", home, None)
+
+
+def test_a_request_is_held_at_most_once() -> None:
+    policy = TtftCost(TtftParams())
+    home = policy.select(streamed(1, 80, shared=70), fleet()).worker
+    decision = policy.select(streamed(2, 80, shared=70, held=True), fleet())
+    assert (decision.branch, decision.worker, decision.after) == ("affinity", home, None)
+
+
+@pytest.mark.parametrize(("why", "params", "first", "follower"), [
+    ("the holder is not streamed: its first token is never reported", {}, prompt(1, 80, shared=70),
+     streamed(2, 80, shared=70)),
+    ("holds are off", {"hold_tokens": 0}, streamed(1, 80, shared=70), streamed(2, 80, shared=70)),
+    ("the shared part is shorter than hold_tokens", {"hold_tokens": 10_000}, streamed(1, 80, shared=70),
+     streamed(2, 80, shared=70)),
+])
+def test_no_hold(why: str, params: dict[str, int], first: RouteRequest, follower: RouteRequest) -> None:
+    policy = TtftCost(TtftParams(**params))
+    home = policy.select(first, fleet()).worker
+    decision = policy.select(follower, fleet())
+    assert (decision.branch, decision.worker, decision.after) == ("affinity", home, None), why
+
+
+def test_a_confirmed_prefix_is_not_waited_for() -> None:
+    policy = TtftCost(TtftParams())
+    first = streamed(1, 80, shared=70)
+    home = policy.select(first, fleet()).worker
+    policy.on_first_token(FirstToken(home, first, first.prompt_tokens, 0))
+    second = streamed(2, 80, shared=70)
+    assert policy.select(second, fleet()).after is None
+    # A third, while the second is still prefilling, reuses the prefix the first confirmed: only
+    # the second's own question is unconfirmed, shorter than hold_tokens.
+    assert policy.select(streamed(3, 80, shared=70), fleet()).after is None
+
+
+def test_a_peers_streamed_prefill_is_waited_for_until_the_peer_reports_its_first_token() -> None:
+    policy = TtftCost(TtftParams())
+    for w in fleet():
+        policy.index.worker(w.url)
+    policy.on_peer_decision(URLS[2], streamed(1, 80, shared=70), uncached=1280, key=("p", "r1"))
+    held = policy.select(streamed(2, 80, shared=70), fleet())
+    assert (held.branch, held.worker, held.after) == ("hold", URLS[2], ("p", "r1"))
+    policy.on_peer_prefilled(URLS[2], ("p", "r1"))
+    assert policy.select(streamed(3, 80, shared=70), fleet()).after is None

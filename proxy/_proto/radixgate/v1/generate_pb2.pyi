@@ -113,7 +113,7 @@ class Final(_message.Message):
     def __init__(self, finish_reason: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., worker: _Optional[str] = ..., request_id: _Optional[str] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("admission_wait_s", "proxy_overhead_s", "upstream_ttfb_s", "worker_queue_s", "ttft_s", "itl_mean_s", "itl_p95_s", "itl_max_s", "decode_s", "e2e_s")
+    __slots__ = ("admission_wait_s", "proxy_overhead_s", "upstream_ttfb_s", "worker_queue_s", "ttft_s", "itl_mean_s", "itl_p95_s", "itl_max_s", "decode_s", "e2e_s", "prefix_hold_s")
     ADMISSION_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     PROXY_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_TTFB_S_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class StageTimings(_message.Message):
     ITL_MAX_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     E2E_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HOLD_S_FIELD_NUMBER: _ClassVar[int]
     admission_wait_s: float
     proxy_overhead_s: float
     upstream_ttfb_s: float
@@ -134,4 +135,5 @@ class StageTimings(_message.Message):
     itl_max_s: float
     decode_s: float
     e2e_s: float
-    def __init__(self, admission_wait_s: _Optional[float] = ..., proxy_overhead_s: _Optional[float] = ..., upstream_ttfb_s: _Optional[float] = ..., worker_queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_mean_s: _Optional[float] = ..., itl_p95_s: _Optional[float] = ..., itl_max_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., e2e_s: _Optional[float] = ...) -> None: ...
+    prefix_hold_s: float
+    def __init__(self, admission_wait_s: _Optional[float] = ..., proxy_overhead_s: _Optional[float] = ..., upstream_ttfb_s: _Optional[float] = ..., worker_queue_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., itl_mean_s: _Optional[float] = ..., itl_p95_s: _Optional[float] = ..., itl_max_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., prefix_hold_s: _Optional[float] = ...) -> None: ...

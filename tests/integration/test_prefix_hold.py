@@ -1,0 +1,127 @@
+"""Holding a request while the prefix it would reuse is still being prefilled (ttft's "hold").
+
+One real-time simulated worker is busy prefilling a long unique prompt C when request A (a new
+2,000-token prefix) and then B (same prefix, another question) arrive. Sent at once, A and B wait
+in the engine's FCFS queue and are admitted into the same prefill batch, where B computes the
+prefix again. Held at the proxy until A's first token, B finds the prefix cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import aiohttp
+import pytest
+
+from loadtests.bench_overhead import free_port
+from loadtests.simworker.config import SimConfig
+from loadtests.workloads import words
+from proxy.app import App
+from tests.integration.conftest import Harness, admin, base, eventually
+from tests.integration.reliability import StreamResult, accounting, scrape, stream, total
+
+PREFIX = 2000
+
+
+def body(text: str, tokens: int = 4) -> dict[str, Any]:
+    return {"text": text, "stream": True, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+
+
+def cached_tokens(result: StreamResult) -> int:
+    last = json.loads(next(e for e in reversed(result.events) if e.startswith("{")))
+    return int(last["meta_info"]["cached_tokens"])
+
+
+async def burst(client: aiohttp.ClientSession, app: App) -> tuple[StreamResult, StreamResult, asyncio.Task[StreamResult]]:
+    """C (8,000 tokens: one 0.2 s prefill step), then A and B sharing a prefix while C is prefilling; returns A, B and C's task."""
+    rng = random.Random(7)
+    prefix = words(rng, PREFIX)
+    url = base(app) + "/generate"
+    c = asyncio.create_task(stream(client, url, body(words(rng, 8000), 1)))
+    await asyncio.sleep(0.02)
+    a = asyncio.create_task(stream(client, url, body(f"{prefix} {words(rng, 20)}")))
+    await asyncio.sleep(0.01)
+    b = await stream(client, url, body(f"{prefix} {words(rng, 20)}"))
+    return await a, b, c
+
+
+async def fleet_and_proxy(harness: Harness, hold_max_s: float) -> App:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
+    return await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": hold_max_s})
+
+
+async def test_a_follower_waits_for_its_prefix_and_finds_it_cached(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    app = await fleet_and_proxy(harness, 1.0)
+    a, b, c = await burst(client, app)
+    assert (await c).ok and a.ok and b.ok
+    assert cached_tokens(a) < PREFIX
+    assert cached_tokens(b) >= PREFIX  # computed once, by A
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_policy_decisions_total", policy="ttft", branch="hold") == 1
+    assert total(m, "radixgate_prefix_hold_seconds_count", outcome="released") == 1
+    # The hold is its own stage, not proxy overhead.
+    assert total(m, "radixgate_prefix_hold_seconds_sum") > 0.01
+    assert total(m, "radixgate_proxy_overhead_seconds_bucket", le="0.01") == 3
+    assert accounting(m) == (3, 3, 0)
+
+
+@pytest.mark.parametrize("hold_max_s", [0.0, 0.02])
+async def test_without_a_hold_or_past_hold_max_s_the_prefix_is_computed_twice(
+        harness: Harness, client: aiohttp.ClientSession, hold_max_s: float) -> None:
+    app = await fleet_and_proxy(harness, hold_max_s)
+    a, b, c = await burst(client, app)
+    assert (await c).ok and a.ok and b.ok
+    assert cached_tokens(a) < PREFIX and cached_tokens(b) < PREFIX  # batched together behind C
+    m = await scrape(client, admin(app))
+    holds = total(m, "radixgate_policy_decisions_total", policy="ttft", branch="hold")
+    timed_out = total(m, "radixgate_prefix_hold_seconds_count", outcome="timed_out")
+    assert (holds, timed_out) == ((0, 0) if hold_max_s == 0 else (1, 1))
+    assert accounting(m) == (3, 3, 0)
+
+
+async def test_a_client_that_leaves_while_held_is_counted_and_releases_nothing(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    app = await fleet_and_proxy(harness, 1.0)
+    rng = random.Random(7)
+    prefix, url = words(rng, PREFIX), base(app) + "/generate"
+    c = asyncio.create_task(stream(client, url, body(words(rng, 8000), 1)))
+    await asyncio.sleep(0.02)
+    a = asyncio.create_task(stream(client, url, body(f"{prefix} {words(rng, 20)}")))
+    await asyncio.sleep(0.01)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stream(client, url, body(f"{prefix} {words(rng, 20)}")), 0.03)
+    assert (await a).ok and (await c).ok
+    await asyncio.sleep(0.05)  # the proxy notices the disconnect
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_prefix_hold_seconds_count", outcome="cancelled") == 1
+    assert total(m, "radixgate_errors_total", cause="client_disconnect") == 1
+    assert accounting(m) == (3, 2, 1)
+    assert app.pipeline.active == 0 and not app.pipeline._holds
+
+
+async def test_a_replica_holds_for_a_prefix_its_peer_is_prefilling(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
+    a_admin = free_port()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
+    a = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [admin(b)],
+                                           "server.admin_port": a_admin})
+    rng = random.Random(7)
+    prefix = words(rng, PREFIX)
+    c = asyncio.create_task(stream(client, base(a) + "/generate", body(words(rng, 8000), 1)))
+    await asyncio.sleep(0.02)
+    first = asyncio.create_task(stream(client, base(a) + "/generate", body(f"{prefix} {words(rng, 20)}")))
+
+    async def b_heard_both() -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total", outcome="applied") >= 2
+
+    await eventually(b_heard_both)
+    follower = await stream(client, base(b) + "/generate", body(f"{prefix} {words(rng, 20)}"))
+    assert (await c).ok and (await first).ok and follower.ok
+    assert cached_tokens(follower) >= PREFIX
+    m = await scrape(client, admin(b))
+    assert total(m, "radixgate_prefix_hold_seconds_count", outcome="released") == 1

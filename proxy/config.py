@@ -308,7 +308,7 @@ def load(
     for key, value in (os.environ if env is None else env).items():
         if key.startswith(ENV_PREFIX) and "__" in key:
             dotted = ".".join(p.lower() for p in key[len(ENV_PREFIX) :].split("__"))
-            _set_path(raw, dotted, _parse_scalar(value))
+            _set_path(raw, dotted, parse_scalar(value))
     for dotted, value in (overrides or {}).items():
         _set_path(raw, dotted, value)
     cfg = build(Config, raw, "")
@@ -316,7 +316,8 @@ def load(
     return cfg
 
 
-def _parse_scalar(text: str) -> Any:
+def parse_scalar(text: str) -> Any:
+    """A YAML scalar from an environment variable or the command line (a string if not YAML)."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -88,6 +88,7 @@ async def _run_policy(policy: str, urls: list[str], specs: Sequence[Any], times:
         "server.port": 0, "server.admin_port": 0, "routing.policy": policy,
         "workers.static": list(urls), "telemetry.log_requests": False,
         "diagnose.slo_ttft_p95_s": args.slo_ttft_s, "diagnose.refresh_s": 0.5,
+        **dict(args.set),
     })
     app = App(cfg)
     await app.start()
@@ -234,7 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="append", default=[], metavar="URL",
                    help="use these running SGLang-protocol workers instead of a simulated fleet")
     p.add_argument("--save-dir", help="write each run's client summary and diagnosis (JSON + text) here")
+    p.add_argument("--set", action="append", default=[], type=_setting, metavar="KEY=VALUE",
+                   help="a proxy config field for every run, e.g. routing.hold_max_s=0 (YAML value)")
     return p
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, config_mod.parse_scalar(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -256,7 +256,9 @@ class Exchange:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             if decision.after is not None:
                 p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
-                await self._hold(decision.after)
+                if await self._hold(decision.after) == "timed_out":
+                    # Stop holding anyone for it: a peer that went away never says it is done.
+                    p.policy.on_peer_prefilled(decision.worker, decision.after)
                 self.route = dataclasses.replace(self.route, held=True)
                 continue
             lease.assign(decision.worker)
@@ -279,13 +281,14 @@ class Exchange:
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
 
-    async def _hold(self, key: Hashable) -> None:
-        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s`` and the deadline."""
+    async def _hold(self, key: Hashable) -> str:
+        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s`` and the deadline;
+        "released" or "timed_out"."""
         p = self.p
         start = p.clock.now()
         limit = min(p.config.routing.hold_max_s, self._deadline - start)
         if limit <= 0:
-            return
+            return "timed_out"
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiting = p._holds.setdefault(key, [])
         waiting.append(fut)
@@ -306,6 +309,7 @@ class Exchange:
             held = p.clock.now() - start
             self.timing.prefix_hold += held
             p.metrics.observe(p.metrics.prefix_hold, held, outcome)
+        return outcome
 
     def _report_sick(self, worker: str) -> None:
         if self.p.registry.report_request(worker, False) is Change.EJECTED:

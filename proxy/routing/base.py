@@ -129,7 +129,8 @@ class Policy(Protocol):
         ...
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        """That peer's request has its first token: its prefill is no longer queued on ``worker``."""
+        """That peer's request has its first token: its prefill is no longer queued on ``worker``
+        (also called when a hold for ``key`` timed out: nobody should wait for it again)."""
         ...
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:

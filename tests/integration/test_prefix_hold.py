@@ -20,7 +20,11 @@ from loadtests.bench_overhead import free_port
 from loadtests.simworker.config import SimConfig
 from loadtests.workloads import words
 from proxy.app import App
-from tests.integration.conftest import Harness, admin, base, eventually
+from proxy.peers import PATH
+from proxy.request import Dialect, GenerateRequest
+from proxy.routing.prefix_key import build_route_request
+from proxy.routing.ttft_cost import TtftCost
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import StreamResult, accounting, scrape, stream, total
 
 PREFIX = 2000
@@ -125,3 +129,37 @@ async def test_a_replica_holds_for_a_prefix_its_peer_is_prefilling(
     assert cached_tokens(follower) >= PREFIX
     m = await scrape(client, admin(b))
     assert total(m, "radixgate_prefix_hold_seconds_count", outcome="released") == 1
+
+
+async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # A peer (here a bare WebSocket client) says it sent a streamed request with this prefix to the
+    # worker, then goes silent. The first follower waits hold_max_s; after that nobody waits for it.
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, enable_cache_report=True)])
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 0.2,
+                                           "routing.peers": ["http://127.0.0.1:9"]})
+    rng = random.Random(7)
+    prefix = words(rng, PREFIX)
+    first = build_route_request(GenerateRequest(dialect=Dialect.SGLANG, payload={}, text=f"{prefix} {words(rng, 20)}"),
+                                block_tokens=16, chars_per_token=4.0, max_blocks=2048)
+    decision = {"worker": fleet.urls[0], "model": first.model, "block_tokens": 16,
+                "prompt_tokens": first.prompt_tokens, "blocks": list(first.block_hashes), "ref": "r1",
+                "uncached": first.prompt_tokens, "stream": True}
+    async with client.ws_connect(admin(b) + PATH) as ws:
+        await ws.send_str(json.dumps({"v": 1, "from": "gone", "decisions": [decision]}))
+
+        async def applied() -> bool:
+            return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                         outcome="applied") >= 1
+
+        await eventually(applied)
+        for _ in range(2):
+            assert (await stream(client, base(b) + "/generate", body(f"{prefix} {words(rng, 20)}"))).ok
+    m = await scrape(client, admin(b))
+    assert total(m, "radixgate_prefix_hold_seconds_count", outcome="timed_out") == 1
+    assert total(m, "radixgate_prefix_hold_seconds_count") == 1
+    assert total(m, "radixgate_prefix_hold_seconds_sum") >= 0.2
+    # The silent peer's request is forgotten, not waited for by the next follower still unconfirmed.
+    policy = b.policy
+    assert isinstance(policy, TtftCost)
+    assert not any(policy._peer_pending.values())

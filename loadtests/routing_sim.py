@@ -54,6 +54,7 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     branch: str = ""
+    held_s: float = 0.0  # held at the proxy for a prefix being prefilled (Decision.after)
 
 
 class VirtualWorker:
@@ -165,7 +166,7 @@ def simulate(
             uncached = uncached_tokens(route, decision.matched_blocks)
             heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
         req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
-        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch)
+        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch, held_s=now - arrival)
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
         in_flight[replica][worker.url] += 1

@@ -4,7 +4,7 @@ Why: N proxies in front of one fleet each see 1/N of the traffic. A proxy learns
 lives, and how much prefill is queued where, only from its own decisions, so a group's requests
 spread over up to N workers, each paying the prefix's prefill, and each proxy underestimates the
 load it adds to (4 proxies, shared_prefix 64x16 @128 req/s in ``loadtests/routing_sim``, 32 seeds:
-TTFT p95 0.363 s against 0.150 s for one proxy). When each replica tells the others "prompt P, U
+TTFT p95 0.365 s against 0.110 s for one proxy). When each replica tells the others "prompt P, U
 uncached tokens, went to worker W" and later "its first token is out", they record P in their
 prefix index as if they had routed it, count it in their spread of new prompts, and count U as
 prefill queued on W until its first token (``TtftCost.on_peer_decision`` / ``on_peer_prefilled``),

@@ -14,11 +14,14 @@ import random
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 
 from loadtests.bench_overhead import free_port
 from loadtests.simworker.config import SimConfig
 from loadtests.workloads import words
+from proxy._proto.radixgate.v1 import generate_pb2 as pb
+from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
 from proxy.peers import PATH
 from proxy.request import Dialect, GenerateRequest
@@ -163,3 +166,32 @@ async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
     policy = b.policy
     assert isinstance(policy, TtftCost)
     assert not any(policy._peer_pending.values())
+
+
+async def test_over_grpc_the_hold_is_a_stage_of_the_final_message(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "server.grpc_port": -1})
+    rng = random.Random(7)
+    prefix = words(rng, PREFIX)
+
+    async def generate(stub: pb_grpc.GenerationStub, text: str) -> pb.Final:
+        request = pb.GenerateRequest(text=text, sampling=pb.SamplingParams(max_new_tokens=4, ignore_eos=True))
+        final = None
+        async for chunk in stub.Generate(request):
+            if chunk.HasField("final"):
+                final = chunk.final
+        assert final is not None
+        return final
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        c = asyncio.create_task(generate(stub, words(rng, 8000)))
+        await asyncio.sleep(0.02)
+        a = asyncio.create_task(generate(stub, f"{prefix} {words(rng, 20)}"))
+        await asyncio.sleep(0.01)
+        b = await generate(stub, f"{prefix} {words(rng, 20)}")
+        first, _ = await a, await c
+    assert first.cached_tokens < PREFIX <= b.cached_tokens
+    assert b.timings.HasField("prefix_hold_s") and b.timings.prefix_hold_s > 0.01
+    assert not first.timings.HasField("prefix_hold_s")

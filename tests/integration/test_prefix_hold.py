@@ -71,8 +71,8 @@ async def test_a_follower_waits_for_its_prefix_and_finds_it_cached(
     assert total(m, "radixgate_policy_decisions_total", policy="ttft", branch="hold") == 1
     assert total(m, "radixgate_prefix_hold_seconds_count", outcome="released") == 1
     # The hold is its own stage, not proxy overhead.
-    assert total(m, "radixgate_prefix_hold_seconds_sum") > 0.01
-    assert total(m, "radixgate_proxy_overhead_seconds_bucket", le="0.01") == 3
+    assert total(m, "radixgate_prefix_hold_seconds_sum") > 0.15  # A waits behind C (0.2 s)
+    assert total(m, "radixgate_proxy_overhead_seconds_bucket", le="0.1") == 3
     assert accounting(m) == (3, 3, 0)
 
 

@@ -172,6 +172,10 @@ class TtftParams:
 
 
 _V = TypeVar("_V")
+# Peers' streamed requests still prefilling, remembered per worker: each keeps its block hashes
+# (~5 KB for a 32k-token prompt), and one whose first-token notice is lost (a peer gone) stays
+# until this bound pushes it out (or a hold on it times out).
+PEER_PENDING_PER_WORKER = 1024
 
 # Recent picks decay by this per decision (a window of ~64 decisions).
 RECENT_WINDOW = 64
@@ -499,7 +503,7 @@ class TtftCost:
         if uncached > 0:
             _bounded_put(self._peer_work.setdefault(worker, {}), key, (None, uncached), self.params.max_tracked_per_worker)
         if request.stream:
-            _bounded_put(self._peer_pending.setdefault(worker, {}), key, request, self.params.max_tracked_per_worker)
+            _bounded_put(self._peer_pending.setdefault(worker, {}), key, request, PEER_PENDING_PER_WORKER)
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
         for table in (self._peer_work.get(worker), self._peer_pending.get(worker)):

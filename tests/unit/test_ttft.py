@@ -9,7 +9,7 @@ import pytest
 from proxy.config import ConfigError
 from proxy.routing.base import Completion, FirstToken, NoWorkerAvailable, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import prefix_tokens
-from proxy.routing.ttft_cost import TtftCost, TtftParams
+from proxy.routing.ttft_cost import PEER_PENDING_PER_WORKER, TtftCost, TtftParams
 
 URLS = ["http://a", "http://b", "http://c", "http://d"]
 BT = 16
@@ -384,3 +384,15 @@ def test_a_peers_streamed_prefill_is_waited_for_until_the_peer_reports_its_first
     assert (held.branch, held.worker, held.after) == ("hold", URLS[2], ("p", "r1"))
     policy.on_peer_prefilled(URLS[2], ("p", "r1"))
     assert policy.select(streamed(3, 80, shared=70), fleet()).after is None
+
+
+def test_peers_pending_prefills_are_bounded_per_worker() -> None:
+    policy = TtftCost(TtftParams(default_capacity_tokens=10**7))  # the index keeps every prefix
+    for w in fleet():
+        policy.index.worker(w.url)
+    for tag in range(PEER_PENDING_PER_WORKER + 1):
+        policy.on_peer_decision(URLS[1], streamed(tag, 40, shared=35, shared_tag=tag), uncached=0, key=("p", tag))
+    oldest = policy.select(streamed(10_000, 40, shared=35, shared_tag=0), fleet())
+    newest = policy.select(streamed(10_001, 40, shared=35, shared_tag=PEER_PENDING_PER_WORKER), fleet())
+    assert (oldest.worker, oldest.after) == (URLS[1], None)
+    assert (newest.worker, newest.after) == (URLS[1], ("p", PEER_PENDING_PER_WORKER))

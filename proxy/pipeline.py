@@ -53,6 +53,7 @@ from proxy.routing.base import (
     Completion,
     Decision,
     FirstToken,
+    IgnoresFeedback,
     NoWorkerAvailable,
     Policy,
     RouteRequest,
@@ -466,13 +467,16 @@ class Exchange:
 
     def _first_token(self, data: bytes) -> None:
         """The prompt is prefilled and in the worker's cache: tell the policy now, not at the end."""
-        if self.worker is not None and self.route is not None:
+        p = self.p
+        if self.worker is None or self.route is None:
+            return
+        if not isinstance(p.policy, IgnoresFeedback):  # the others learn nothing from the counts
             prompt_tokens, cached_tokens = first_token_counts(self.req.dialect, data)
-            self.p.policy.on_first_token(FirstToken(self.worker, self.route, prompt_tokens, cached_tokens))
-            if self.p._holds:
-                self.p.prefilled(id(self.route))
-            for listener in self.p.route_listeners:
-                listener.prefilled(self.worker, self.rid)
+            p.policy.on_first_token(FirstToken(self.worker, self.route, prompt_tokens, cached_tokens))
+        if p._holds:
+            p.prefilled(id(self.route))
+        for listener in p.route_listeners:
+            listener.prefilled(self.worker, self.rid)
 
     async def events(self) -> AsyncIterator[TextDelta | ErrorEvent | Finished]:
         """Typed events of the answer, then ``Finished`` (the gRPC frontend's view)."""

@@ -95,7 +95,7 @@ class App:
         self.scraper = Scraper(
             interval_s=config.scrape.interval_s, timeout_s=config.scrape.timeout_s, fetch=self.upstream.get,
             publish=self.workers.report_scrape,
-            on_failure=lambda url: self.metrics.inc(self.metrics.scrape_failures, url, worker=url))
+            on_failure=self._on_scrape_failure)
         self.health = HealthChecker(config.health, probe=self.upstream.probe, report=self._on_probe,
                                     urls=self.workers.urls)
         self.pipeline = Pipeline(
@@ -145,8 +145,12 @@ class App:
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self))
 
+    def _on_scrape_failure(self, url: str) -> None:
+        if url in self.workers:  # as for probes: a scrape that ends after its worker left
+            self.metrics.inc(self.metrics.scrape_failures, url, worker=url)
+
     def _on_probe(self, url: str, ok: bool) -> None:
-        if not ok:
+        if not ok and url in self.workers:  # a probe that ends after its worker left counts nowhere
             self.metrics.inc(self.metrics.health_probe_failures, url, worker=url)
         self.workers.report_probe(url, ok)
 

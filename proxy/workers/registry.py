@@ -112,6 +112,9 @@ class WorkerRegistry:
     def urls(self) -> list[str]:
         return list(self._workers)
 
+    def __contains__(self, url: str) -> bool:
+        return url in self._workers
+
     # -- reports ---------------------------------------------------------------------------------
     def report_probe(self, url: str, ok: bool) -> None:
         w = self._workers.get(url)

@@ -155,3 +155,16 @@ async def test_the_proxy_starts_at_once_when_the_api_is_down_and_picks_workers_u
             assert await generate(client, app, "hello") == 200
         finally:
             await channel.close()
+
+
+async def test_a_probe_or_scrape_that_fails_after_its_worker_left_leaves_no_label_set(
+    harness: Harness, client: aiohttp.ClientSession
+) -> None:
+    # Checks in flight when discovery drops a worker end afterwards; counting them would bring back
+    # the label sets forget_worker just removed (seen as a flaky metrics assertion above).
+    fleet = await harness.fleet([SimConfig(time_scale=FAST)])
+    app = await harness.proxy(fleet.urls)
+    gone = "http://127.0.0.1:9"
+    app._on_probe(gone, False)
+    app._on_scrape_failure(gone)
+    assert gone not in await metrics_text(client, app)

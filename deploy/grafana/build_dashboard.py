@@ -124,6 +124,14 @@ def panels() -> list[dict[str, Any]]:
             ("sum by (worker) (increase(radixgate_worker_ejections_total[5m]))", "ejected {{worker}}"),
             ("sum by (worker) (increase(radixgate_worker_restarts_total[5m]))", "restart {{worker}}"),
         ]),
+        panel("timeseries", "Prefix holds", [
+            ("sum by (outcome) (rate(radixgate_prefix_hold_seconds_count[5m]))", "{{outcome}}"),
+        ], unit="reqps", description="Requests held at the proxy while the prefix they reuse was still being "
+                                     "prefilled on their worker (ttft's hold branch); timed_out = that prefill "
+                                     "took longer than routing.hold_max_s."),
+        panel("timeseries", "Prefix hold p95", [
+            ("histogram_quantile(0.95, sum by (le) (rate(radixgate_prefix_hold_seconds_bucket[5m])))", "p95"),
+        ], unit="s", description="How long held requests waited (their prefix_hold stage)."),
         row("Diagnosis"),
         panel("state-timeline", "Verdict over time", [
             ("fleet:radixgate_diagnosis_verdict:max == 1", "{{kind}}"),

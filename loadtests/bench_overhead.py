@@ -1,4 +1,4 @@
-"""What a proxy adds: direct vs radixgate vs sglang-router vs vllm-router, same fleet, same run.
+"""What a proxy adds: direct vs radixgate (HTTP and gRPC) vs sglang-router vs vllm-router, same fleet, same run.
 
     .venv/bin/python -m loadtests.bench_overhead                 # the full table (a few minutes)
     .venv/bin/python -m loadtests.bench_overhead --quick         # fewer requests per cell
@@ -8,18 +8,23 @@
 Fleet: ``--workers`` zero-delay simulated SGLang workers (``profile="zero"``: no model physics, the
 worker's own HTTP work only), each its own process. Targets, each its own process on loopback and
 all started before measuring: ``direct`` (the client round-robins over the workers itself),
-``radixgate`` (``python -m proxy serve``, default config, policy round_robin), and the peer routers
-when installed (``pip install -e '.[bench]'``): ``sglang-router`` 0.3.2 and ``vllm-router``, both
-with ``--policy round_robin``.
+``radixgate`` (``python -m proxy serve``, default config, policy round_robin), ``radixgate-grpc``
+(the same process, called through its gRPC front: ``radixgate.v1.Generation/Generate`` streamed,
+``GenerateUnary`` not; grpc.aio client, one channel = one HTTP/2 connection per cell, as a gRPC
+caller holds it), and the peer routers when installed (``pip install -e '.[bench]'``):
+``sglang-router`` 0.3.2 and ``vllm-router``, both with ``--policy round_robin``.
 
 Cells: streaming (``/generate``, 64 output tokens, one SSE event per token) and non-streaming, at
 concurrency 1, 32 and 128, each cell bounded by a request count and a time cap, and run as
 ``--rounds`` interleaved rounds (direct, radixgate, peers, direct, …) so that load from other
 processes on a shared machine lands on every target alike. Per target and
-cell: TTFT p50 / p99 (time to the first SSE event; streams only), end-to-end p50 / p99, requests
-per second, relayed SSE events per second, the target process's CPU seconds per request (user +
-system, children included), and its peak resident memory. "Added" columns subtract the direct
-figure of the same cell. Results also go to ``loadtests/results/bench_overhead.json``.
+cell: TTFT p50 / p99 (time to the first SSE event or gRPC message; streams only), end-to-end p50 /
+p99 (to the end of the body, or the gRPC status), requests per second, relayed events per second
+(SSE events; gRPC messages, each one run of events), the target process's CPU seconds per request
+(user + system, children included), and its peak resident memory. "Added" columns subtract the
+direct figure of the same cell; under the table, ``radixgate-grpc``'s added latency over
+``radixgate``'s (the gRPC issue's goal: at most 1.2). Results also go to
+``loadtests/results/bench_overhead.json``.
 
 Every process shares the machine (load generator included), so absolute throughput is the
 machine's, and the comparison between targets is what the table is for.
@@ -39,15 +44,18 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
+import grpc
 import psutil
 
 from loadtests.simworker.config import SimConfig
 from loadtests.simworker.fleet import Fleet
+from proxy._proto.radixgate.v1 import generate_pb2 as pb
+from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 
 TOKENS = 64
 PROMPT = "Benchmark prompt: the quick brown fox jumps over the lazy dog. " * 4
@@ -92,17 +100,24 @@ def free_port() -> int:
 
 
 class Target:
-    def __init__(self, name: str, cmd: list[str] | None, urls: list[str], cwd: Path | None = None) -> None:
+    def __init__(self, name: str, cmd: list[str] | None, urls: list[str], cwd: Path | None = None, *,
+                 grpc_address: str | None = None, process_of: Target | None = None) -> None:
         self.name, self.cmd, self.urls, self.cwd = name, cmd, urls, cwd
+        self.grpc_address = grpc_address  # called over gRPC instead of HTTP
+        self.process_of = process_of  # another target's process serves this one (CPU, RSS)
         self.proc: asyncio.subprocess.Process | None = None
-        self.ps: psutil.Process | None = None
+        self._ps: psutil.Process | None = None
+
+    @property
+    def ps(self) -> psutil.Process | None:
+        return self.process_of.ps if self.process_of is not None else self._ps
 
     async def start(self, log_dir: Path) -> None:
         if self.cmd is None:
             return
         log = (log_dir / f"{self.name}.log").open("wb")
         self.proc = await asyncio.create_subprocess_exec(*self.cmd, stdout=log, stderr=log, cwd=self.cwd)
-        self.ps = psutil.Process(self.proc.pid)
+        self._ps = psutil.Process(self.proc.pid)
         await wait_serving(self.urls[0], self.proc)
 
     async def stop(self) -> None:
@@ -158,11 +173,13 @@ async def wait_serving(url: str, proc: asyncio.subprocess.Process, limit_s: floa
 
 
 def build_targets(worker_urls: list[str], *, profile_out: Path | None,
-                  baseline: Path | None = None) -> list[Target]:
+                  baseline: Path | None = None, grpc_front: bool = False) -> list[Target]:
     py = sys.executable
     targets = [Target("direct", None, worker_urls)]
-    port, admin = free_port(), free_port()
+    port, admin, grpc_port = free_port(), free_port(), free_port()
     rg = [py, "-m", "proxy", "serve", "--port", str(port), "--admin-port", str(admin), "--policy", "round_robin"]
+    if grpc_front:
+        rg += ["--grpc-port", str(grpc_port)]
     for url in worker_urls:
         rg += ["--worker", url]
     if profile_out is not None:  # CPU time, not wall time: waits for a core must not count
@@ -173,7 +190,11 @@ def build_targets(worker_urls: list[str], *, profile_out: Path | None,
                   "try:\n    main(sys.argv[2:])\n"
                   "finally:\n    prof.disable()\n    prof.dump_stats(sys.argv[1])\n")
         rg = [py, "-c", runner, str(profile_out), *rg[3:]]
-    targets.append(Target("radixgate", rg, [f"http://127.0.0.1:{port}"]))
+    radixgate = Target("radixgate", rg, [f"http://127.0.0.1:{port}"])
+    targets.append(radixgate)
+    if grpc_front:
+        targets.append(Target("radixgate-grpc", None, radixgate.urls, grpc_address=f"127.0.0.1:{grpc_port}",
+                              process_of=radixgate))
     if baseline is not None:  # another checkout's radixgate (``python -m proxy`` resolves from its cwd)
         port, admin = free_port(), free_port()
         base = [py, "-m", "proxy", "serve", "--port", str(port), "--admin-port", str(admin), "--policy",
@@ -232,22 +253,65 @@ async def one(session: aiohttp.ClientSession, url: str, payload: bytes, stream: 
         cell.events += events
 
 
-async def run_cell(target: Target, mode: str, concurrency: int, count: int, cap_s: float) -> Cell:
-    cell = Cell(target.name, mode, concurrency)
-    stream = mode == "stream"
+def grpc_request() -> pb.GenerateRequest:
+    return pb.GenerateRequest(text=PROMPT, sampling=pb.SamplingParams(
+        max_new_tokens=TOKENS, ignore_eos=True, temperature=0))
+
+
+async def one_grpc(stub: pb_grpc.GenerationStub, request: pb.GenerateRequest, stream: bool, cell: Cell) -> None:
+    start = time.perf_counter()
+    first: float | None = None
+    messages = 0
+    try:
+        if stream:
+            async for _ in stub.Generate(request, timeout=60):
+                if first is None:
+                    first = time.perf_counter()
+                messages += 1
+        else:
+            await stub.GenerateUnary(request, timeout=60)
+        ok = True
+    except grpc.aio.AioRpcError:
+        ok = False
+    end = time.perf_counter()
+    if not ok:
+        cell.errors += 1
+        return
+    cell.requests += 1
+    cell.e2e.append(end - start)
+    if stream and first is not None:
+        cell.ttft.append(first - start)
+        cell.events += messages
+
+
+@contextlib.asynccontextmanager
+async def client(target: Target, stream: bool, concurrency: int, cell: Cell) -> AsyncIterator[
+        Callable[[int], Awaitable[None]]]:
+    """One call of ``cell``'s kind against ``target``, given the call's sequence number."""
+    if target.grpc_address is not None:
+        request = grpc_request()
+        async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            yield lambda _: one_grpc(stub, request, stream, cell)
+        return
     payload = json.dumps(body(stream)).encode()
     urls = target.urls
-    issued = 0
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield lambda i: one(session, urls[i % len(urls)], payload, stream, cell)
+
+
+async def run_cell(target: Target, mode: str, concurrency: int, count: int, cap_s: float) -> Cell:
+    cell = Cell(target.name, mode, concurrency)
+    issued = 0
+    async with client(target, mode == "stream", concurrency, cell) as call:
         deadline = time.perf_counter() + cap_s
 
         async def loop() -> None:
             nonlocal issued
             while issued < count and time.perf_counter() < deadline:
-                url = urls[issued % len(urls)]
                 issued += 1
-                await one(session, url, payload, stream, cell)
+                await call(issued - 1)
 
         rss_peak = 0.0
 
@@ -299,7 +363,7 @@ def table(cells: Sequence[Cell]) -> str:
     direct = {(c.mode, c.concurrency): c for c in cells if c.target == "direct"}
     lines = [
         "| mode | conc | target | TTFT p50 / p99 ms | added TTFT p50 / p99 | e2e p50 / p99 ms | added e2e p50 / p99 "
-        "| req/s | SSE events/s | CPU ms/req | RSS MB | errors |",
+        "| req/s | events/s | CPU ms/req | RSS MB | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
@@ -315,6 +379,29 @@ def table(cells: Sequence[Cell]) -> str:
             f"{(c.events / c.wall_s if c.wall_s and c.events else 0):.0f} | {fmt(c.cpu_ms_per_request, 2)} | "
             f"{fmt(c.rss_mb, 0)} | {c.errors} |")
     return "\n".join(lines)
+
+
+def grpc_over_http(cells: Sequence[Cell]) -> dict[str, dict[str, float | None]]:
+    """Per cell, radixgate-grpc's added latency over radixgate's (HTTP): the gRPC issue's measure."""
+    by_key = {(c.target, c.mode, c.concurrency): c for c in cells}
+    out: dict[str, dict[str, float | None]] = {}
+    for c in cells:
+        if c.target != "radixgate-grpc":
+            continue
+        http, direct = by_key.get(("radixgate", c.mode, c.concurrency)), by_key.get(("direct", c.mode, c.concurrency))
+        if http is None or direct is None:
+            continue
+        ratios: dict[str, float | None] = {}
+        for which in ("ttft", "e2e"):
+            for q in (.5, .99):
+                base, g, h = direct.pct(which, q), c.pct(which, q), http.pct(which, q)
+                key = f"{which}_p{round(q * 100)}"
+                if base is None or g is None or h is None or h - base <= 0:
+                    ratios[key] = None  # HTTP added nothing measurable: no ratio
+                else:
+                    ratios[key] = (g - base) / (h - base)
+        out[f"{c.mode} c={c.concurrency}"] = ratios
+    return out
 
 
 @contextlib.asynccontextmanager
@@ -335,9 +422,13 @@ async def main_async(args: argparse.Namespace) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     profile_out = Path(tempfile.gettempdir()) / "radixgate_bench.prof" if args.profile else None
     configs = [SimConfig(profile="zero", max_running_requests=1024)] * args.workers
+    wanted = {"direct", "radixgate-baseline", *args.targets}
+    if "radixgate-grpc" in wanted:
+        wanted.add("radixgate")  # its process serves the gRPC front
     async with Fleet.subprocesses(configs) as fleet, \
-            running([t for t in build_targets(fleet.urls, profile_out=profile_out, baseline=args.baseline)
-                     if t.name in ("direct", "radixgate-baseline") or t.name in args.targets], log_dir) as targets:
+            running([t for t in build_targets(fleet.urls, profile_out=profile_out, baseline=args.baseline,
+                                              grpc_front="radixgate-grpc" in wanted)
+                     if t.name in wanted], log_dir) as targets:
         print(f"targets: {', '.join(t.name for t in targets)}; workers: {fleet.urls}", flush=True)
         for t in targets:  # warm every connection pool and code path
             await run_cell(t, "stream", 8, 64, 10)
@@ -359,8 +450,13 @@ async def main_async(args: argparse.Namespace) -> None:
               f"{platform.python_version()}, {platform.system()} {platform.release()}"
     print(f"\nmachine: {machine}; workers: {args.workers} zero-delay simworkers; {TOKENS}-token responses\n")
     print(table(cells))
+    ratios = grpc_over_http(cells)
+    for key, r in ratios.items():
+        print(f"radixgate-grpc added / radixgate added, {key}: " + ", ".join(
+            f"{k} {fmt(v, 2)}" for k, v in r.items()) + "   (goal <= 1.20)")
     if not args.profile:
         RESULTS.write_text(json.dumps({"machine": machine, "workers": args.workers, "tokens": TOKENS,
+                                       "grpc_added_over_http_added": ratios,
                                        "cells": [{**asdict(c), "ttft": None, "e2e": None,
                                                   "ttft_p50_ms": c.pct("ttft", .5), "ttft_p99_ms": c.pct("ttft", .99),
                                                   "e2e_p50_ms": c.pct("e2e", .5), "e2e_p99_ms": c.pct("e2e", .99),
@@ -379,8 +475,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cap-s", type=float, default=12.0, help="time cap per cell and target, seconds")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell")
     parser.add_argument("--profile", action="store_true", help="only direct + radixgate, radixgate under cProfile")
-    parser.add_argument("--targets", nargs="+", default=["radixgate", "sglang-router", "vllm-router"],
-                        help="which proxies to measure (direct is always measured)")
+    parser.add_argument("--targets", nargs="+", default=["radixgate", "radixgate-grpc", "sglang-router", "vllm-router"],
+                        help="which proxies to measure (direct is always measured; radixgate-grpc runs radixgate too)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="also run the radixgate of another checkout (e.g. `git worktree` of the last "
                              "commit) as target radixgate-baseline: before/after under the same load")

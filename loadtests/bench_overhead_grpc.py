@@ -288,6 +288,30 @@ def report(results: dict[str, dict[str, Samples]]) -> dict[str, object]:
     return out
 
 
+def transport_bound(paths: dict[str, dict[str, float]], floor: dict[str, dict[str, float]],
+                    most: int) -> dict[str, float]:
+    """The lowest gRPC / HTTP ratio of added latency at concurrency 1 that this machine's transports
+    allow: HTTP's added latency plus what a bare gRPC call costs over a bare HTTP call with as many
+    messages (the floor, no proxy; linear between 1 and ``most`` messages), over HTTP's added latency.
+    A first-order estimate: it assumes radixgate's own work behind either front costs the same."""
+
+    def wall(kind: str, messages: float) -> float:
+        one = floor[f"{kind}/m1/c1"]["wall_ms"]
+        many = floor[f"{kind}/m{most}/c1"]["wall_ms"]
+        return one + (many - one) * (min(messages, most) - 1) / (most - 1)
+
+    http, grpc_path = paths["http"], paths["grpc"]
+    gap_first = (wall("grpc/aio", 1) - wall("http/aiohttp", 1)) / 1000
+    gap_all = (wall("grpc/aio", grpc_path["messages_per_answer"]) - wall("http/aiohttp", grpc_path["messages_per_answer"])) / 1000
+    out = {"ttft_p50": (http["added_ttft_p50"] + gap_first) / http["added_ttft_p50"],
+           "e2e_p50": (http["added_e2e_p50"] + gap_all) / http["added_e2e_p50"]}
+    print(f"transport bound, c=1: a gRPC front adding nothing over HTTP's path would still be at "
+          f"ttft_p50 {out['ttft_p50']:.2f}, e2e_p50 {out['e2e_p50']:.2f} of HTTP's added latency "
+          f"(bare gRPC call - bare HTTP call: {gap_first * 1000:.2f} ms with 1 message, {gap_all * 1000:.2f} ms "
+          f"with {grpc_path['messages_per_answer']:.1f})   (goal <= 1.20)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1200, help="requests per path per concurrency")
@@ -312,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     results = uvloop.run(bounded())
     summary = report(results)
     if not args.no_floor:
-        summary["transport_floor"] = uvloop.run(transport_floor((1, args.max_new_tokens + 1)))
+        floor = uvloop.run(transport_floor((1, args.max_new_tokens + 1)))
+        summary["transport_floor"] = floor
+        c1 = summary.get("c1")
+        if isinstance(c1, dict):
+            summary["transport_bound"] = transport_bound(c1["paths"], floor, args.max_new_tokens + 1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)

@@ -81,7 +81,8 @@ class ScrapeConfig:
 @dataclass(frozen=True)
 class UpstreamConfig:
     connect_timeout_s: float = 2.0
-    # Until response headers / first byte arrive.
+    # Streams: until the first event. Non-stream answers: how often the worker's health is checked
+    # while the answer is owed (a failing check is a timeout; a passing one waits on).
     first_byte_timeout_s: float = 60.0
     # Longest silence between two chunks of a stream.
     idle_timeout_s: float = 60.0

@@ -12,7 +12,9 @@
    starting) or a first-byte timeout moves the request to another worker, at most
    ``upstream.max_retries`` times (a refused connection on the last one answers 503). A
    stream is handed to the frontend only once its first complete event arrived, so a failed
-   attempt costs the client nothing but time.
+   attempt costs the client nothing but time. A non-stream answer arrives whole, so no silence
+   tells a hung worker from a long generation: past each ``first_byte_timeout_s`` the worker's
+   health probe decides (passing: keep waiting; failing: the first-byte timeout's path).
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
    token-bearing chunk, done.
 6. record: metrics, one JSON log line, ``policy.on_complete``, and ``observers`` (diagnosis).
@@ -323,14 +325,22 @@ class Exchange:
         p, t = self.p, self.timing
         cfg = p.config.upstream
         loop = asyncio.get_running_loop()
-        wait = min(cfg.first_byte_timeout_s, self._deadline - p.clock.now())
+        started = p.clock.now()
+        remaining = self._deadline - started
+        # A non-stream answer's first byte is its last: its wait is the request's whole deadline, and
+        # a check on the worker every first_byte_timeout_s tells a long answer from a hung worker.
+        whole = not self.req.stream
+        wait = remaining if whole else min(cfg.first_byte_timeout_s, remaining)
         headers = {"Content-Type": "application/json"}
         auth = p.upstream_authorization(self.req.headers.get("authorization"))
         if auth:
             headers["Authorization"] = auth
         resp: Http1Connection | None = None
+        check: asyncio.Task[bool] | None = None
         try:
-            async with asyncio.timeout_at(loop.time() + max(0.0, wait)):
+            async with asyncio.timeout_at(loop.time() + max(0.0, wait)) as scope:
+                if whole:
+                    check = loop.create_task(self._check_on(worker, scope))
                 resp = await p.upstream.post(worker, self.req.dialect.path, body, headers)
                 t.upstream_headers = p.clock.now()
                 status = resp.status
@@ -368,8 +378,13 @@ class Exchange:
         except TimeoutError:
             self._drop(resp)
             p.upstream.abort(worker, self.rid)  # it may be generating (or hung): free its slot
+            hung = check is not None and check.done() and not check.cancelled() and check.result()
+            if hung:
+                raise _Retry("timeout", UpstreamTimeout(
+                    f"worker failed its health check with no answer after {p.clock.now() - started:.3g} s"),
+                    sick=True) from None
             timeout = UpstreamTimeout(f"worker sent nothing within {wait:.3g} s")
-            if wait < cfg.first_byte_timeout_s:  # the request's own deadline ran out: no time to retry
+            if whole or wait < cfg.first_byte_timeout_s:  # the request's own deadline ran out: no time to retry
                 p.metrics.inc(p.metrics.upstream_failures, worker, "timeout", worker=worker)
                 raise timeout from None
             raise _Retry("timeout", timeout, sick=True) from None  # nothing reached the client yet
@@ -385,6 +400,27 @@ class Exchange:
             if resp is not None and self._resp is None:
                 self._resp = resp  # the client left while we read an answer: _end closes, frees, aborts
             raise
+        finally:
+            if check is not None:
+                check.cancel()
+
+    async def _check_on(self, worker: str, scope: asyncio.Timeout) -> bool:
+        """Every ``first_byte_timeout_s`` while a non-stream answer is owed, probe the worker's health
+        endpoint; on a failed probe end the wait (``scope``) at once and return True (hung)."""
+        p = self.p
+        every = p.config.upstream.first_byte_timeout_s
+        probe_s = min(p.config.health.timeout_s, every)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            try:
+                alive = await p.upstream.probe(worker, p.config.health.endpoint, probe_s) == 200
+            except (OSError, TimeoutError):
+                alive = False
+            p.metrics.inc(p.metrics.long_answer_checks, worker, "alive" if alive else "hung", worker=worker)
+            if not alive:
+                scope.reschedule(loop.time())
+                return True
 
     def _drop(self, resp: Http1Connection | None) -> None:
         if resp is not None:

@@ -102,6 +102,11 @@ class Metrics:
             "radixgate_upstream_failures_total",
             "Failed attempts on a worker (connect error, 5xx, queue full, timeout, broken stream).",
             ["worker", "cause"], registry=r)
+        self.long_answer_checks = FastCounter(
+            "radixgate_long_answer_checks_total",
+            "Health checks of a worker that owes a non-stream answer past upstream.first_byte_timeout_s: "
+            "alive (keep waiting), hung (retried elsewhere).",
+            ["worker", "outcome"], registry=r)
         self.retries = FastCounter(
             "radixgate_retries_total", "Attempts moved to another worker before anything reached the client.",
             ["cause"], registry=r)

@@ -95,10 +95,35 @@ async def test_a_worker_that_hangs_before_the_first_token_is_timed_out_and_the_r
     m = await scrape(client, admin(app))
     timeouts = total(m, "radixgate_upstream_failures_total", worker=hung, cause="timeout")
     assert timeouts >= 2 and total(m, "radixgate_retries_total", cause="timeout") == timeouts
+    # The non-stream ones were found hung by a health check, not by waiting out their deadline.
+    assert total(m, "radixgate_long_answer_checks_total", worker=hung, outcome="hung") >= 1
     assert total(m, "radixgate_requests_succeeded_total") == 4 and balanced(m)
     assert total(m, "radixgate_e2e_seconds_count", worker=fine, outcome="ok") == 4
     await eventually(lambda: _idle(client, hung), what="the hung requests released on the worker")
     assert app.admission.core.outstanding(hung) == 0
+
+
+async def test_a_non_stream_answer_longer_than_the_first_byte_timeout_is_waited_for_not_retried(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # A non-stream answer arrives whole, at the end: past first_byte_timeout_s the worker is checked on
+    # (its health probe), and while it passes, the wait goes on. Retrying would start the generation
+    # over elsewhere and count a healthy worker as failing (two such answers would eject it).
+    fleet = await harness.fleet([SimConfig(time_scale=2.0), SimConfig(time_scale=2.0)])
+    app = await start_proxy(harness, fleet.urls, **{"upstream.first_byte_timeout_s": 0.15,
+                                                    "health.eject_after_failures": 2})
+    loop = asyncio.get_running_loop()
+    for _ in range(2):
+        started = loop.time()
+        async with client.post(base(app) + "/generate", json=body(150, streamed=False)) as resp:
+            assert resp.status == 200
+            answer = await resp.json()
+        assert answer["meta_info"]["completion_tokens"] == 150
+        assert loop.time() - started > 0.3  # it did outlast two first-byte timeouts
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_long_answer_checks_total", outcome="alive") >= 4
+    assert total(m, "radixgate_long_answer_checks_total", outcome="hung") == 0
+    assert total(m, "radixgate_retries_total") == 0 and total(m, "radixgate_upstream_failures_total") == 0
+    assert total(m, "radixgate_worker_ejections_total") == 0 and balanced(m)
 
 
 async def _idle(client: aiohttp.ClientSession, url: str) -> bool:

@@ -377,7 +377,7 @@ class Exchange:
                 t.first_byte = self._first_at
         except TimeoutError:
             self._drop(resp)
-            p.upstream.abort(worker, self.rid)  # it may be generating (or hung): free its slot
+            self._abort(worker)  # it may be generating (or hung): free its slot
             hung = check is not None and check.done() and not check.cancelled() and check.result()
             if hung:
                 raise _Retry("timeout", UpstreamTimeout(
@@ -399,6 +399,8 @@ class Exchange:
         except asyncio.CancelledError:
             if resp is not None and self._resp is None:
                 self._resp = resp  # the client left while we read an answer: _end closes, frees, aborts
+            elif resp is None:  # the client left while a non-stream answer was being generated
+                self._abort(worker)
             raise
         finally:
             if check is not None:
@@ -421,6 +423,10 @@ class Exchange:
             if not alive:
                 scope.reschedule(loop.time())
                 return True
+
+    def _abort(self, worker: str) -> None:
+        self.p.upstream.abort(worker, self.rid)
+        self.p.metrics.inc(self.p.metrics.aborts, worker, worker=worker)
 
     def _drop(self, resp: Http1Connection | None) -> None:
         if resp is not None:
@@ -562,8 +568,7 @@ class Exchange:
         if left_early and not isinstance(self.error, UpstreamError) and self.worker is not None:
             # The client left, or the stream went silent: free the worker's slot. (A worker whose
             # connection broke has nothing left to abort.)
-            p.upstream.abort(self.worker, self.rid)
-            p.metrics.inc(p.metrics.aborts, self.worker, worker=self.worker)
+            self._abort(self.worker)
         lease = self._lease
         if lease is not None:
             lease.release()

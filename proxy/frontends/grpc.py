@@ -193,7 +193,7 @@ class GrpcFrontend:
         received = pipeline.clock.now()
         remaining = context.time_remaining()
         try:
-            req = to_generate_request(msg, timeout_s=remaining,
+            req = to_generate_request(msg, timeout_s=remaining, stream=stream,
                                       max_prompt_chars=self._app.config.limits.max_prompt_chars)
         except BadRequest as e:
             dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG

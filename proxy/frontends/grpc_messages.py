@@ -10,8 +10,9 @@ produce:
   (``max_new_tokens`` → ``max_tokens``; SGLang's extensions ``top_k``, ``min_p``, … keep their
   names), the ``extra_json`` object is merged into the body.
 
-Upstream is always streamed: the unary RPC collects the same stream, so both forms get the same
-first-token timing. A key in ``extra_json`` that a typed field also sets is refused rather than
+``Generate`` streams upstream; ``GenerateUnary`` asks the worker for one whole answer, as an HTTP
+non-stream request does: no per-token events to relay (a fraction of the CPU), and like HTTP's
+non-stream answers its stage timings have no first token (ttft, itl, decode stay unset). A key in ``extra_json`` that a typed field also sets is refused rather than
 silently overriding one of the two. Every refusal is a ``BadRequest`` (→ INVALID_ARGUMENT) whose
 message names the field.
 
@@ -57,8 +58,10 @@ def to_generate_request(
     *,
     timeout_s: float | None,
     max_prompt_chars: int,
+    stream: bool = True,
 ) -> GenerateRequest:
-    """Validate ``msg`` and build the pipeline's request; raise ``BadRequest`` naming the field."""
+    """Validate ``msg`` and build the pipeline's request (``stream``: ask the worker for a stream);
+    raise ``BadRequest`` naming the field."""
     prompt = msg.WhichOneof("prompt")
     if prompt is None:
         raise BadRequest("prompt: set one of text, input_ids or chat")
@@ -73,7 +76,7 @@ def to_generate_request(
         dialect=dialect,
         payload={},
         model=msg.model,
-        stream=True,
+        stream=stream,
         rid=rid,
         session_key=msg.session_key if msg.HasField("session_key") else None,
         priority=msg.priority,
@@ -101,18 +104,14 @@ def to_generate_request(
         reserved = sorted(set(extra) & _CHAT_RESERVED)
         if reserved:
             raise BadRequest(f"sampling.extra_json: {reserved[0]!r} is set by radixgate, not by extra_json")
-        req.payload = {
-            "messages": messages,
-            **sampling,
-            **extra,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        req.payload = {"messages": messages, **sampling, **extra, "stream": stream}
+        if stream:
+            req.payload["stream_options"] = {"include_usage": True}
         if msg.model:
             req.payload["model"] = msg.model
     if dialect is Dialect.SGLANG:
         req.payload["sampling_params"] = {**sampling, **extra}
-        req.payload["stream"] = True
+        req.payload["stream"] = stream
     if rid is not None:
         req.payload["rid"] = rid
     return req

@@ -114,7 +114,7 @@ class Metrics:
             "radixgate_worker_ejections_total", "Passive ejections of a worker after repeated failures.",
             ["worker"], registry=r)
         self.aborts = FastCounter(
-            "radixgate_upstream_aborts_total", "abort_request calls sent to a worker after the client left.",
+            "radixgate_upstream_aborts_total", "abort_request calls sent to a worker: the client left, or radixgate gave up on the answer.",
             ["worker"], registry=r)
         self.decisions = FastCounter(
             "radixgate_policy_decisions_total", "Routing decisions by policy and branch.",

@@ -100,10 +100,13 @@ async def test_unary_returns_the_same_text_a_stream_would_in_one_message(
     _, app = await start(harness)
     stub = pb_grpc.GenerationStub(open_channel(channel_factory, app))
     req = text_request(max_new_tokens=5)
-    streamed = "".join([c.text async for c in stub.Generate(req, timeout=10)])
+    chunks = [c async for c in stub.Generate(req, timeout=10)]
     unary = await stub.GenerateUnary(req, timeout=10)
-    assert unary.text == streamed and unary.text
+    assert unary.text == "".join(c.text for c in chunks) and unary.text
     assert unary.final.completion_tokens == 5 and unary.final.finish_reason == "length"
+    # The unary form asked the worker for one whole answer (as HTTP's non-stream does): no first token.
+    assert chunks[-1].final.timings.HasField("ttft_s") and not unary.final.timings.HasField("ttft_s")
+    assert unary.final.timings.e2e_s > 0
 
 
 async def test_a_repeated_prompt_reports_cached_tokens_in_the_final_chunk(
@@ -219,6 +222,26 @@ async def test_a_cancelled_stream_aborts_the_upstream_request_and_frees_the_work
     await eventually(lambda: _idle(fleet), timeout_s=5, what="worker freed")
     text = await settled(app, "radixgate_errors_total", 1, frontend="grpc", cause="client_disconnect")
     assert sample(text, "radixgate_upstream_aborts_total", worker=fleet.urls[0]) == 1
+
+
+async def test_a_cancelled_unary_call_aborts_the_upstream_request_and_frees_the_worker(
+    harness: Harness, channel_factory: list[grpc.aio.Channel]
+) -> None:
+    # A whole answer sends nothing back until the end: the call is cancelled mid-generation.
+    fleet, app = await start(harness, [SimConfig(time_scale=1.0)])
+    stub = pb_grpc.GenerationStub(open_channel(channel_factory, app))
+    call = stub.GenerateUnary(text_request(max_new_tokens=4000), timeout=30)
+    await eventually(lambda: _busy(fleet), timeout_s=5, what="generation started")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await eventually(lambda: _idle(fleet), timeout_s=5, what="worker freed")
+    text = await settled(app, "radixgate_errors_total", 1, frontend="grpc", cause="client_disconnect")
+    assert sample(text, "radixgate_upstream_aborts_total", worker=fleet.urls[0]) == 1
+
+
+async def _busy(fleet: Fleet) -> bool:
+    return not await _idle(fleet)
 
 
 async def test_a_deadline_shorter_than_the_generation_is_deadline_exceeded_and_aborts_upstream(

@@ -79,6 +79,14 @@ def test_chat_prompt_becomes_an_openai_chat_body_with_openai_names() -> None:
     }
 
 
+def test_the_unary_form_asks_the_worker_for_one_whole_answer() -> None:
+    native = to_generate_request(pb.GenerateRequest(text="x"), timeout_s=None, max_prompt_chars=1000, stream=False)
+    assert not native.stream and native.payload == {"text": "x", "sampling_params": {}, "stream": False}
+    chat = to_generate_request(pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="hi")])),
+                               timeout_s=None, max_prompt_chars=1000, stream=False)
+    assert not chat.stream and chat.payload["stream"] is False and "stream_options" not in chat.payload
+
+
 def test_extra_json_passes_other_sampling_params_through_untouched() -> None:
     extra = {"regex": "[a-z]+", "json_schema": None, "custom": {"nested": [1, 2]}}
     req = convert(pb.GenerateRequest(text="x", sampling=pb.SamplingParams(top_p=0.5, extra_json=json.dumps(extra))))

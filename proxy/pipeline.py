@@ -115,6 +115,8 @@ class Pipeline:
         self._live: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        # worker -> (started, probe): the health check long non-stream answers on it share
+        self._checks: dict[str, tuple[float, asyncio.Task[bool]]] = {}
 
     def exchange(self, req: GenerateRequest, *, received: float | None = None) -> Exchange:
         return Exchange(self, req, self.clock.now() if received is None else received)
@@ -127,6 +129,24 @@ class Pipeline:
             rid="", frontend=frontend, dialect=dialect, stream=False, worker=None, status=err.status,
             outcome="error", cause=err.cause, retries=0, policy=self.policy.name, decision=None, route=None,
             admission=None, admission_wait=None, timing=timing, finish_reason=None))
+
+    def worker_alive(self, worker: str, timeout_s: float) -> asyncio.Task[bool]:
+        """Whether ``worker`` passes its health probe. Every long answer it owes asks the same probe:
+        one started less than ``health.timeout_s`` ago (running or done) is shared, so a hundred long
+        answers on one worker cost one probe, not a hundred (SGLang's /health runs a generation)."""
+        now = self.clock.now()
+        found = self._checks.get(worker)
+        if found is not None and now - found[0] < self.config.health.timeout_s:
+            return found[1]
+        task = asyncio.get_running_loop().create_task(self._probe(worker, timeout_s))
+        self._checks[worker] = (now, task)
+        return task
+
+    async def _probe(self, worker: str, timeout_s: float) -> bool:
+        try:
+            return await self.upstream.probe(worker, self.config.health.endpoint, timeout_s) == 200
+        except (OSError, TimeoutError):
+            return False
 
     def prefilled(self, key: Hashable) -> None:
         """The prefill named ``key`` ended (its first token, or its request ended, or a peer said
@@ -415,10 +435,7 @@ class Exchange:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(every)
-            try:
-                alive = await p.upstream.probe(worker, p.config.health.endpoint, probe_s) == 200
-            except (OSError, TimeoutError):
-                alive = False
+            alive = await asyncio.shield(p.worker_alive(worker, probe_s))  # shared: a waiter leaving spares it
             p.metrics.inc(p.metrics.long_answer_checks, worker, "alive" if alive else "hung", worker=worker)
             if not alive:
                 scope.reschedule(loop.time())

@@ -126,6 +126,27 @@ async def test_a_non_stream_answer_longer_than_the_first_byte_timeout_is_waited_
     assert total(m, "radixgate_worker_ejections_total") == 0 and balanced(m)
 
 
+async def test_long_non_stream_answers_on_one_worker_share_its_health_probe(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=2.0)])
+    app = await start_proxy(harness, fleet.urls, **{"upstream.first_byte_timeout_s": 0.15, "health.timeout_s": 5.0})
+    probed: list[str] = []
+    probe = app.pipeline.upstream.probe
+
+    async def counted(url: str, path: str, timeout_s: float) -> int:  # the real probe, counted
+        probed.append(path)
+        return await probe(url, path, timeout_s)
+
+    app.pipeline.upstream.probe = counted  # type: ignore[method-assign]
+    replies = await asyncio.gather(*(client.post(base(app) + "/generate", json=body(150, streamed=False))
+                                     for _ in range(6)))
+    for r in replies:
+        assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 150
+    m = await scrape(client, admin(app))
+    checks = total(m, "radixgate_long_answer_checks_total", outcome="alive")
+    assert checks >= 6 and probed == ["/health"]  # six answers checked on, one probe of the worker
+
+
 async def _idle(client: aiohttp.ClientSession, url: str) -> bool:
     loads = await load(client, url)
     return int(loads["num_running_reqs"]) == 0 and int(loads["num_waiting_reqs"]) == 0

@@ -82,6 +82,17 @@ class Cell:
             return None
         return data[min(len(data) - 1, int(q * len(data)))] * 1000.0
 
+    def add(self, ok: bool, start: float, first: float | None, end: float, events: int) -> None:
+        """One request: sent at ``start``, first event (streams) at ``first``, done at ``end``."""
+        if not ok:
+            self.errors += 1
+            return
+        self.requests += 1
+        self.e2e.append(end - start)
+        if first is not None:
+            self.ttft.append(first - start)
+            self.events += events
+
     @property
     def rps(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
@@ -242,15 +253,7 @@ async def one(session: aiohttp.ClientSession, url: str, payload: bytes, stream: 
             ok = r.status == 200
     except (aiohttp.ClientError, TimeoutError):
         ok = False
-    end = time.perf_counter()
-    if not ok:
-        cell.errors += 1
-        return
-    cell.requests += 1
-    cell.e2e.append(end - start)
-    if stream and first is not None:
-        cell.ttft.append(first - start)
-        cell.events += events
+    cell.add(ok, start, first, time.perf_counter(), events)
 
 
 def grpc_request() -> pb.GenerateRequest:
@@ -273,15 +276,7 @@ async def one_grpc(stub: pb_grpc.GenerationStub, request: pb.GenerateRequest, st
         ok = True
     except grpc.aio.AioRpcError:
         ok = False
-    end = time.perf_counter()
-    if not ok:
-        cell.errors += 1
-        return
-    cell.requests += 1
-    cell.e2e.append(end - start)
-    if stream and first is not None:
-        cell.ttft.append(first - start)
-        cell.events += messages
+    cell.add(ok, start, first, time.perf_counter(), messages)
 
 
 @contextlib.asynccontextmanager

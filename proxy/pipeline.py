@@ -134,10 +134,12 @@ class Pipeline:
         """Whether ``worker`` passes its health probe. Every long answer it owes asks the same probe:
         one started less than ``health.timeout_s`` ago (running or done) is shared, so a hundred long
         answers on one worker cost one probe, not a hundred (SGLang's /health runs a generation)."""
-        now = self.clock.now()
+        now, reuse_s = self.clock.now(), self.config.health.timeout_s
         found = self._checks.get(worker)
-        if found is not None and now - found[0] < self.config.health.timeout_s:
+        if found is not None and now - found[0] < reuse_s:
             return found[1]
+        # Only recent probes are kept: workers come and go, this map must not grow with them.
+        self._checks = {w: c for w, c in self._checks.items() if now - c[0] < reuse_s}
         task = asyncio.get_running_loop().create_task(self._probe(worker, timeout_s))
         self._checks[worker] = (now, task)
         return task

@@ -12,9 +12,10 @@ produce:
 
 ``Generate`` streams upstream; ``GenerateUnary`` asks the worker for one whole answer, as an HTTP
 non-stream request does: no per-token events to relay (a fraction of the CPU), and like HTTP's
-non-stream answers its stage timings have no first token (ttft, itl, decode stay unset). A key in ``extra_json`` that a typed field also sets is refused rather than
-silently overriding one of the two. Every refusal is a ``BadRequest`` (→ INVALID_ARGUMENT) whose
-message names the field.
+non-stream answers its stage timings have no first token (ttft, itl, decode stay unset).
+
+A key in ``extra_json`` that a typed field also sets is refused rather than silently overriding one
+of the two. Every refusal is a ``BadRequest`` (→ INVALID_ARGUMENT) whose message names the field.
 
 Outbound: stage timings, the final chunk and worker snapshots become their protobuf forms.
 """

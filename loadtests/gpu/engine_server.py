@@ -11,10 +11,19 @@ diagnosis (NVML idle gaps included) can be exercised on a real GPU; it is not SG
 ``PagedAttentionCache.search_prefix_match`` (which returns the matched block count) and reports
 the matched tokens for that request, so the hit rate is measured, not assumed.
 
-Prompts are tokenized with the simulated worker's deterministic tokenizer, so the proxy's
-character-based prefix estimate lines up exactly as it does against the simulator.
+Prompts are tokenized with ``--tokenizer`` (a Hugging Face ``tokenizer.json``; the fleet benchmark
+uses the BPE under ``loadtests/gpu/tokenizer``), else the simulated worker's deterministic one.
+``--kv-tokens`` fixes the KV pool (blocks x block size), so a benchmark can size it below its
+working set. ``--minimal-reports`` answers as a deployment without ``--enable-cache-report`` /
+``--enable-metrics``: no ``cached_tokens``, no ``/v1/loads`` and no ``/metrics`` (404).
+OpenAI ``/v1/completions`` and ``/v1/chat/completions`` render chat turns as the simulated worker
+does (``loadtests.simworker.protocol.render_chat``).
 
-    python loadtests/gpu/engine_server.py --port 31001 [--block-size 32] [--max-running-requests 64]
+Eviction is the engine's own: a finished request's complete blocks stay hashed for reuse and are
+taken back when free blocks run out, most recently freed first (``BlockManager``'s
+``_init_block_ids.popitem()``), not least recently used as SGLang's radix cache does.
+
+    python loadtests/gpu/engine_server.py --port 31001 [--tokenizer DIR] [--kv-tokens N] [--minimal-reports]
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 from aiohttp import web
 
 from loadtests.simworker import tokenizer as tok
+from loadtests.simworker.protocol import BadRequest, render_chat
 
 SERVED_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -43,6 +53,7 @@ class Engine:
         from transformers.generation.continuous_batching import cache as cb_cache
 
         self.args = args
+        self.encoder = tok.Encoder(args.tokenizer)
         self.matched_tokens: dict[str, int] = {}
         original = cb_cache.PagedAttentionCache.search_prefix_match
         engine = self
@@ -59,7 +70,7 @@ class Engine:
 
         config = LlamaConfig(
             hidden_size=4096, intermediate_size=14336, num_hidden_layers=args.layers,
-            num_attention_heads=32, num_key_value_heads=8, vocab_size=tok.VOCAB_SIZE + 256,
+            num_attention_heads=32, num_key_value_heads=8, vocab_size=self.encoder.vocab_size,
             max_position_embeddings=32768, rope_theta=500000.0, eos_token_id=None, bos_token_id=None,
         )
         torch.manual_seed(0)
@@ -72,6 +83,7 @@ class Engine:
         gen = GenerationConfig(max_new_tokens=128, do_sample=False, pad_token_id=0)
         cbc = ContinuousBatchingConfig(
             block_size=args.block_size, max_batch_tokens=args.max_batch_tokens,
+            num_blocks=(args.kv_tokens // args.block_size) if args.kv_tokens else None,
             max_memory_percent=args.mem_fraction, max_requests_per_batch=args.max_running_requests,
             allow_block_sharing=True, scheduler_type="fifo", use_cuda_graph=args.cuda_graph or None,
         )
@@ -132,6 +144,7 @@ class Server:
     def __init__(self, engine: Engine, args: argparse.Namespace) -> None:
         self.engine = engine
         self.args = args
+        self.kv_tokens = args.kv_tokens or args.kv_tokens_hint
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.requests = 0
@@ -140,14 +153,20 @@ class Server:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         r = app.router
         r.add_post("/generate", self.generate)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)
         r.add_get("/get_server_info", self.server_info)
+        r.add_get("/server_info", self.server_info)
         r.add_get("/get_model_info", self.model_info)
+        r.add_get("/model_info", self.model_info)
         r.add_get("/v1/models", self.models)
         r.add_get("/v1/loads", self.loads)
         r.add_get("/metrics", self.metrics)
         r.add_post("/abort_request", self.abort)
+        r.add_get("/bench/stats", self.bench_stats)
+        r.add_post("/bench/mode", self.bench_mode)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
@@ -168,7 +187,8 @@ class Server:
             "model_path": SERVED_MODEL, "served_model_name": SERVED_MODEL,
             "max_running_requests": a.max_running_requests, "chunked_prefill_size": a.max_batch_tokens,
             "max_prefill_tokens": a.max_batch_tokens, "schedule_policy": "fcfs", "page_size": a.block_size,
-            "scheduler_info": {"status": "ok", "max_total_num_tokens": a.kv_tokens_hint},
+            "max_total_num_tokens": self.kv_tokens,
+            "scheduler_info": {"status": "ok", "max_total_num_tokens": self.kv_tokens},
             "internal_states": [{"effective_max_running_requests_per_dp": a.max_running_requests}],
             "version": "transformers-cb-shim",
         })
@@ -177,22 +197,38 @@ class Server:
         load = self.engine.load()
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         return {"dp_rank": 0, **load, "max_running_requests": self.args.max_running_requests,
-                "max_total_num_tokens": self.args.kv_tokens_hint, "cache_hit_rate": hit}
+                "max_total_num_tokens": self.kv_tokens, "cache_hit_rate": hit}
+
+    async def bench_stats(self, _: web.Request) -> web.Response:
+        # For benchmarks only (routers are not told of it): the true prefix reuse, whatever is reported.
+        with self.engine.lock:
+            active = len(self.engine.queues)
+        return web.json_response({"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                                  "requests": self.requests, "active": active})
+
+    async def bench_mode(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.args.minimal_reports = bool(body.get("minimal_reports"))
+        return web.json_response({"minimal_reports": self.args.minimal_reports})
 
     async def loads(self, _: web.Request) -> web.Response:
+        if self.args.minimal_reports:
+            return web.Response(status=404, text="404: Not Found")
         snap = self._load_snapshot()
         return web.json_response({"timestamp": time.time(), "version": "shim", "loads": [snap],
                                   "aggregate": {"total_running_reqs": snap["num_running_reqs"],
                                                 "total_waiting_reqs": snap["num_waiting_reqs"]}})
 
     async def metrics(self, _: web.Request) -> web.Response:
+        if self.args.minimal_reports:
+            return web.Response(status=404, text="404: Not Found")
         s = self._load_snapshot()
         lbl = f'{{model_name="{SERVED_MODEL}",engine_type="unified"}}'
         lines = [
             f"sglang:num_running_reqs{lbl} {s['num_running_reqs']}",
             f"sglang:num_queue_reqs{lbl} {s['num_waiting_reqs']}",
             f"sglang:cache_hit_rate{lbl} {s['cache_hit_rate']}",
-            f"sglang:max_total_num_tokens{lbl} {self.args.kv_tokens_hint}",
+            f"sglang:max_total_num_tokens{lbl} {self.kv_tokens}",
             f"sglang:page_size{lbl} {self.args.block_size}",
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
@@ -204,15 +240,40 @@ class Server:
             self.engine.manager.cancel_request(request_id=rid)
         return web.Response(text="")
 
+    # -- generation ----------------------------------------------------------------------------
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        rid = str(body.get("rid") or uuid.uuid4().hex)
-        ids = body.get("input_ids") or tok.encode(str(body.get("text", "")))
+        ids = body.get("input_ids") or self.engine.encoder.encode(str(body.get("text", "")))
         sp = body.get("sampling_params") or {}
-        max_new = int(sp.get("max_new_tokens", 128))
+        return await self._run(request, "generate", str(body.get("rid") or uuid.uuid4().hex), ids,
+                               int(sp.get("max_new_tokens", 128)), bool(body.get("stream")), False)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        try:
+            if chat:
+                ids = self.engine.encoder.encode(render_chat(body.get("messages")))
+            else:
+                prompt = body.get("prompt")
+                ids = list(prompt) if isinstance(prompt, list) else self.engine.encoder.encode(str(prompt or ""))
+        except BadRequest as e:
+            return web.json_response({"object": "error", "message": str(e), "code": 400}, status=400)
+        max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await self._run(request, "chat" if chat else "completions", str(body.get("rid") or uuid.uuid4().hex),
+                               ids, max_new, bool(body.get("stream")), usage)
+
+    async def _run(self, request: web.Request, dialect: str, rid: str, ids: list[int], max_new: int,
+                   stream: bool, include_usage: bool) -> web.StreamResponse:
         received = time.perf_counter()
         q = self.engine.submit(rid, ids, max_new)
-        stream = bool(body.get("stream"))
         resp: web.StreamResponse | None = None
         if stream:
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -230,10 +291,15 @@ class Server:
                     first_token_at = time.perf_counter()
                     self.engine.started(rid)
                 new = out.generated_tokens[len(generated):]
+                before = len(generated)
                 generated.extend(new)
                 finished = out.is_finished()
                 if stream and resp is not None and (new or finished):
-                    chunk = self._payload(rid, ids, generated, seed, out, received, first_token_at, finished)
+                    if dialect == "generate":
+                        chunk = self._payload(rid, ids, generated, seed, out, received, first_token_at, finished)
+                    else:
+                        delta = "".join(" " + tok.output_word(seed, k) for k in range(before, len(generated)))
+                        chunk = self._openai_chunk(rid, dialect, delta, before == 0, finished)
                     await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if finished:
                     break
@@ -242,15 +308,56 @@ class Server:
             raise
         finally:
             self.engine.finish(rid)
-        cached = self.engine.matched_tokens.pop(rid, 0)
+        cached = self.engine.matched_tokens.get(rid, 0)
+        try:
+            return await self._answer(resp, dialect, rid, ids, generated, seed, out, received, first_token_at,
+                                      cached, include_usage)
+        finally:
+            self.engine.matched_tokens.pop(rid, None)
+
+    async def _answer(self, resp: web.StreamResponse | None, dialect: str, rid: str, ids: list[int],
+                      generated: list[int], seed: int, out: Any, received: float, first_token_at: float | None,
+                      cached: int, include_usage: bool) -> web.StreamResponse:
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
         self.requests += 1
-        if stream and resp is not None:
+        if resp is not None:
+            if include_usage and dialect != "generate":
+                chunk = {"id": rid, "object": self._object(dialect, True), "model": SERVED_MODEL, "choices": [],
+                         "usage": self._usage(ids, generated, cached)}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        return web.json_response(self._payload(rid, ids, generated, seed, out, received, first_token_at, True))
+        if dialect == "generate":
+            return web.json_response(self._payload(rid, ids, generated, seed, out, received, first_token_at, True))
+        text = " ".join(tok.output_word(seed, k) for k in range(len(generated)))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        choice.update({"message": {"role": "assistant", "content": text}} if dialect == "chat" else {"text": text})
+        return web.json_response({"id": rid, "object": self._object(dialect, False), "model": SERVED_MODEL,
+                                  "choices": [choice], "usage": self._usage(ids, generated, cached)})
+
+    @staticmethod
+    def _object(dialect: str, chunk: bool) -> str:
+        if dialect == "chat":
+            return "chat.completion.chunk" if chunk else "chat.completion"
+        return "text_completion"
+
+    def _usage(self, ids: list[int], generated: list[int], cached: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": len(ids), "completion_tokens": len(generated),
+                                 "total_tokens": len(ids) + len(generated)}
+        if not self.args.minimal_reports:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+    def _openai_chunk(self, rid: str, dialect: str, delta: str, first: bool, finished: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if finished else None}
+        if dialect == "chat":
+            choice["delta"] = ({"role": "assistant"} if first else {}) | {"content": delta}
+        else:
+            choice["text"] = delta
+        return {"id": rid, "object": self._object(dialect, True), "model": SERVED_MODEL, "choices": [choice],
+                "usage": None}
 
     def _payload(self, rid: str, ids: list[int], generated: list[int], seed: int, out: Any,
                  received: float, first_token_at: float | None, finished: bool) -> dict[str, Any]:
@@ -258,20 +365,21 @@ class Server:
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": {"type": "length", "length": len(generated)} if finished else None,
             "prompt_tokens": len(ids), "completion_tokens": len(generated),
-            "cached_tokens": self.engine.matched_tokens.get(rid, 0), "reasoning_tokens": 0,
-            "weight_version": "random", "num_retractions": 0,
+            "reasoning_tokens": 0, "weight_version": "random", "num_retractions": 0,
         }
-        if out is not None and out.lifespan[0] > 0:
-            meta["queue_time"] = max(0.0, out.lifespan[0] - out.created_time)
+        if not self.args.minimal_reports:
+            meta["cached_tokens"] = self.engine.matched_tokens.get(rid, 0)
+            if out is not None and out.lifespan[0] > 0:
+                meta["queue_time"] = max(0.0, out.lifespan[0] - out.created_time)
         if finished:
             meta["e2e_latency"] = time.perf_counter() - received
-            if first_token_at is not None:
+            if first_token_at is not None and not self.args.minimal_reports:
                 meta["first_token_latency"] = first_token_at - received
         return {"text": text, "output_ids": generated, "meta_info": meta}
 
 
 async def warm_up(engine: Engine) -> None:
-    q = engine.submit("warmup", tok.encode("warm up the kernels " * 64), 4)
+    q = engine.submit("warmup", engine.encoder.encode("warm up the kernels " * 64), 4)
     while not (await q.get()).is_finished():
         pass
     engine.finish("warmup")
@@ -299,8 +407,13 @@ def main() -> None:
     p.add_argument("--mem-fraction", type=float, default=0.35)
     p.add_argument("--cuda-graph", action="store_true",
                    help="capture CUDA graphs (the engine's lever against host-side stalls)")
+    p.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer.json (file or directory)")
+    p.add_argument("--kv-tokens", type=int, default=0,
+                   help="KV pool in tokens (0: the engine sizes it from --mem-fraction)")
     p.add_argument("--kv-tokens-hint", type=int, default=400_000,
-                   help="KV capacity reported to the proxy (the engine sizes its pool from memory)")
+                   help="KV capacity reported to the proxy when --kv-tokens is 0")
+    p.add_argument("--minimal-reports", action="store_true",
+                   help="no cached_tokens, /v1/loads or /metrics (no --enable-cache-report / --enable-metrics)")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -32,6 +32,9 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--api-key", default=None)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-cache-report", action="store_true")
+    p.add_argument("--minimal-reports", action="store_true",
+                   help="report no cached_tokens and serve no /v1/loads (an engine without cache reports)")
+    p.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer.json (file or directory)")
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--max-total-tokens", type=int)
     p.add_argument("--page-size", type=int, default=d.page_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from .server import SimWorker
 
 SGLANG_VERSION = "0.5.23"
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 FLUSH_OK = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or "
             "waiting requests, the operation will not be performed.)\n")
@@ -189,7 +191,26 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
             worker.engine.abort(body["rid"])
         return web.Response(status=200)
 
+    def reported(handler: Handler) -> Handler:
+        """Load reports exist unless the worker plays an engine without them (minimal_reports)."""
+        async def guarded(request: web.Request) -> web.Response:
+            if worker.config.minimal_reports:
+                return web.Response(status=404, text="404: Not Found")
+            return await handler(request)
+        return guarded
+
+    async def bench_stats(request: web.Request) -> web.Response:
+        # For benchmarks only (routers are not told of it): the true prefix reuse, whatever is reported.
+        return web.json_response(worker.bench_stats())
+
+    async def bench_mode(request: web.Request) -> web.Response:
+        body = await request.json()
+        worker.config.minimal_reports = bool(body.get("minimal_reports"))
+        return web.json_response({"minimal_reports": worker.config.minimal_reports})
+
     async def metrics(request: web.Request) -> web.Response:
+        if worker.config.minimal_reports:
+            return web.Response(status=404, text="404: Not Found")
         assert isinstance(worker.metrics, SimMetrics)
         return web.Response(body=worker.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -204,8 +225,10 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         r.add_get(path, model_info)
     r.add_get("/v1/models", models)
     r.add_get("/v1/models/{model:.+}", one_model)
-    r.add_get("/v1/loads", loads)
-    r.add_get("/get_load", old_load)
+    r.add_get("/v1/loads", reported(loads))
+    r.add_get("/get_load", reported(old_load))
+    r.add_get("/bench/stats", bench_stats)
+    r.add_post("/bench/mode", bench_mode)
     r.add_get("/flush_cache", flush)
     r.add_post("/flush_cache", flush)
     r.add_post("/abort_request", abort)

@@ -32,6 +32,11 @@ class SimConfig:
     api_key: str | None = None
     enable_metrics: bool = False  # as SGLang: /metrics and meta_info timing fields need it
     enable_cache_report: bool = False
+    # What an engine without cache or load reports gives: no cached_tokens in any answer, no
+    # /v1/loads or /get_load (404), whatever enable_metrics says of /metrics.
+    minimal_reports: bool = False
+    # A Hugging Face tokenizer.json (file or directory); None = the deterministic tokenizer.
+    tokenizer: str | None = None
     max_running_requests: int | None = None
     max_total_tokens: int | None = None  # KV pool in tokens
     page_size: int = 1

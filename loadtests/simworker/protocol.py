@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import tokenizer
@@ -48,8 +49,8 @@ def _token_ids(value: Any) -> list[int]:
     raise BadRequest("input_ids must be a non-empty list of integers (batches are not supported)")
 
 
-def parse_generate(body: Any) -> tuple[SimRequest, bool]:
-    """/generate body -> (request, stream)."""
+def parse_generate(body: Any, encode: Callable[[str], list[int]] = tokenizer.encode) -> tuple[SimRequest, bool]:
+    """/generate body -> (request, stream); ``encode`` tokenizes text prompts."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     text, ids = body.get("text"), body.get("input_ids")
@@ -57,7 +58,7 @@ def parse_generate(body: Any) -> tuple[SimRequest, bool]:
         raise BadRequest("Either text or input_ids should be provided.")
     if text is not None and not isinstance(text, str):
         raise BadRequest("text must be a string (batches are not supported)")
-    input_ids = tokenizer.encode(text) if isinstance(text, str) else _token_ids(ids)
+    input_ids = encode(text) if isinstance(text, str) else _token_ids(ids)
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("sampling_params must be an object")
@@ -73,8 +74,9 @@ def parse_generate(body: Any) -> tuple[SimRequest, bool]:
     return req, bool(body.get("stream", False))
 
 
-def meta_info(req: SimRequest, *, final: bool, metrics: bool, wall_offset: float) -> dict[str, Any]:
-    """SGLang's meta_info. ``wall_offset`` converts monotonic stamps to wall-clock timestamps."""
+def meta_info(req: SimRequest, *, final: bool, metrics: bool, wall_offset: float, cached: bool = True) -> dict[str, Any]:
+    """SGLang's meta_info. ``wall_offset`` converts monotonic stamps to wall-clock timestamps;
+    ``cached`` False leaves out ``cached_tokens`` (an engine that does not report it)."""
     m: dict[str, Any] = {
         "id": req.rid,
         "finish_reason": req.finish_reason if req.finished else None,
@@ -85,6 +87,8 @@ def meta_info(req: SimRequest, *, final: bool, metrics: bool, wall_offset: float
         "weight_version": "default",
         "num_retractions": 0,
     }
+    if not cached:
+        del m["cached_tokens"]
     if metrics:
         admitted = req.admitted_at
         m["queue_time"] = (admitted - req.arrival) if admitted is not None else 0.0
@@ -124,18 +128,19 @@ def render_chat(messages: Any) -> str:
     return "".join(parts)
 
 
-def parse_openai(body: Any, chat: bool) -> tuple[SimRequest, bool, bool]:
+def parse_openai(body: Any, chat: bool,
+                 encode: Callable[[str], list[int]] = tokenizer.encode) -> tuple[SimRequest, bool, bool]:
     """/v1/completions or /v1/chat/completions body -> (request, stream, include_usage)."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if chat:
-        input_ids = tokenizer.encode(render_chat(body.get("messages")))
+        input_ids = encode(render_chat(body.get("messages")))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            input_ids = tokenizer.encode(prompt)
+            input_ids = encode(prompt)
         elif isinstance(prompt, list):
             input_ids = _token_ids(prompt)
         else:

@@ -31,6 +31,7 @@ from .engine import Engine
 from .metrics import SimMetrics
 from .protocol import BadRequest, openai_error, parse_generate, parse_openai
 from .scheduler import InvalidRequest, QueueFull, SimRequest
+from .tokenizer import Encoder
 
 SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine has aborted their requests
 
@@ -42,6 +43,11 @@ class SimWorker:
         self.config = dataclasses.replace(config)
         self.clock = clock or MonotonicClock()
         self.engine = Engine(self.config, self.clock)
+        self.encoder = Encoder(self.config.tokenizer)
+        # Finished requests' true prompt and cached tokens (GET /bench/stats), whatever is reported.
+        self.finished_prompt_tokens = 0
+        self.finished_cached_tokens = 0
+        self.finished_requests = 0
         self.metrics = SimMetrics(self.engine, config.served_model_name) if config.enable_metrics else None
         self.engine.on_tokens = self._check_die
         self.rng = rng or random.Random(config.seed)  # draws the error-rate fault
@@ -125,6 +131,11 @@ class SimWorker:
             await runner.cleanup()
         if self.on_die is not None:
             self.on_die()
+
+    def bench_stats(self) -> dict[str, int]:
+        sched = self.engine.scheduler
+        return {"prompt_tokens": self.finished_prompt_tokens, "cached_tokens": self.finished_cached_tokens,
+                "requests": self.finished_requests, "active": sched.num_running + len(sched.waiting)}
 
     def gate(self) -> tuple[str, int] | None:
         """The fault checks every generate request passes before it reaches the engine."""

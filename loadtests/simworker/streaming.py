@@ -92,9 +92,10 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
         try:
             body = await read_json(request)
             if openai:
-                req, stream, include_usage = protocol.parse_openai(body, chat=dialect == "chat")
+                req, stream, include_usage = protocol.parse_openai(body, chat=dialect == "chat",
+                                                                   encode=worker.encoder.encode)
             else:
-                req, stream = protocol.parse_generate(body)
+                req, stream = protocol.parse_generate(body, worker.encoder.encode)
                 include_usage = False
         except BadRequest as e:
             return error_response(str(e), 400, openai)
@@ -120,6 +121,9 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
 
 
 def _observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:
+    worker.finished_prompt_tokens += len(req.input_ids)
+    worker.finished_cached_tokens += req.cached_tokens
+    worker.finished_requests += 1
     if worker.metrics is not None:
         worker.metrics.observe_finished(req, streaming)
 
@@ -127,9 +131,11 @@ def _observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:
 def _final_body(worker: SimWorker, req: SimRequest, dialect: str) -> dict[str, Any]:
     cfg = worker.config
     if dialect == "generate":
-        meta = protocol.meta_info(req, final=True, metrics=cfg.enable_metrics, wall_offset=worker.wall_offset)
+        meta = protocol.meta_info(req, final=True, metrics=cfg.enable_metrics, wall_offset=worker.wall_offset,
+                                  cached=not cfg.minimal_reports)
         return protocol.generate_payload(req, req.output_text, list(req.output_ids), meta)
-    return protocol.openai_response(req, cfg.served_model_name, dialect == "chat", cfg.enable_cache_report)
+    return protocol.openai_response(req, cfg.served_model_name, dialect == "chat",
+                                   cfg.enable_cache_report and not cfg.minimal_reports)
 
 
 async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watch: Watch,
@@ -153,7 +159,7 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
         text = req.output_text
         if dialect == "generate":
             meta = protocol.meta_info(req, final=finished, metrics=cfg.enable_metrics,
-                                      wall_offset=worker.wall_offset)
+                                      wall_offset=worker.wall_offset, cached=not cfg.minimal_reports)
             if cfg.incremental_streaming_output:
                 payload = protocol.generate_payload(req, text[sent_text:], req.output_ids[sent_tokens:n], meta)
             else:
@@ -168,7 +174,7 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
             break
     if include_usage and not _server_abort(req):
         await response.write(sse(protocol.openai_usage_chunk(req, cfg.served_model_name, dialect == "chat",
-                                                             cfg.enable_cache_report)))
+                                                             cfg.enable_cache_report and not cfg.minimal_reports)))
     await response.write(DONE)
     _observe(worker, req, streaming=True)
     await response.write_eof()

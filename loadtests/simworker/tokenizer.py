@@ -65,3 +65,31 @@ def output_token(seed: int, index: int) -> tuple[int, str]:
 def decode_output(ids: list[int]) -> str:
     """Text of generated ids (words joined by single spaces); unknown ids render as ``<id>``."""
     return " ".join(_WORD_BY_ID.get(i, f"<{i}>") for i in ids)
+
+
+class Encoder:
+    """Text -> token ids: this module's deterministic tokenizer, or a Hugging Face BPE.
+
+    ``Encoder(None)`` is the fast default; ``Encoder(path)`` loads ``tokenizer.json`` (a file, or a
+    directory holding one) with the ``tokenizers`` library and adds its post-processor's special
+    tokens (BOS), as the engine's tokenizer does, so prompt token counts, page alignment and
+    prefix matches follow a real vocabulary.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self._bpe = None
+        self.vocab_size = VOCAB_SIZE + 256
+        if path:
+            import os
+
+            from tokenizers import Tokenizer
+
+            file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+            self._bpe = Tokenizer.from_file(file)
+            self.vocab_size = self._bpe.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        if self._bpe is None:
+            return encode(text)
+        return list(self._bpe.encode(text, add_special_tokens=True).ids)

@@ -1,0 +1,445 @@
+"""The fleet benchmark: routers side by side in front of the same engines, on one arrival trace.
+
+    python -m loadtests.gpu.fleet --workers URL... --routers oracle,ttft,cache_aware,smg \\
+        --rates 4,8 --prompts text --reports minimal --out DIR
+
+Engines are started apart (``loadtests/gpu/run_fleet.sh`` starts real ones on the GPU machine;
+``--sim N`` starts N simulated workers here for a dry run or the simulator's side of the fidelity
+benchmark), so several cells can run on one set of warm engines. A cell is one workload shape x
+prompt format (``text`` /generate text, ``ids`` /generate input_ids tokenized with the same BPE,
+``chat`` /v1/chat/completions) x engine report mode (``full``: cached_tokens and load reports;
+``minimal``: prompt/completion tokens only, set on the engines through ``POST /bench/mode``).
+
+Routers: ``oracle`` (no proxy: group g goes to worker g mod N, the static-affinity reference),
+``direct0`` (everything to the first worker: one worker alone), ``smg`` (smg 1.13.0 cache_aware),
+``sglang-router`` (0.3.2 cache_aware), and any radixgate policy name (``python -m proxy serve``).
+All routers run at once on their own ports. Per rate, the arrival trace (Poisson times, group of
+each request) is drawn once from ``--seed`` and the rate and replayed for every router; prompt
+text is fresh for every phase (no phase inherits another's cache), of the same lengths. Routers
+run in an order rotated by one per rate, after a warm-up phase. A request still unanswered
+``--drain-s`` after its phase's last arrival is cancelled and counts as failed, at that time.
+
+The engines' ``GET /bench/stats`` (true prompt and cached tokens, which no router reads) gives the
+prefix reuse captured per phase. Output: ``DIR/requests.jsonl`` (one line per request),
+``DIR/summary.json`` and the printed table (TTFT p50/p95, ITL p50, e2e p50, reuse, failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from loadtests import texts
+from loadtests.arrivals import poisson_times
+from loadtests.bench_overhead import free_port
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+TOKENIZER = Path(__file__).parent / "tokenizer"
+PEERS = {"oracle", "direct0", "smg", "sglang-router"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    groups: int = 32
+    system_chars: int = 7000
+    question_chars: int = 300
+    output_tokens: int = 32
+    # "shared": every request = its group's system prompt + a question; "unique": nothing shared.
+    workload: str = "shared"
+
+
+@dataclass
+class Record:
+    router: str
+    rate: float
+    phase: int
+    i: int
+    group: int
+    at: float  # scheduled offset in the phase, s
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: float | None = None
+    tokens: int = 0
+    prompt_tokens: int = 0
+    ok: bool = False
+    status: int = 0
+
+
+# -- one request ---------------------------------------------------------------------------------
+
+def request_body(prompts: str, system: str, question: str, output_tokens: int, encode: Any) -> tuple[str, dict[str, Any]]:
+    if prompts == "chat":
+        return "/v1/chat/completions", {
+            "model": MODEL, "stream": True, "max_tokens": output_tokens, "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    sampling = {"max_new_tokens": output_tokens, "ignore_eos": True}
+    text = system + "\n\n" + question
+    if prompts == "ids":
+        return "/generate", {"input_ids": encode(text), "stream": True, "sampling_params": sampling}
+    return "/generate", {"text": text, "stream": True, "sampling_params": sampling}
+
+
+async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[str, Any], rec: Record) -> None:
+    sent = time.perf_counter()
+    last = sent
+    gaps: list[float] = []
+    try:
+        async with session.post(base + path, json=body) as resp:
+            rec.status = resp.status
+            if resp.status != 200:
+                await resp.read()
+                return
+            async for line in resp.content:
+                if not line.startswith(b"data:") or line.startswith(b"data: [DONE]"):
+                    continue
+                event = json.loads(line[5:])
+                now = time.perf_counter()
+                meta = event.get("meta_info")
+                choices = event.get("choices") or []
+                if meta is not None:
+                    tokens = int(meta.get("completion_tokens", rec.tokens))
+                    rec.prompt_tokens = int(meta.get("prompt_tokens") or rec.prompt_tokens)
+                elif choices and ((choices[0].get("delta") or {}).get("content") or choices[0].get("text")):
+                    tokens = rec.tokens + 1
+                else:
+                    tokens = rec.tokens
+                    usage = event.get("usage") or {}
+                    rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+                if tokens > rec.tokens:
+                    if rec.ttft is None:
+                        rec.ttft = now - sent
+                    else:
+                        gaps.append((now - last) / (tokens - rec.tokens))
+                    last, rec.tokens = now, tokens
+        rec.e2e = time.perf_counter() - sent
+        rec.ok = rec.ttft is not None
+        rec.itl = sorted(gaps)[len(gaps) // 2] if gaps else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        rec.ok = False
+
+
+# -- routers ---------------------------------------------------------------------------------------
+
+class Routers:
+    """Every router of the run, started once, each on its own port."""
+
+    def __init__(self, names: list[str], workers: list[str], workdir: Path, tokenizer: Path) -> None:
+        self.names, self.workers, self.workdir, self.tokenizer = names, workers, workdir, tokenizer
+        self.bases: dict[str, str] = {}
+        self.procs: list[asyncio.subprocess.Process] = []
+
+    async def start(self) -> None:
+        for name in self.names:
+            if name in ("oracle", "direct0"):
+                continue
+            port = free_port()
+            log = (self.workdir / f"router-{name}.log").open("wb")
+            if name == "smg":
+                cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
+                       "--worker-urls", *self.workers, "--policy", "cache_aware",
+                       "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
+                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
+            elif name == "sglang-router":
+                cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                       "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
+                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
+            else:
+                cfg = self.workdir / f"radixgate-{name}.yaml"
+                cfg.write_text(yaml.safe_dump({
+                    "server": {"host": "127.0.0.1", "port": port, "admin_port": 0, "drain_grace_s": 1.0},
+                    "workers": {"static": self.workers}, "routing": {"policy": name},
+                    "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
+                    "telemetry": {"log_level": "warning"}}))
+                cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
+            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+            self.bases[name] = f"http://127.0.0.1:{port}"
+        await asyncio.gather(*(self._ready(name, base) for name, base in self.bases.items()))
+
+    async def _ready(self, name: str, base: str) -> None:
+        """Until a one-token request goes through (the router found the workers healthy)."""
+        deadline = time.monotonic() + 90
+        body = {"text": "ready", "sampling_params": {"max_new_tokens": 1}}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.post(f"{base}/generate", json=body) as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"router {name} at {base} never answered (see {self.workdir}/router-{name}.log)")
+
+    def target(self, name: str, group: int) -> str:
+        if name == "oracle":
+            return self.workers[group % len(self.workers)]
+        if name == "direct0":
+            return self.workers[0]
+        return self.bases[name]
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+
+
+# -- engines -------------------------------------------------------------------------------------
+
+async def engine_stats(session: aiohttp.ClientSession, workers: list[str]) -> list[dict[str, int]]:
+    out = []
+    for url in workers:
+        async with session.get(f"{url}/bench/stats") as resp:
+            out.append(await resp.json())
+    return out
+
+
+async def set_mode(session: aiohttp.ClientSession, workers: list[str], minimal: bool) -> None:
+    for url in workers:
+        async with session.post(f"{url}/bench/mode", json={"minimal_reports": minimal}) as resp:
+            resp.raise_for_status()
+
+
+async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(s["active"] == 0 for s in await engine_stats(session, workers)):
+            return
+        await asyncio.sleep(0.25)
+
+
+async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[str], list[asyncio.subprocess.Process]]:
+    procs, urls = [], []
+    for i in range(n):
+        cmd = [sys.executable, "-m", "loadtests.simworker", "--port", "0", "--profile", args.sim_profile,
+               "--tokenizer", str(args.tokenizer), "--max-total-tokens", str(args.kv_tokens),
+               "--page-size", "32", "--max-running-requests", "64", "--enable-metrics", "--enable-cache-report",
+               "--time-scale", str(args.time_scale), *args.sim_arg]
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=(workdir / f"sim-{i}.log").open("wb"))
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        match = re.search(r"READY (\S+)", line)
+        if not match:
+            raise RuntimeError(f"simulated worker {i} did not start: {line!r}")
+        procs.append(proc)
+        urls.append(match.group(1))
+    return urls, procs
+
+
+# -- phases --------------------------------------------------------------------------------------
+
+def trace(rate: float, seconds: float, shape: Shape, seed: int) -> list[tuple[float, int]]:
+    """(offset, group) per arrival: the same for every router at this rate."""
+    rng = random.Random(f"{seed}:{rate}")
+    times = poisson_times(rate, max(1, round(rate * seconds)), rng)
+    if shape.workload == "unique":
+        return [(t, i) for i, t in enumerate(times)]
+    return [(t, rng.randrange(shape.groups)) for t in times]
+
+
+async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: str, rate: float, phase: int,
+                    arrivals: list[tuple[float, int]], shape: Shape, prompts: str, drain_s: float,
+                    encode: Any) -> list[Record]:
+    rng = random.Random(f"text:{phase}")
+    systems: dict[int, str] = {}
+    bodies = []
+    for i, (_, group) in enumerate(arrivals):
+        if group not in systems:
+            systems[group] = texts.mixed_text(rng, shape.system_chars)
+        question = f"[{phase}.{i}] " + texts.mixed_text(rng, shape.question_chars)
+        system = systems[group] if shape.workload == "shared" else question + systems[group]
+        bodies.append(request_body(prompts, system, question, shape.output_tokens, encode))
+    records = [Record(router, rate, phase, i, g, t) for i, (t, g) in enumerate(arrivals)]
+    tasks: list[asyncio.Task[None]] = []
+    start = time.perf_counter() + 0.1
+    for rec, (path, body) in zip(records, bodies, strict=True):
+        await asyncio.sleep(max(0.0, start + rec.at - time.perf_counter()))
+        tasks.append(asyncio.create_task(send(session, routers.target(router, rec.group), path, body, rec)))
+    _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return records
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def summarize(records: list[Record], reuse: float | None) -> dict[str, Any]:
+    # A failed request counts as infinitely slow: a p95 never improves by dropping requests.
+    ttft = [r.ttft if r.ok and r.ttft is not None else math.inf for r in records]
+    ok = [r for r in records if r.ok]
+    return {
+        "n": len(records), "failed": len(records) - len(ok),
+        "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+        "itl_p50": pct([r.itl for r in ok if r.itl is not None], 0.5),
+        "e2e_p50": pct([r.e2e for r in ok if r.e2e is not None], 0.5),
+        "reuse": reuse,
+        "prompt_tokens_mean": sum(r.prompt_tokens for r in ok) / len(ok) if ok else 0,
+    }
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], routers: list[str]) -> str:
+    def ms(v: float) -> str:
+        return "fail" if v == math.inf else ("-" if math.isnan(v) else f"{v * 1e3:,.0f}")
+
+    head = "| router | " + " | ".join(f"{r:g}/s p50 / p95 / ITL ms, reuse" for r in rates) + " |"
+    lines = [head, "|---" * (len(rates) + 1) + "|"]
+    for name in routers:
+        cells = []
+        for rate in rates:
+            s = summary[name][f"{rate:g}"]
+            reuse = "-" if s["reuse"] is None else f"{s['reuse']:.0%}"
+            fail = f" ({s['failed']} failed)" if s["failed"] else ""
+            cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    shape = Shape(args.groups, args.system_chars, args.question_chars, args.output_tokens, args.workload)
+    sims: list[asyncio.subprocess.Process] = []
+    workers = args.workers
+    if args.sim:
+        workers, sims = await start_sim(args.sim, args, out)
+    encode: Any = None
+    if args.prompts == "ids":
+        from tokenizers import Tokenizer
+
+        bpe = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json"))
+
+        def encode(text: str) -> list[int]:
+            return list(bpe.encode(text, add_special_tokens=True).ids)
+
+    names = [n for n in args.routers.split(",") if n]
+    routers = Routers(names, workers, out, Path(args.tokenizer))
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    connector = aiohttp.TCPConnector(limit=0)
+    summary: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
+    rates = [float(r) for r in args.rates.split(",")]
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        try:
+            await set_mode(session, workers, args.reports == "minimal")
+            await routers.start()
+            phase = args.phase_base
+            if args.warmup_s > 0:
+                arrivals = trace(rates[0], args.warmup_s, shape, args.seed + 1)
+                await run_phase(session, routers, names[0] if names[0] in PEERS else "oracle", rates[0], phase,
+                                arrivals, shape, args.prompts, args.drain_s, encode)
+                await wait_idle(session, workers, 30)
+            started = time.monotonic()
+            with (out / "requests.jsonl").open("a") as log:
+                for k, rate in enumerate(rates):
+                    arrivals = trace(rate, args.phase_s, shape, args.seed)
+                    order = names[k % len(names):] + names[: k % len(names)]
+                    for name in order:
+                        phase += 1
+                        before = await engine_stats(session, workers)
+                        records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
+                                                  args.prompts, args.drain_s, encode)
+                        await wait_idle(session, workers, 30)
+                        after = await engine_stats(session, workers)
+                        prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
+                        cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
+                        s = summarize(records, cached / prompt if prompt else None)
+                        summary[name][f"{rate:g}"] = s
+                        for rec in records:
+                            log.write(json.dumps({**asdict(rec), "prompts": args.prompts, "reports": args.reports,
+                                                  "workload": shape.workload}) + "\n")
+                        print(f"[{time.monotonic() - started:6.1f}s] {name:>14} @ {rate:g}/s: "
+                              f"p50 {s['ttft_p50']:.3f} p95 {s['ttft_p95']:.3f} reuse {s['reuse'] or 0:.0%} "
+                              f"failed {s['failed']}/{s['n']} prompt~{s['prompt_tokens_mean']:.0f}", flush=True)
+        finally:
+            await routers.stop()
+            for proc in sims:
+                proc.terminate()
+                await proc.wait()
+    cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape), "seed": args.seed,
+            "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
+            "engine": "sim:" + args.sim_profile if args.sim else "gpu"}
+    with (out / "summary.jsonl").open("a") as f:
+        f.write(json.dumps(cell) + "\n")
+    print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
+          f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")
+    print(table(summary, rates, names))
+
+
+def knee(path: Path, slo_s: float) -> str:
+    """The highest rate of the last cell with an oracle ladder whose oracle p95 TTFT is under
+    ``slo_s``, and the next rate of that ladder (or 1.5x the knee if it was the last)."""
+    cells = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ladder = next(c for c in reversed(cells) if "oracle" in c["summary"] and len(c["rates"]) > 2)
+    rates = sorted(ladder["rates"])
+    under = [r for r in rates if ladder["summary"]["oracle"][f"{r:g}"]["ttft_p95"] < slo_s] or rates[:1]
+    k = under[-1]
+    above = [r for r in rates if r > k]
+    return f"{k:g},{above[0] if above else k * 1.5:g}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", nargs="*", default=[])
+    p.add_argument("--sim", type=int, default=0, help="start this many simulated workers instead")
+    p.add_argument("--sim-profile", default="h200-transformers-7b")
+    p.add_argument("--sim-arg", action="append", default=[], help="extra simworker flag (repeatable)")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--kv-tokens", type=int, default=48_000, help="KV pool of each simulated worker")
+    p.add_argument("--routers", default="oracle,ttft,cache_aware,round_robin")
+    p.add_argument("--rates", default="4,8")
+    p.add_argument("--prompts", choices=("text", "ids", "chat"), default="text")
+    p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
+    p.add_argument("--workload", choices=("shared", "unique"), default="shared")
+    p.add_argument("--groups", type=int, default=Shape.groups)
+    p.add_argument("--system-chars", type=int, default=Shape.system_chars)
+    p.add_argument("--question-chars", type=int, default=Shape.question_chars)
+    p.add_argument("--output-tokens", type=int, default=Shape.output_tokens)
+    p.add_argument("--phase-s", type=float, default=30.0)
+    p.add_argument("--drain-s", type=float, default=20.0)
+    p.add_argument("--warmup-s", type=float, default=10.0)
+    p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (fresh text per phase)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tokenizer", default=str(TOKENIZER))
+    p.add_argument("--out", default="/tmp/radixgate-fleet")
+    p.add_argument("--knee", metavar="SUMMARY", help="print 'knee,past' from the last oracle ladder in SUMMARY and exit")
+    p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
+    args = p.parse_args()
+    args.argv = sys.argv[1:]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.knee:
+        print(knee(Path(args.knee), args.slo_s))
+        return
+    if not args.workers and not args.sim:
+        p.error("give --workers URL... or --sim N")
+    try:
+        import uvloop
+
+        uvloop.run(main_async(args))
+    except ImportError:
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

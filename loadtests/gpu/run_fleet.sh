@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool): N real engine processes on one H200 (KV pools below the working
+# set, the BPE tokenizer of loadtests/gpu/tokenizer), then the fleet benchmark's cells.
+#   bash loadtests/gpu/run_fleet.sh calibrate   oracle rate ladder (the knee), one worker alone
+#                                               (shared and unique prompts), baselines at the knee
+#   bash loadtests/gpu/run_fleet.sh compare     every router at the knee and past it, per cell
+#   CELLS="text:minimal ids:full" bash loadtests/gpu/run_fleet.sh compare
+# Engines start detached (setsid) and are reused by a later call while the machine stays warm.
+# Results go to $OUT (requests.jsonl, summary.jsonl, logs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/radixgate-fleet}
+N=${N:-4}
+KV=${KV:-48000}
+PHASE_S=${PHASE_S:-20}
+ENGINE_LOGS=/tmp/fleet-engines
+mkdir -p "$OUT" "$ENGINE_LOGS"
+up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+URLS=()
+for i in $(seq 1 "$N"); do
+  port=$((31000 + i))
+  URLS+=("http://127.0.0.1:$port")
+  if ! up "http://127.0.0.1:$port"; then
+    setsid nohup python3 loadtests/gpu/engine_server.py --port $port --tokenizer loadtests/gpu/tokenizer \
+      --kv-tokens "$KV" --mem-fraction 0.15 ${ENGINE_ARGS:-} > "$ENGINE_LOGS/engine_$port.log" 2>&1 < /dev/null &
+  fi
+done
+t0=$(date +%s)
+for i in $(seq 1 "$N"); do
+  port=$((31000 + i))
+  until up "http://127.0.0.1:$port"; do
+    if (( $(date +%s) - t0 > 240 )); then echo "engine $port not up"; tail -30 "$ENGINE_LOGS/engine_$port.log"; exit 1; fi
+    sleep 1
+  done
+done
+echo "engines up after $(( $(date +%s) - t0 )) s"
+grep -h "READY\|Paged cache" "$ENGINE_LOGS"/*.log | head -8
+F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15)
+
+case "${1:-calibrate}" in
+  calibrate)
+    "${F[@]}" --workers "${URLS[@]}" --routers oracle --rates "${LADDER:-3,6,10,15}" --warmup-s 15 --phase-base 100
+    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates 1,2,4 --phase-s 15 --warmup-s 0 --phase-base 200
+    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates 1,2 --phase-s 15 --workload unique --warmup-s 0 --phase-base 300
+    RATES=$(python3 -m loadtests.gpu.fleet --knee "$OUT/summary.jsonl")
+    echo "knee,past = $RATES"
+    "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
+      --warmup-s 0 --phase-base 400
+    ;;
+  compare)
+    RATES=${RATES:-$(python3 -m loadtests.gpu.fleet --knee "${KNEE_FROM:-loadtests/results/gpu-fleet/summary.jsonl}")}
+    base=500
+    for cell in ${CELLS:-text:minimal}; do
+      "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}" \
+        --rates "$RATES" --prompts "${cell%%:*}" --reports "${cell##*:}" --warmup-s 10 --phase-base $base
+      base=$((base + 100))
+    done
+    ;;
+esac
+tail -3 "$ENGINE_LOGS"/engine_31001.log
+# At most 8 files come back from the device: router configs and logs, engine logs in one archive.
+(cd "$OUT" && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . 2>/dev/null && rm -f router-*.log radixgate-*.yaml)

@@ -226,22 +226,24 @@ async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s:
 
 
 async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[str], list[asyncio.subprocess.Process]]:
-    procs, urls = [], []
+    """N simulated workers in one process sharing one simulated GPU (as the GPU fleet runs N
+    engine processes on one H200); ``--sim-own-gpus`` gives each its own."""
+    cmd = [sys.executable, "-m", "loadtests.simworker", "--port", "0", "--count", str(n),
+           *([] if args.sim_own_gpus else ["--shared-gpu"]), "--profile", args.sim_profile,
+           "--tokenizer", str(args.tokenizer), "--max-total-tokens", str(args.kv_tokens),
+           "--page-size", "32", "--max-running-requests", "64", "--enable-metrics", "--enable-cache-report",
+           "--time-scale", str(args.time_scale), *args.sim_arg]
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
+                                                stderr=(workdir / "sim.log").open("wb"))
+    assert proc.stdout is not None
+    urls = []
     for i in range(n):
-        cmd = [sys.executable, "-m", "loadtests.simworker", "--port", "0", "--profile", args.sim_profile,
-               "--tokenizer", str(args.tokenizer), "--max-total-tokens", str(args.kv_tokens),
-               "--page-size", "32", "--max-running-requests", "64", "--enable-metrics", "--enable-cache-report",
-               "--time-scale", str(args.time_scale), *args.sim_arg]
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=(workdir / f"sim-{i}.log").open("wb"))
-        assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         match = re.search(r"READY (\S+)", line)
         if not match:
             raise RuntimeError(f"simulated worker {i} did not start: {line!r}")
-        procs.append(proc)
         urls.append(match.group(1))
-    return urls, procs
+    return urls, [proc]
 
 
 # -- phases --------------------------------------------------------------------------------------
@@ -255,18 +257,25 @@ def trace(rate: float, seconds: float, shape: Shape, seed: int) -> list[tuple[fl
     return [(t, rng.randrange(shape.groups)) for t in times]
 
 
-async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: str, rate: float, phase: int,
-                    arrivals: list[tuple[float, int]], shape: Shape, prompts: str, drain_s: float,
-                    encode: Any) -> list[Record]:
+def phase_texts(arrivals: list[tuple[float, int]], shape: Shape, phase: int) -> list[tuple[str, str]]:
+    """(system, question) of each arrival: fresh text per phase, one system prompt per group."""
     rng = random.Random(f"text:{phase}")
     systems: dict[int, str] = {}
-    bodies = []
+    out = []
     for i, (_, group) in enumerate(arrivals):
         if group not in systems:
             systems[group] = texts.mixed_text(rng, shape.system_chars)
         question = f"[{phase}.{i}] " + texts.mixed_text(rng, shape.question_chars)
         system = systems[group] if shape.workload == "shared" else question + systems[group]
-        bodies.append(request_body(prompts, system, question, shape.output_tokens, encode))
+        out.append((system, question))
+    return out
+
+
+async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: str, rate: float, phase: int,
+                    arrivals: list[tuple[float, int]], shape: Shape, prompts: str, drain_s: float,
+                    encode: Any) -> list[Record]:
+    bodies = [request_body(prompts, system, question, shape.output_tokens, encode)
+              for system, question in phase_texts(arrivals, shape, phase)]
     records = [Record(router, rate, phase, i, g, t) for i, (t, g) in enumerate(arrivals)]
     tasks: list[asyncio.Task[None]] = []
     start = time.perf_counter() + 0.1
@@ -405,6 +414,7 @@ def main() -> None:
     p.add_argument("--sim", type=int, default=0, help="start this many simulated workers instead")
     p.add_argument("--sim-profile", default="h200-transformers-7b")
     p.add_argument("--sim-arg", action="append", default=[], help="extra simworker flag (repeatable)")
+    p.add_argument("--sim-own-gpus", action="store_true", help="simulated workers do not share one GPU")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--kv-tokens", type=int, default=48_000, help="KV pool of each simulated worker")
     p.add_argument("--routers", default="oracle,ttft,cache_aware,round_robin")

@@ -1,6 +1,8 @@
 """CLI: ``python -m loadtests.simworker --port PORT [SGLang-style flags]`` serves one simulated worker.
 
 Prints ``READY http://HOST:PORT`` as its first stdout line once listening (useful with --port 0).
+``--count N --shared-gpu`` serves N workers from this one process on one simulated GPU (as N
+engine processes sharing a GPU; ports PORT, PORT+1, ... or all 0), one READY line each.
 Exits 0 on SIGTERM/SIGINT, 3 when the die-after-tokens fault fires.
 """
 
@@ -9,18 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import Sequence
 
 from .config import SimConfig
-from .perf import PROFILES
+from .perf import PROFILES, SharedGpu
 from .server import SimWorker
 
 DIED_EXIT_CODE = 3
 
 
-def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
+def parse_args(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     p = argparse.ArgumentParser(prog="python -m loadtests.simworker", description=__doc__)
     d = SimConfig()
     p.add_argument("--host", default=d.host)
@@ -53,13 +56,18 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
     p.add_argument("--fault-error-rate", type=float, default=0.0)
     p.add_argument("--fault-slow-start", type=float, default=0.0)
     p.add_argument("--fault-fail-health", action="store_true")
-    ns = p.parse_args(argv)
-    config = SimConfig(**vars(ns))
+    p.add_argument("--count", type=int, default=1, help="workers served by this process")
+    p.add_argument("--shared-gpu", action="store_true", help="the --count workers share one GPU")
+    ns = vars(p.parse_args(argv))
+    count, shared = ns.pop("count"), ns.pop("shared_gpu")
+    if count < 1:
+        p.error("--count must be >= 1")
+    config = SimConfig(**ns)
     config.validate()
-    return config
+    return config, count, shared
 
 
-async def serve(config: SimConfig) -> int:
+async def serve(config: SimConfig, count: int = 1, shared_gpu: bool = False) -> int:
     done = asyncio.Event()
     died = False
 
@@ -68,24 +76,30 @@ async def serve(config: SimConfig) -> int:
         died = True
         done.set()
 
-    worker = SimWorker(config, on_die=on_die)
-    await worker.start()
-    print(f"READY {worker.url}", flush=True)
+    gpu = SharedGpu(PROFILES[config.profile].gpu_exclusive_host) if shared_gpu else None
+    workers = []
+    for i in range(count):
+        port = config.port + i if config.port else 0
+        worker = SimWorker(dataclasses.replace(config, port=port, seed=config.seed + i), on_die=on_die, gpu=gpu)
+        await worker.start()
+        workers.append(worker)
+        print(f"READY {worker.url}", flush=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, done.set)
     await done.wait()
-    await worker.stop()
+    for worker in workers:
+        await worker.stop()
     return DIED_EXIT_CODE if died else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_args(argv)
+    config, count, shared = parse_args(argv)
     with contextlib.suppress(ImportError):
         import uvloop
 
-        return uvloop.run(serve(config))
-    return asyncio.run(serve(config))
+        return uvloop.run(serve(config, count, shared))
+    return asyncio.run(serve(config, count, shared))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from proxy.clock import Clock, MonotonicClock
 
 from .config import SimConfig
-from .perf import PROFILES, Profile, step_seconds
+from .perf import PROFILES, Profile, SharedGpu, step_parts
 from .radix import RadixCache
 from .scheduler import Scheduler, SchedulerLimits, SimRequest
 
@@ -28,11 +28,13 @@ THROUGHPUT_WINDOW_S = 5.0
 
 
 class Engine:
-    def __init__(self, config: SimConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: SimConfig, clock: Clock | None = None, gpu: SharedGpu | None = None) -> None:
         config.validate()
         self.config = config
         self.clock = clock or MonotonicClock()
         self.profile: Profile = PROFILES[config.profile]
+        # Several engines on one GPU share one timeline (see perf.SharedGpu); None = a GPU of its own.
+        self.gpu = gpu
         self.max_total_tokens = config.max_total_tokens or self.profile.kv_pool_tokens
         self.context_length = config.context_length or self.profile.model.context_length
         chunk = config.chunked_prefill_size
@@ -121,12 +123,16 @@ class Engine:
                 await self._wake.wait()
                 deadline = None
                 continue
-            seconds = step_seconds(self.profile, step.work)
-            self.busy_seconds += seconds
+            host, device = step_parts(self.profile, step.work)
+            self.busy_seconds += host + device
             if deadline is not None and now - deadline > MAX_CATCH_UP_S:
                 self.lag_seconds += now - deadline - MAX_CATCH_UP_S
             base = now if deadline is None else max(deadline, now - MAX_CATCH_UP_S)
-            deadline = base + seconds / self.config.time_scale
+            scale = self.config.time_scale
+            if self.gpu is None:
+                deadline = base + (host + device) / scale
+            else:
+                deadline = self.gpu.reserve(base, host / scale, device / scale)
             await asyncio.sleep(max(0.0, deadline - self.clock.now()))
             done_at = self.clock.now()
             before = self.scheduler.generated_tokens

@@ -29,6 +29,7 @@ from . import admin, streaming
 from .config import SimConfig, base_url, fault_updates
 from .engine import Engine
 from .metrics import SimMetrics
+from .perf import SharedGpu
 from .protocol import BadRequest, openai_error, parse_generate, parse_openai
 from .scheduler import InvalidRequest, QueueFull, SimRequest
 from .tokenizer import Encoder
@@ -38,11 +39,12 @@ SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine 
 
 class SimWorker:
     def __init__(self, config: SimConfig, clock: Clock | None = None,
-                 on_die: Callable[[], None] | None = None, rng: random.Random | None = None) -> None:
+                 on_die: Callable[[], None] | None = None, rng: random.Random | None = None,
+                 gpu: SharedGpu | None = None) -> None:
         config.validate()
         self.config = dataclasses.replace(config)
         self.clock = clock or MonotonicClock()
-        self.engine = Engine(self.config, self.clock)
+        self.engine = Engine(self.config, self.clock, gpu)
         self.encoder = Encoder(self.config.tokenizer)
         # Finished requests' true prompt and cached tokens (GET /bench/stats), whatever is reported.
         self.finished_prompt_tokens = 0

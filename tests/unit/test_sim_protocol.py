@@ -81,6 +81,8 @@ def test_a_sim_config_round_trips_through_the_command_line() -> None:
     config = SimConfig(port=0, profile="zero", time_scale=7.5, enable_metrics=True, max_running_requests=3,
                        page_size=16, schedule_policy="lpm", chunked_prefill_size=-1, max_queued_requests=9,
                        stream_interval=2, incremental_streaming_output=True, worker_id="w1",
-                       fault_error_rate=0.25, fault_fail_health=True, fault_die_after_tokens=5)
-    assert parse_args(cli_args(config)) == config
-    assert parse_args(cli_args(SimConfig(port=0))) == SimConfig(port=0)
+                       fault_error_rate=0.25, fault_fail_health=True, fault_die_after_tokens=5,
+                       minimal_reports=True)
+    assert parse_args(cli_args(config)) == (config, 1, False)
+    assert parse_args(cli_args(SimConfig(port=0))) == (SimConfig(port=0), 1, False)
+    assert parse_args([*cli_args(config), "--count", "4", "--shared-gpu"]) == (config, 4, True)

@@ -1,0 +1,263 @@
+"""Does the simulator predict a real engine under load? Replays real-engine traces; prints sim/real.
+
+    .venv/bin/python -m loadtests.fidelity [--results loadtests/results/gpu-fleet] [--profile P]
+
+The real side is committed: ``requests.jsonl`` / ``summary.jsonl`` of the fleet benchmark
+(``loadtests/gpu/fleet.py``) run on the H200 by ``loadtests/gpu/run_fleet.sh calibrate``. Every
+cell whose placement is fixed by the trace alone is replayed: ``direct0`` (one engine alone on the
+GPU) and ``oracle`` (group g on engine g mod N, N engine processes sharing the GPU). For each
+phase the replay rebuilds the very prompts the real run sent (same seed, same text generator,
+same BPE tokenizer, so the same token ids) and the same arrival times, and runs N simulated
+engines (``loadtests.simworker`` scheduler and step model) on a virtual clock with one
+``SharedGpu`` between them: no sockets, no sleeping, seconds of CPU for minutes of traffic, on any
+machine. Printed per (cell, rate): real and simulated TTFT p50/p95, ITL p50, e2e p50, and the
+ratio; points where the real engine is overloaded (TTFT p50 > 3 s) are checked for being
+overloaded in the simulator too. ``--fit`` searches the profile's host-overhead and sharing
+constants for the smallest error (the README of simworker says which were fitted so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
+from loadtests.simworker import perf
+from loadtests.simworker.config import SimConfig
+from loadtests.simworker.engine import Engine
+from loadtests.simworker.scheduler import SimRequest
+from loadtests.simworker.tokenizer import Encoder
+
+RESULTS = Path(__file__).parent / "results" / "gpu-fleet"
+OVERLOAD_S = 3.0
+TOLERANCE = 0.30
+
+
+@dataclass
+class Point:
+    cell: str
+    router: str
+    rate: float
+    real: dict[str, float]
+    sim: dict[str, float]
+
+
+def metrics(ttft: Sequence[float], itl: Sequence[float], e2e: Sequence[float]) -> dict[str, float]:
+    return {"ttft_p50": pct(list(ttft), 0.5), "ttft_p95": pct(list(ttft), 0.95),
+            "itl_p50": pct(list(itl), 0.5), "e2e_p50": pct(list(e2e), 0.5)}
+
+
+def replay(prompts: list[list[int]], times: list[float], placement: list[int], n_engines: int,
+           output_tokens: int, profile: perf.Profile, config: SimConfig, horizon_s: float,
+           shared_gpu: bool = True) -> dict[str, float]:
+    """N engines sharing one GPU on a virtual clock. A request unanswered ``horizon_s`` after the
+    last arrival counts as infinitely slow, as the fleet benchmark cancels it then."""
+    engines = [Engine(dataclasses.replace(config)) for _ in range(n_engines)]
+    for e in engines:
+        e.profile = profile
+    one = perf.SharedGpu(profile.gpu_exclusive_host)
+    gpus = [one if shared_gpu else perf.SharedGpu(profile.gpu_exclusive_host) for _ in engines]
+    stamps: dict[int, list[float]] = defaultdict(list)
+    reqs: list[SimRequest] = []
+    in_flight: dict[int, tuple[Any, float]] = {}
+    first = [True] * n_engines
+    now, k = 0.0, 0
+    stop_at = (times[-1] if times else 0.0) + horizon_s
+    while now <= stop_at:
+        while k < len(times) and times[k] <= now:
+            req = SimRequest(rid=str(k), input_ids=prompts[k], max_new_tokens=output_tokens)
+            engines[placement[k]].scheduler.submit(req, times[k])
+            reqs.append(req)
+            k += 1
+        for i, (step, end) in list(in_flight.items()):
+            if end <= now:
+                del in_flight[i]
+                for req in engines[i].scheduler.finish_step(step, end):
+                    stamps[id(req)].append(end)
+        for i, e in enumerate(engines):
+            if i in in_flight or not e.scheduler.has_work():
+                continue
+            step = e.scheduler.next_step(now)
+            if step is None:
+                continue
+            if first[i]:
+                step.work = dataclasses.replace(step.work, first_step=False)
+                first[i] = False
+            host, device = perf.step_parts(profile, step.work)
+            in_flight[i] = (step, gpus[i].reserve(now, host, device))
+        events = [end for _, end in in_flight.values()] + ([times[k]] if k < len(times) else [])
+        if not events:
+            break
+        now = min(events)
+    ttft, itl, e2e = [], [], []
+    for req in reqs:
+        if req.first_token_at is None or req.finished_at is None:
+            ttft.append(math.inf)
+            continue
+        ttft.append(req.first_token_at - req.arrival)
+        e2e.append(req.finished_at - req.arrival)
+        marks = stamps[id(req)]
+        gaps = [b - a for a, b in itertools.pairwise(marks)]
+        if gaps:
+            itl.append(statistics.median(gaps))
+    return metrics(ttft, itl, e2e)
+
+
+def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[str, float]]]:
+    """(cell, router, rate, real metrics) for every fixed-placement phase of the committed run."""
+    recs = [json.loads(line) for line in (results / "requests.jsonl").read_text().splitlines() if line]
+    cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
+    out = []
+    for cell in cells:
+        for router in cell["routers"]:
+            if router not in ("oracle", "direct0"):
+                continue
+            for rate in cell["rates"]:
+                rows = [r for r in recs if r["router"] == router and r["rate"] == rate
+                        and r["workload"] == cell["shape"]["workload"]
+                        and _phase_of(cell, router, rate) == r["phase"]]
+                ttft = [r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf for r in rows]
+                ok = [r for r in rows if r["ok"]]
+                out.append((cell, router, rate, metrics(ttft, [r["itl"] for r in ok if r["itl"] is not None],
+                                                        [r["e2e"] for r in ok if r["e2e"] is not None])))
+    return out
+
+
+def _argv_value(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def _phase_of(cell: dict[str, Any], router: str, rate: float) -> int:
+    """The phase number fleet.py gave (router, rate) in this cell (same loop, same rotation)."""
+    base = int(_argv_value(cell["argv"], "--phase-base", "0"))
+    names, rates = cell["routers"], cell["rates"]
+    phase = base
+    for k, r in enumerate(rates):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            phase += 1
+            if name == router and r == rate:
+                return phase
+    raise KeyError((router, rate))
+
+
+def simulate(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], profile: perf.Profile,
+             encoder: Encoder, cache: dict[Any, Any], shared_gpu: bool = True) -> list[Point]:
+    out = []
+    for cell, router, rate, real in points:
+        argv = cell["argv"]
+        shape = Shape(**cell["shape"])
+        seed = cell["seed"]
+        phase_s = float(_argv_value(argv, "--phase-s", "30"))
+        drain_s = float(_argv_value(argv, "--drain-s", "20"))
+        arrivals = trace(rate, phase_s, shape, seed)
+        phase = _phase_of(cell, router, rate)
+        key = (phase, rate, shape)
+        if key not in cache:
+            cache[key] = [encoder.encode(s + "\n\n" + q) for s, q in phase_texts(arrivals, shape, phase)]
+        n = cell["workers"]
+        placement = [0 if router == "direct0" else g % n for _, g in arrivals]
+        config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32,
+                           max_running_requests=64)
+        sim = replay(cache[key], [t for t, _ in arrivals], placement, n if router == "oracle" else 1,
+                     shape.output_tokens, profile, config, drain_s, shared_gpu)
+        label = f"{'fleet x' + str(n) if router == 'oracle' else 'one engine'} {shape.workload}"
+        out.append(Point(label, router, rate, real, sim))
+    return out
+
+
+def error(points: list[Point]) -> float:
+    """Mean absolute log ratio over the points below overload, plus a penalty for each overload
+    point the simulator does not overload."""
+    total, n = 0.0, 0
+    for p in points:
+        if p.real["ttft_p50"] > OVERLOAD_S:
+            total += 0.0 if p.sim["ttft_p50"] > OVERLOAD_S else 1.0
+            continue
+        for key in ("ttft_p50", "ttft_p95", "itl_p50"):
+            if p.sim[key] <= 0 or math.isinf(p.sim[key]):
+                total += 3.0
+            else:
+                total += abs(math.log(p.sim[key] / p.real[key]))
+            n += 1
+    return total / max(1, n)
+
+
+def report(points: list[Point]) -> str:
+    def f(v: float) -> str:
+        return "inf" if math.isinf(v) else f"{v:.3f}"
+
+    lines = ["| cell | rate /s | TTFT p50 real / sim / ratio | TTFT p95 real / sim / ratio | ITL p50 real / sim / ratio "
+             "| e2e p50 real / sim | verdict |", "|---|---|---|---|---|---|---|"]
+    for p in points:
+        cols = []
+        ok = True
+        for key in ("ttft_p50", "ttft_p95", "itl_p50"):
+            r, s = p.real[key], p.sim[key]
+            ratio = s / r if r and not math.isinf(r) and not math.isinf(s) else math.nan
+            cols.append(f"{f(r)} / {f(s)} / {ratio:.2f}")
+            ok &= not math.isnan(ratio) and abs(ratio - 1) <= TOLERANCE
+        over = p.real["ttft_p50"] > OVERLOAD_S
+        verdict = ("overloaded in both" if p.sim["ttft_p50"] > OVERLOAD_S else "MISS: sim not overloaded") if over \
+            else ("within ±30%" if ok else "MISS")
+        lines.append(f"| {p.cell} | {p.rate:g} | " + " | ".join(cols)
+                     + f" | {f(p.real['e2e_p50'])} / {f(p.sim['e2e_p50'])} | {verdict} |")
+    return "\n".join(lines)
+
+
+def fit(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base: perf.Profile,
+        encoder: Encoder) -> perf.Profile:
+    """Two grid searches: the per-step costs on the one-engine points (sharing plays no part
+    there), then the GPU-sharing constant on the fleet points."""
+    cache: dict[Any, Any] = {}
+    alone = [p for p in points if p[1] == "direct0"]
+    fleet = [p for p in points if p[1] == "oracle"]
+    best, best_err = base, math.inf
+    grid = itertools.product((0.04, 0.05, 0.06), (0.004, 0.006, 0.008), (0.0, 1e-6), (0.22, 0.3))
+    for step, seq, ctx, mfu in grid:
+        cand = dataclasses.replace(base, step_overhead_s=step, seq_overhead_s=seq, ctx_overhead_s=ctx, mfu=mfu)
+        err = error(simulate(alone, cand, encoder, cache))
+        print(f"step {step} seq {seq} ctx {ctx} mfu {mfu}: one-engine error {err:.3f}", flush=True)
+        if err < best_err:
+            best, best_err = cand, err
+    best_err = math.inf
+    for excl in (0.0, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0):
+        cand = dataclasses.replace(best, gpu_exclusive_host=excl)
+        err = error(simulate(fleet, cand, encoder, cache))
+        print(f"exclusive {excl}: fleet error {err:.3f}", flush=True)
+        if err < best_err:
+            shared, best_err = cand, err
+    return shared
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--profile", default="h200-transformers-7b")
+    p.add_argument("--fit", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    a = p.parse_args()
+    encoder = Encoder(str(TOKENIZER))
+    points = real_points(a.results)
+    profile = perf.PROFILES[a.profile]
+    for item in a.set:
+        key, value = item.split("=", 1)
+        profile = dataclasses.replace(profile, **{key: type(getattr(profile, key))(value == "True" if value in ("True", "False") else float(value))})
+    if a.fit:
+        profile = fit(points, profile, encoder)
+        print("best:", profile)
+    sims = simulate(points, profile, encoder, {})
+    print(f"profile {profile.name}; real: {a.results}; error {error(sims):.3f}")
+    print(report(sims))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The simulator predicts the real engine under load: replays of the committed H200 fleet run.
+
+The real side is loadtests/results/gpu-fleet (run_fleet.sh calibrate); the replay rebuilds the same
+prompts and arrival times and runs the simulated engines on a virtual clock (loadtests/fidelity.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loadtests import fidelity
+from loadtests.simworker import perf
+from loadtests.simworker.tokenizer import Encoder
+
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def points() -> list[fidelity.Point]:
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    real = fidelity.real_points(fidelity.RESULTS)
+    return fidelity.simulate(real, perf.PROFILES["h200-transformers-7b"], encoder, {})
+
+
+def test_every_fixed_placement_phase_of_the_real_run_is_replayed(points: list[fidelity.Point]) -> None:
+    cells = {(p.cell, p.rate) for p in points}
+    assert ("one engine shared", 1.0) in cells and ("one engine unique", 1.0) in cells
+    assert ("fleet x4 shared", 3.0) in cells and len(points) >= 9
+
+
+def test_light_load_ttft_and_itl_are_within_30_percent_of_the_real_engine(points: list[fidelity.Point]) -> None:
+    light = [p for p in points if p.real["ttft_p50"] < 1.0]
+    assert len(light) >= 5
+    for p in light:
+        for key in ("ttft_p50", "itl_p50"):
+            assert abs(p.sim[key] / p.real[key] - 1) <= fidelity.TOLERANCE, (p.cell, p.rate, key)
+
+
+def test_points_the_real_engine_could_not_serve_are_overloaded_in_the_simulator_too(
+    points: list[fidelity.Point],
+) -> None:
+    over = [p for p in points if p.real["ttft_p50"] > fidelity.OVERLOAD_S]
+    assert over
+    for p in over:
+        assert p.sim["ttft_p50"] > fidelity.OVERLOAD_S or math.isinf(p.sim["ttft_p50"]), (p.cell, p.rate)
+
+
+def test_one_gpu_shared_by_engines_is_slower_than_a_gpu_each(points: list[fidelity.Point]) -> None:
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    real = [r for r in fidelity.real_points(fidelity.RESULTS) if r[1] == "oracle" and r[2] == 3.0]
+    profile = perf.PROFILES["h200-transformers-7b"]
+    shared = fidelity.simulate(real, profile, encoder, {})[0]
+    own = fidelity.simulate(real, profile, encoder, {}, shared_gpu=False)[0]
+    assert shared.sim["itl_p50"] > own.sim["itl_p50"] * 1.2

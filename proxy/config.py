@@ -128,8 +128,11 @@ class RoutingConfig:
     peer_key_env: str = ""
     # The longest a request is held at the proxy while the prefix it would reuse is still being
     # prefilled on its worker by an earlier request (the policy's "hold" branch, ttft's
-    # hold_tokens); then it is routed whatever happened. 0 = never hold.
-    hold_max_s: float = 1.0
+    # hold_tokens); then it is routed whatever happened. 0 = never hold, the default: on the real
+    # GPU fleet (FIFO engines, loadtests/results/gpu-fleet) a held request re-queued behind the
+    # queue its holder had waited through, so holds cost followers seconds past the knee and saved
+    # nothing measurable below it; the simulator's SGLang-like scheduler shows gains in bursts.
+    hold_max_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,24 @@ async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[
 
 # -- routers ---------------------------------------------------------------------------------------
 
+ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks"}
+
+
+def routing_section(spec: str) -> dict[str, Any]:
+    """``policy[/key=value...]``: a radixgate policy with routing settings or policy params changed
+    (``ttft/hold_max_s=0``, ``ttft/work_weight=1``), so variants run side by side."""
+    name, *pairs = spec.split("/")
+    section: dict[str, Any] = {"policy": name, "params": {}}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        parsed = yaml.safe_load(value)
+        if key in ROUTING_KEYS:
+            section[key] = parsed
+        else:
+            section["params"][key] = parsed
+    return section
+
+
 class Routers:
     """Every router of the run, started once, each on its own port."""
 
@@ -147,7 +165,7 @@ class Routers:
             if name in ("oracle", "direct0"):
                 continue
             port = free_port()
-            log = (self.workdir / f"router-{name}.log").open("wb")
+            log = (self.workdir / f"router-{name.replace('/', '_')}.log").open("wb")
             if name == "smg":
                 cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                        "--worker-urls", *self.workers, "--policy", "cache_aware",
@@ -156,12 +174,13 @@ class Routers:
             elif name == "sglang-router":
                 cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                        "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
-                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
+                       "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
+                       "--log-level", "warn"]
             else:
-                cfg = self.workdir / f"radixgate-{name}.yaml"
+                cfg = self.workdir / f"radixgate-{name.replace('/', '_')}.yaml"
                 cfg.write_text(yaml.safe_dump({
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": 0, "drain_grace_s": 1.0},
-                    "workers": {"static": self.workers}, "routing": {"policy": name},
+                    "workers": {"static": self.workers}, "routing": routing_section(name),
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
                     "telemetry": {"log_level": "warning"}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]

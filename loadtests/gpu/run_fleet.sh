@@ -4,7 +4,7 @@
 #   bash loadtests/gpu/run_fleet.sh calibrate   oracle rate ladder (the knee), one worker alone
 #                                               (shared and unique prompts), baselines at the knee
 #   bash loadtests/gpu/run_fleet.sh compare     every router at the knee and past it, per cell
-#   CELLS="text:minimal ids:full" bash loadtests/gpu/run_fleet.sh compare
+#   CELLS="text:minimal:oracle,ttft,smg ids:full" RATES=3,4.5 bash loadtests/gpu/run_fleet.sh compare
 # Engines start detached (setsid) and are reused by a later call while the machine stays warm.
 # Results go to $OUT (requests.jsonl, summary.jsonl, logs).
 set -uo pipefail
@@ -51,11 +51,13 @@ case "${1:-calibrate}" in
       --warmup-s 0 --phase-base 400
     ;;
   compare)
+    # CELLS: "prompts:reports[:routers]" entries, e.g. "text:minimal:oracle,ttft,smg ids:full".
     RATES=${RATES:-$(python3 -m loadtests.gpu.fleet --knee "${KNEE_FROM:-loadtests/results/gpu-fleet/summary.jsonl}")}
-    base=500
+    base=${PHASE_BASE:-500}
     for cell in ${CELLS:-text:minimal}; do
-      "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}" \
-        --rates "$RATES" --prompts "${cell%%:*}" --reports "${cell##*:}" --warmup-s 10 --phase-base $base
+      IFS=: read -r prompts reports routers <<< "$cell"
+      "${F[@]}" --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
+        --rates "$RATES" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base
       base=$((base + 100))
     done
     ;;

@@ -23,7 +23,13 @@ from .server import SimWorker
 DIED_EXIT_CODE = 3
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
+def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
+    """The worker's SimConfig from its command line (``--count`` / ``--shared-gpu`` aside)."""
+    return parse_cli(argv)[0]
+
+
+def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
+    """(config, workers to serve, whether they share one GPU)."""
     p = argparse.ArgumentParser(prog="python -m loadtests.simworker", description=__doc__)
     d = SimConfig()
     p.add_argument("--host", default=d.host)
@@ -94,7 +100,7 @@ async def serve(config: SimConfig, count: int = 1, shared_gpu: bool = False) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, count, shared = parse_args(argv)
+    config, count, shared = parse_cli(argv)
     with contextlib.suppress(ImportError):
         import uvloop
 

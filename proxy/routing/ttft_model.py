@@ -10,8 +10,10 @@
 * ``c0 .. c4``: one fleet-wide fit by recursive least squares with forgetting (token features in
   thousands, running in tens, so one prior strength suits all), fed every finished request with
   its features at decision time and its observed TTFT. Coefficients start at a prior (``c1`` =
-  ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used; 1 / c1
-  is the learned prefill rate.
+  ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used, ``c1``
+  at >= a quarter of its prior: 1 / c1 is the learned prefill rate, and an uncached token is never
+  free (under overload the fit can put all of TTFT on the queue terms; a c1 of 0 would then make
+  recomputing a prefix elsewhere look free and scatter prefixes over the fleet).
 * ``f_w``: the worker's own speed factor, an EWMA of observed / fleet-predicted TTFT clamped to
   [1/4, 4] with the fleet mean kept at 1, so a slower GPU or a worker also fed by other proxies
   is charged accordingly.
@@ -89,10 +91,12 @@ class TtftModel:
         )
         self._factor: dict[str, float] = {}
         self._factor_alpha = factor_alpha
+        self._min_c1 = per_k / 4
         self._coefficients = self._clamped()
 
     def _clamped(self) -> tuple[float, float, float, float, float]:
         c = [max(0.0, t) for t in self._fit.theta]
+        c[1] = max(c[1], self._min_c1)
         return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING)
 
     def coefficients(self) -> tuple[float, ...]:

@@ -114,9 +114,10 @@ async def test_a_replica_holds_for_a_prefix_its_peer_is_prefilling(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
     a_admin = free_port()
-    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
-    a = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [admin(b)],
-                                           "server.admin_port": a_admin})
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0,
+                                           "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
+    a = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0,
+                                           "routing.peers": [admin(b)], "server.admin_port": a_admin})
     rng = random.Random(7)
     prefix = words(rng, PREFIX)
     c = asyncio.create_task(stream(client, base(a) + "/generate", body(words(rng, 8000), 1)))
@@ -171,7 +172,7 @@ async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
 async def test_over_grpc_the_hold_is_a_stage_of_the_final_message(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
-    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "server.grpc_port": -1})
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0, "server.grpc_port": -1})
     rng = random.Random(7)
     prefix = words(rng, PREFIX)
 

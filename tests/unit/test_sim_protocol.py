@@ -74,7 +74,7 @@ def test_openai_defaults_and_usage_options() -> None:
 
 
 def test_a_sim_config_round_trips_through_the_command_line() -> None:
-    from loadtests.simworker.__main__ import parse_args
+    from loadtests.simworker.__main__ import parse_args, parse_cli
     from loadtests.simworker.config import SimConfig
     from loadtests.simworker.fleet import cli_args
 
@@ -83,6 +83,6 @@ def test_a_sim_config_round_trips_through_the_command_line() -> None:
                        stream_interval=2, incremental_streaming_output=True, worker_id="w1",
                        fault_error_rate=0.25, fault_fail_health=True, fault_die_after_tokens=5,
                        minimal_reports=True)
-    assert parse_args(cli_args(config)) == (config, 1, False)
-    assert parse_args(cli_args(SimConfig(port=0))) == (SimConfig(port=0), 1, False)
-    assert parse_args([*cli_args(config), "--count", "4", "--shared-gpu"]) == (config, 4, True)
+    assert parse_args(cli_args(config)) == config
+    assert parse_args(cli_args(SimConfig(port=0))) == SimConfig(port=0)
+    assert parse_cli([*cli_args(config), "--count", "4", "--shared-gpu"]) == (config, 4, True)

@@ -51,3 +51,16 @@ def test_speed_factors_stay_relative_to_the_fleet() -> None:
     assert sum(model.factor(u) for u in "abc") / 3 == pytest.approx(1.0)
     model.forget("a")
     assert model.known() == ["b", "c"]
+
+
+def test_an_uncached_token_never_becomes_free_when_queueing_explains_every_ttft() -> None:
+    # Under overload TTFT follows the queue alone; the fit would put c1 at 0 and make recomputing a
+    # prefix elsewhere look free. It stays at a quarter of the prior at least.
+    prior = TtftPrior(base_s=0.0, prefill_tokens_per_s=10_000, decode_s_per_running=0.0)
+    model = TtftModel(prior)
+    rng = random.Random(2)
+    for _ in range(3000):
+        x = Features(rng.uniform(0, 8000), rng.uniform(0, 40_000), 0.0, rng.uniform(0, 64))
+        model.learn("w", x, 0.5 + x.unseen / 5_000)
+    assert model.coefficients()[1] == pytest.approx(1 / 40_000)
+    assert model.seconds_per_token("w") >= 1 / 40_000 * 0.99

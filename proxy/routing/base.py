@@ -58,6 +58,8 @@ class RouteRequest:
     session_key: str | None = None
     # Canonical prompt text, for policies that match characters (cache_aware baseline).
     prompt_text: str = ""
+    # The prompt's token ids when it came as ids (empty for text and chat), for the same policies.
+    prompt_ids: Sequence[int] = ()
     priority: int = 0
     # The answer is streamed, so its first token (prefill done) will be reported: a later
     # request can be held until then (``Decision.after``).

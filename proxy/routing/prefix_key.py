@@ -25,7 +25,7 @@ Rule:
 
 Complexity: O(prompt length) bytes hashed, O(log(prompt length) * BLOCKS_PER_DOUBLING) Python
 steps. ``prompt_text`` (for character-matching policies) is the canonical text, or empty for
-token ids, as SGLang's router has no text for them either.
+token ids, which come as ``prompt_ids`` instead.
 """
 
 from __future__ import annotations
@@ -226,8 +226,9 @@ def build_route_request(
     if chars_per_token <= 0:
         raise ValueError(f"chars_per_token must be > 0, got {chars_per_token}")
     max_blocks = max(0, max_blocks)
+    prompt_ids: Sequence[int] = ()
     if req.input_ids is not None:
-        ids = req.input_ids
+        ids = prompt_ids = req.input_ids
         hashes = hash_token_ids(
             ids, block_tokens=block_tokens, max_blocks=max_blocks, seed=prefix_seed(req.model, "ids", salt)
         )
@@ -247,6 +248,7 @@ def build_route_request(
         prompt_tokens=prompt_tokens,
         session_key=req.session_key,
         prompt_text=prompt_text,
+        prompt_ids=prompt_ids,
         priority=req.priority,
         stream=req.stream,
     )

@@ -5,8 +5,9 @@
 1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16).
 2. admit: an ``Admission`` lease — waits at the proxy until a worker slot is free.
 3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
-   serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``,
-   for the named prefill's first token (``Pipeline.prefilled``), then selects again.
+   serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``
+   and the decision's ``hold_s``, for the named prefill's first token (``Pipeline.prefilled``),
+   then selects again.
 4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
    first byte of the answer reaches the client, a connect error, a 5xx, a 503 (queue full /
    starting) or a first-byte timeout moves the request to another worker, at most
@@ -281,7 +282,7 @@ class Exchange:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             if decision.after is not None:
                 p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
-                if await self._hold(decision.after) == "timed_out":
+                if await self._hold(decision.after, decision.hold_s) == "timed_out":
                     # Stop holding anyone for it: a peer that went away never says it is done.
                     p.policy.on_peer_prefilled(decision.worker, decision.after)
                 self.route = dataclasses.replace(self.route, held=True)
@@ -306,12 +307,12 @@ class Exchange:
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
 
-    async def _hold(self, key: Hashable) -> str:
-        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s`` and the deadline;
-        "released" or "timed_out"."""
+    async def _hold(self, key: Hashable, hold_s: float | None) -> str:
+        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s``, ``hold_s`` (what the
+        policy says the hold is worth) and the deadline; "released" or "timed_out"."""
         p = self.p
         start = p.clock.now()
-        limit = min(p.config.routing.hold_max_s, self._deadline - start)
+        limit = hold_limit(p.config.routing.hold_max_s, hold_s, self._deadline - start)
         if limit <= 0:
             return "timed_out"
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -630,6 +631,12 @@ class Exchange:
         if self.status >= 400:
             return "error", "upstream_rejected"
         return "ok", None
+
+
+def hold_limit(hold_max_s: float, hold_s: float | None, remaining_s: float) -> float:
+    """The longest a hold may wait: ``routing.hold_max_s``, the decision's ``hold_s`` (None = no
+    bound of its own) and the time left before the request's deadline."""
+    return min(hold_max_s, remaining_s) if hold_s is None else min(hold_max_s, hold_s, remaining_s)
 
 
 def _busy_error(first: bytes) -> bool:

@@ -79,6 +79,11 @@ class Decision:
     # peer's, the key of ``on_peer_decision``): the prefix they share is then cached on
     # ``worker``. Then select again with ``held=True``.
     after: Hashable | None = None
+    # With ``after``: the most the hold is worth, in seconds — the policy's estimate of the wait
+    # past which holding costs more than recomputing the held part of the prefix on ``worker``.
+    # The pipeline waits at most ``min(routing.hold_max_s, hold_s, deadline)``; None = no
+    # estimate (hold_max_s alone).
+    hold_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

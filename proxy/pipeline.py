@@ -2,7 +2,9 @@
 
     key → admit → route → forward → time → record
 
-1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16).
+1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16;
+   a text prompt's tokens counted with the bytes per token learned from the ``prompt_tokens``
+   that finished answers reported, ``routing/token_estimate.py``).
 2. admit: an ``Admission`` lease — waits at the proxy until a worker slot is free.
 3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
    serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``
@@ -63,6 +65,7 @@ from proxy.routing.base import (
     WorkerSnapshot,
 )
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
+from proxy.routing.token_estimate import TokenEstimate
 from proxy.sse import (
     ErrorEvent,
     EventDecoder,
@@ -106,6 +109,8 @@ class Pipeline:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
         self.observers: list[Callable[[CompletedRequest], None]] = []
+        # UTF-8 bytes per token per model, learned from reported prompt tokens (text prompts).
+        self.token_estimate = TokenEstimate(config.routing.chars_per_token)
         # Told of every routing decision and streamed first token (App: peer replicas, proxy/peers.py).
         self.route_listeners: list[RouteListener] = []
         # caller's Authorization → what the worker gets (App sets it from security config).
@@ -258,7 +263,8 @@ class Exchange:
             raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
         self.route = build_route_request(
             self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
-            chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks)
+            chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks,
+            bytes_per_token=p.token_estimate.bytes_per_token(self.req.model))
         if cfg.routing.hold_max_s <= 0:  # holds are off: a policy routes it at once
             self.route = dataclasses.replace(self.route, held=True)
         remaining = self._deadline - p.clock.now()
@@ -597,6 +603,8 @@ class Exchange:
         t.prompt_tokens, t.cached_tokens, t.completion_tokens = m.prompt_tokens, m.cached_tokens, m.completion_tokens
         t.worker_queue_time, t.worker_first_token_latency = m.queue_time, m.first_token_latency
         t.worker_e2e_latency = m.e2e_latency
+        if outcome == "ok" and self.route is not None and self.route.prompt_bytes:
+            p.token_estimate.observe(self.route.model, self.route.prompt_bytes, m.prompt_tokens)
         if self.worker is not None and self.route is not None:
             p.policy.on_complete(Completion(
                 self.worker, self.route, outcome == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))

@@ -50,10 +50,13 @@ class RouteRequest:
     model: str
     # Chained block hashes of the canonical prompt, in order (see prefix_key.py).
     block_hashes: tuple[int, ...] = ()
-    # Tokens per block used to build ``block_hashes`` (estimated when no tokenizer).
+    # Tokens per unit block of ``block_hashes``: exact for token ids; for text, the unit's bytes
+    # over the learned bytes per token (the block's byte span itself never moves).
     block_tokens: int = 16
-    # Estimated prompt length in tokens.
+    # Estimated prompt length in tokens (exact for token ids).
     prompt_tokens: int = 0
+    # UTF-8 bytes of the canonical prompt text (0 for token ids): what the token estimate learns from.
+    prompt_bytes: int = 0
     # Sticky key from a session header, if any.
     session_key: str | None = None
     # Canonical prompt text, for policies that match characters (cache_aware baseline).

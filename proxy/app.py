@@ -144,6 +144,8 @@ class App:
         w.on_leave.append(m.forget_worker)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self))
+        estimate = self.pipeline.token_estimate
+        m.attach_prompt_bytes_per_token(lambda: {k: v.bytes_per_token for k, v in estimate.snapshot().items()})
 
     def _on_scrape_failure(self, url: str) -> None:
         if url in self.workers:  # as for probes: a scrape that ends after its worker left

@@ -2,11 +2,14 @@
 
     key → admit → route → forward → time → record
 
-1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16).
+1. key: ``prefix_key.build_route_request`` (block size = the healthy workers' page size, min 16;
+   a text prompt's tokens counted with the bytes per token learned from the ``prompt_tokens``
+   that finished answers reported, ``routing/token_estimate.py``).
 2. admit: an ``Admission`` lease — waits at the proxy until a worker slot is free.
 3. route: ``policy.select`` over fresh snapshots of the healthy workers that have a free slot and
-   serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``,
-   for the named prefill's first token (``Pipeline.prefilled``), then selects again.
+   serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``
+   and the decision's ``hold_s``, for the named prefill's first token (``Pipeline.prefilled``),
+   then selects again.
 4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
    first byte of the answer reaches the client, a connect error, a 5xx, a 503 (queue full /
    starting) or a first-byte timeout moves the request to another worker, at most
@@ -62,6 +65,7 @@ from proxy.routing.base import (
     WorkerSnapshot,
 )
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
+from proxy.routing.token_estimate import TokenEstimate
 from proxy.sse import (
     ErrorEvent,
     EventDecoder,
@@ -105,6 +109,8 @@ class Pipeline:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.upstream, self.metrics, self.request_log = policy, upstream, metrics, request_log
         self.observers: list[Callable[[CompletedRequest], None]] = []
+        # UTF-8 bytes per token per model, learned from reported prompt tokens (text prompts).
+        self.token_estimate = TokenEstimate(config.routing.chars_per_token)
         # Told of every routing decision and streamed first token (App: peer replicas, proxy/peers.py).
         self.route_listeners: list[RouteListener] = []
         # caller's Authorization → what the worker gets (App sets it from security config).
@@ -257,7 +263,8 @@ class Exchange:
             raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
         self.route = build_route_request(
             self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
-            chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks)
+            chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks,
+            bytes_per_token=p.token_estimate.bytes_per_token(self.req.model))
         if cfg.routing.hold_max_s <= 0:  # holds are off: a policy routes it at once
             self.route = dataclasses.replace(self.route, held=True)
         remaining = self._deadline - p.clock.now()
@@ -281,7 +288,7 @@ class Exchange:
                 raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             if decision.after is not None:
                 p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
-                if await self._hold(decision.after) == "timed_out":
+                if await self._hold(decision.after, decision.hold_s) == "timed_out":
                     # Stop holding anyone for it: a peer that went away never says it is done.
                     p.policy.on_peer_prefilled(decision.worker, decision.after)
                 self.route = dataclasses.replace(self.route, held=True)
@@ -306,12 +313,12 @@ class Exchange:
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
 
-    async def _hold(self, key: Hashable) -> str:
-        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s`` and the deadline;
-        "released" or "timed_out"."""
+    async def _hold(self, key: Hashable, hold_s: float | None) -> str:
+        """Wait for the prefill ``key`` names, at most ``routing.hold_max_s``, ``hold_s`` (what the
+        policy says the hold is worth) and the deadline; "released" or "timed_out"."""
         p = self.p
         start = p.clock.now()
-        limit = min(p.config.routing.hold_max_s, self._deadline - start)
+        limit = hold_limit(p.config.routing.hold_max_s, hold_s, self._deadline - start)
         if limit <= 0:
             return "timed_out"
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -596,6 +603,8 @@ class Exchange:
         t.prompt_tokens, t.cached_tokens, t.completion_tokens = m.prompt_tokens, m.cached_tokens, m.completion_tokens
         t.worker_queue_time, t.worker_first_token_latency = m.queue_time, m.first_token_latency
         t.worker_e2e_latency = m.e2e_latency
+        if outcome == "ok" and self.route is not None and self.route.prompt_bytes:
+            p.token_estimate.observe(self.route.model, self.route.prompt_bytes, m.prompt_tokens)
         if self.worker is not None and self.route is not None:
             p.policy.on_complete(Completion(
                 self.worker, self.route, outcome == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))
@@ -630,6 +639,12 @@ class Exchange:
         if self.status >= 400:
             return "error", "upstream_rejected"
         return "ok", None
+
+
+def hold_limit(hold_max_s: float, hold_s: float | None, remaining_s: float) -> float:
+    """The longest a hold may wait: ``routing.hold_max_s``, the decision's ``hold_s`` (None = no
+    bound of its own) and the time left before the request's deadline."""
+    return min(hold_max_s, remaining_s) if hold_s is None else min(hold_max_s, hold_s, remaining_s)
 
 
 def _busy_error(first: bytes) -> bool:

@@ -369,7 +369,8 @@ def compute_signals(
         occupancy=occupancy,
         latency=latency_signal(records),
         gpu=gpu if gpu is not None else GpuReport.unavailable("no GPU sampler"),
-        block_tokens=tuple(sorted({r.block_tokens for r in records if r.block_hashes})),
+        # Hash blocks in tokens, for the page-alignment check: a text prompt's are byte spans.
+        block_tokens=tuple(sorted({r.block_tokens for r in records if r.block_hashes and not r.text_prompt})),
         page_sizes=tuple(sorted({w.page_size for w in occupancy.workers})),
         policies=tuple(sorted({r.policy for r in records if r.policy})),
     )

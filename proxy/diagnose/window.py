@@ -45,6 +45,9 @@ class RequestRecord:
     block_tokens: int = 16
     estimated_prompt_tokens: int = 0
     policy: str = ""
+    # A text prompt: ``block_tokens`` is an estimate (a fixed byte span over the learned bytes per
+    # token), not a hash block in tokens that a worker's page size could divide.
+    text_prompt: bool = False
 
     @classmethod
     def of(
@@ -68,6 +71,7 @@ class RequestRecord:
             block_tokens=route.block_tokens if route else 16,
             estimated_prompt_tokens=route.prompt_tokens if route else 0,
             policy=policy,
+            text_prompt=route is not None and route.prompt_bytes > 0,
         )
 
     @property

@@ -236,8 +236,14 @@ def build_admin_app(pipeline: Pipeline) -> web.Application:
         for w in described:
             w["admission_limit"] = limits.get(w["url"])
         snap = pipeline.admission.core.snapshot()
+        estimate = pipeline.token_estimate
         return web.json_response({
             "policy": pipeline.policy.name,
+            # Text prompts' tokens: bytes / these (learned per model), else the prior.
+            "prompt_bytes_per_token": {
+                "prior": estimate.prior,
+                "models": {m: {"bytes_per_token": round(e.bytes_per_token, 4), "reports": e.reports}
+                           for m, e in estimate.snapshot().items()}},
             "admission": {"queue_depth": snap.queue_depth, "reserved": snap.reserved,
                           "shutting_down": snap.shutting_down},
             "workers": described,

@@ -50,14 +50,19 @@ class RouteRequest:
     model: str
     # Chained block hashes of the canonical prompt, in order (see prefix_key.py).
     block_hashes: tuple[int, ...] = ()
-    # Tokens per block used to build ``block_hashes`` (estimated when no tokenizer).
+    # Tokens per unit block of ``block_hashes``: exact for token ids; for text, the unit's bytes
+    # over the learned bytes per token (the block's byte span itself never moves).
     block_tokens: int = 16
-    # Estimated prompt length in tokens.
+    # Estimated prompt length in tokens (exact for token ids).
     prompt_tokens: int = 0
+    # UTF-8 bytes of the canonical prompt text (0 for token ids): what the token estimate learns from.
+    prompt_bytes: int = 0
     # Sticky key from a session header, if any.
     session_key: str | None = None
     # Canonical prompt text, for policies that match characters (cache_aware baseline).
     prompt_text: str = ""
+    # The prompt's token ids when it came as ids (empty for text and chat), for the same policies.
+    prompt_ids: Sequence[int] = ()
     priority: int = 0
     # The answer is streamed, so its first token (prefill done) will be reported: a later
     # request can be held until then (``Decision.after``).
@@ -77,6 +82,11 @@ class Decision:
     # peer's, the key of ``on_peer_decision``): the prefix they share is then cached on
     # ``worker``. Then select again with ``held=True``.
     after: Hashable | None = None
+    # With ``after``: the most the hold is worth, in seconds — the policy's estimate of the wait
+    # past which holding costs more than recomputing the held part of the prefix on ``worker``.
+    # The pipeline waits at most ``min(routing.hold_max_s, hold_s, deadline)``; None = no
+    # estimate (hold_max_s alone).
+    hold_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

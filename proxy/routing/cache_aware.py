@@ -6,21 +6,25 @@ Rule (sgl-router ``policies/cache_aware.rs`` with the 2025+ CLI defaults; after 
      The fleet is imbalanced when ``max - min > balance_abs_threshold`` and
      ``max > min * balance_rel_threshold``; then the least-loaded healthy worker is taken
      (branch ``balance``) and the prompt is still inserted under it.
-  2. Otherwise the prompt text is matched against one approximate character radix tree per
-     model (``"default"`` when unnamed), built only from our own decisions. ``match_rate =
-     matched chars / prompt chars``. Above ``cache_threshold`` the tenant of the deepest matched
+  2. Otherwise the prompt is matched against one approximate radix tree per model (``"default"``
+     when unnamed) and prompt kind, built only from our own decisions: text (and chat, rendered
+     turn by turn by ``prefix_key.render_messages``, so a follow-up turn extends its conversation)
+     by characters; token ids by ids, each id one character of a string (the same tree code; a
+     tree of its own, so text and ids never match each other). ``match_rate = matched chars /
+     prompt chars``. Above ``cache_threshold`` the tenant of the deepest matched
      node is taken (branch ``hit``; the most recently used tenant there, where the router takes
      an arbitrary one), else the least-loaded healthy worker (branch ``miss``; ties go to the
      first in list order, as ``min_by_key``). Either way the text is inserted under the pick.
   3. Each tenant's character count is kept at most ``max_tree_size`` by evicting its least
      recently used leaves. The router does this on a 120 s timer; here it happens right after
      the insert that crosses the limit, since a policy reads no clock. Recency is a decision
-     counter, not wall time.
-  Token-id prompts carry no text, so, like the router, they always miss (rate 0).
+     counter, not wall time. For token ids ``max_tree_size`` counts tokens.
+  The router has no text for token-id prompts, so there they all miss (rate 0), as they did in
+  this port before; here they get the same affinity as text.
 
 Complexity: O(prompt chars) per decision for match and insert (edges compared with slice
 equality, so the Python-level work is O(tree depth x log edge length)); memory O(distinct chars
-inserted), bounded by ``max_tree_size`` per worker.
+inserted), bounded by ``max_tree_size`` per worker and tree.
 
 When to choose it: only as a baseline. It ignores queue depth, prompt length and KV pressure,
 and its load signal is one proxy's own counter (see sglang #21199, #14305).
@@ -34,6 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -193,8 +198,11 @@ class CacheAware(IgnoresFeedback):
         self._trees: dict[str, CharTree] = {}
         self._decisions = 0
 
-    def tree(self, model: str) -> CharTree:
-        return self._trees.setdefault(model or "default", CharTree())
+    def tree(self, model: str, kind: str = "text") -> CharTree:
+        """The tree of ``model``'s prompts of ``kind`` ("text": text and chat; "ids": token ids)."""
+        name = model or "default"
+        key = name if kind == "text" else f"{name}\x00{kind}"
+        return self._trees.setdefault(key, CharTree())
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         candidates = healthy(workers)
@@ -204,8 +212,10 @@ class CacheAware(IgnoresFeedback):
         p = self.params
         loads = [w.in_flight for w in candidates]
         least = candidates[loads.index(min(loads))]
-        tree = self.tree(request.model)
-        text = request.prompt_text
+        if request.prompt_ids:
+            tree, text = self.tree(request.model, "ids"), ids_as_text(request.prompt_ids)
+        else:
+            tree, text = self.tree(request.model), request.prompt_text
         matched, tenant = 0, None
         if max(loads) - min(loads) > p.balance_abs_threshold and max(loads) > min(loads) * p.balance_rel_threshold:
             chosen, branch = least, "balance"
@@ -224,15 +234,15 @@ class CacheAware(IgnoresFeedback):
         return Decision(
             chosen.url,
             branch,
-            matched_blocks=self._matched_blocks(request, predicted),
+            matched_blocks=self._matched_blocks(request, predicted, len(text)),
             reason=f"load={chosen.in_flight} match_chars={matched}",
         )
 
     @staticmethod
-    def _matched_blocks(request: RouteRequest, matched_chars: int) -> int:
-        if not request.prompt_text or matched_chars <= 0:
+    def _matched_blocks(request: RouteRequest, matched_chars: int, prompt_chars: int) -> int:
+        if not prompt_chars or matched_chars <= 0:
             return 0
-        tokens = math.floor(matched_chars * request.prompt_tokens / len(request.prompt_text))
+        tokens = math.floor(matched_chars * request.prompt_tokens / prompt_chars)
         return blocks_within(tokens, request.block_tokens, len(request.block_hashes))
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
@@ -240,6 +250,16 @@ class CacheAware(IgnoresFeedback):
         for tree in self._trees.values():
             for tenant in [t for t in tree.size if t not in present]:
                 tree.remove_tenant(tenant)
+
+
+def ids_as_text(ids: Sequence[int]) -> str:
+    """Token ids as a string of one character per id (code point = id), for the character tree.
+    Ids past the last code point (no real vocabulary has them) wrap around: the tree is
+    approximate anyway, and a wrapped id only ever costs a spurious match."""
+    try:
+        return array("I", ids).tobytes().decode("utf-32-le", "surrogatepass")
+    except (OverflowError, UnicodeDecodeError, TypeError):
+        return "".join(chr(i % 0x110000) for i in ids)
 
 
 def _factory(params: CacheAwareParams, rng: random.Random) -> CacheAware:

@@ -22,10 +22,15 @@ Rule:
      with ``S = xxh3_64(domain, model, salt)``: a block's hash names the whole prefix ending with
      it, and a different model (or salt, or text-vs-token-ids domain) changes every hash.
   4. At most ``max_blocks`` blocks are hashed.
+  5. Token accounting. Token ids count exactly. A text prompt counts ``bytes / bytes_per_token``
+     tokens, and its unit block ``round(unit / bytes_per_token)`` tokens (at least 1), where
+     ``bytes_per_token`` is the per-model estimate learned from engines' reports
+     (``token_estimate.py``), else ``chars_per_token``. The byte unit itself is always cut for
+     ``chars_per_token`` (the prior), so the hashes of a prompt never change as the estimate moves.
 
 Complexity: O(prompt length) bytes hashed, O(log(prompt length) * BLOCKS_PER_DOUBLING) Python
 steps. ``prompt_text`` (for character-matching policies) is the canonical text, or empty for
-token ids, as SGLang's router has no text for them either.
+token ids, which come as ``prompt_ids`` instead.
 """
 
 from __future__ import annotations
@@ -219,15 +224,24 @@ def build_route_request(
     chars_per_token: float,
     max_blocks: int,
     salt: str = "",
+    bytes_per_token: float | None = None,
 ) -> RouteRequest:
-    """The routing view of ``req``: canonical prompt, chained block hashes, token estimate."""
+    """The routing view of ``req``: canonical prompt, chained block hashes, token estimate.
+
+    ``chars_per_token`` sizes the text hash unit (the prior); ``bytes_per_token`` (learned, None =
+    the prior) counts a text prompt's tokens and its unit block's tokens (rule 5).
+    """
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     if chars_per_token <= 0:
         raise ValueError(f"chars_per_token must be > 0, got {chars_per_token}")
+    if bytes_per_token is not None and bytes_per_token <= 0:
+        raise ValueError(f"bytes_per_token must be > 0, got {bytes_per_token}")
     max_blocks = max(0, max_blocks)
+    prompt_ids: Sequence[int] = ()
+    prompt_bytes = 0
     if req.input_ids is not None:
-        ids = req.input_ids
+        ids = prompt_ids = req.input_ids
         hashes = hash_token_ids(
             ids, block_tokens=block_tokens, max_blocks=max_blocks, seed=prefix_seed(req.model, "ids", salt)
         )
@@ -237,16 +251,22 @@ def build_route_request(
         prompt_text = render_messages(req.messages) if req.messages is not None else (req.text or "")
         unit = block_chars(block_tokens, chars_per_token)
         data = prompt_text.encode("utf-8", "surrogatepass")
-        ends = block_ends(unit, len(data), max_blocks)
+        prompt_bytes = len(data)
+        ends = block_ends(unit, prompt_bytes, max_blocks)
         hashes = hash_blocks(data, ends, 1, prefix_seed(req.model, "text", salt))
-        prompt_tokens = math.ceil(len(data) / chars_per_token)
+        per_token = chars_per_token if bytes_per_token is None else bytes_per_token
+        prompt_tokens = math.ceil(prompt_bytes / per_token)
+        if bytes_per_token is not None:
+            block_tokens = max(1, round(unit / bytes_per_token))
     return RouteRequest(
         model=req.model,
         block_hashes=hashes,
         block_tokens=block_tokens,
         prompt_tokens=prompt_tokens,
+        prompt_bytes=prompt_bytes,
         session_key=req.session_key,
         prompt_text=prompt_text,
+        prompt_ids=prompt_ids,
         priority=req.priority,
         stream=req.stream,
     )

@@ -33,7 +33,10 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
 Hold: when the chosen worker's match is, for at least ``hold_tokens`` tokens, a prefix that a
 streamed request sent there earlier (ours, or a peer's) is still prefilling, nothing is sent: the
 decision is branch ``hold`` with ``after`` naming that request, and the proxy selects again once
-its first token arrives (``routing.hold_max_s`` at most). Sent at once, it would reach the
+its first token arrives, or after ``hold_s`` or ``routing.hold_max_s``, whichever comes first.
+``hold_s`` is what the model says recomputing that unconfirmed part costs on the worker, plus the
+prefill queued ahead there (the holder's included), which the request would wait for anyway if
+sent now: a hold never costs more than recomputing the prefix. Sent at once, it would reach the
 engine before the prefix is cached; SGLang's default FCFS scheduler then batches the two prompts
 together and computes their shared prefix twice. In a burst of new groups, that duplicated
 prefill was a third of all prefill work (64 groups x 16 @128, 32 seeds: p95 0.143 s without holds,
@@ -343,10 +346,11 @@ class TtftCost:
             branch = "affinity"
         else:
             branch = "spill"
-        holder = self._prefilling(request, chosen)
-        if holder is not None:
+        held = self._prefilling(request, chosen)
+        if held is not None:
+            holder, saved = held
             return Decision(chosen.url, "hold", matched_blocks=chosen.matched_blocks, after=holder,
-                            reason="its prefix is being prefilled there")
+                            hold_s=self.hold_worth(chosen, saved), reason="its prefix is being prefilled there")
         worker = next(w for w in candidates if w.url == chosen.url)
         self._remember(request, chosen, _signature(worker))
         return Decision(
@@ -356,17 +360,19 @@ class TtftCost:
             reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
         )
 
-    def _prefilling(self, request: RouteRequest, chosen: Estimate) -> Hashable | None:
+    def _prefilling(self, request: RouteRequest, chosen: Estimate) -> tuple[Hashable, int] | None:
         """The key of a streamed request (ours, or a peer's) sent to the chosen worker and still
         without its first token whose prompt covers the part of ``request``'s match there that no
-        first token confirmed yet, if that part is at least ``hold_tokens``. Sent now, the engine
-        would batch both prompts together and compute their shared prefix twice (SGLang's
-        default FCFS schedule does not hold back a request whose prefix is being computed)."""
+        first token confirmed yet, if that part is at least ``hold_tokens``; and that part's
+        tokens (what the hold saves, see ``hold_worth``). Sent now, the engine would batch both
+        prompts together and compute their shared prefix twice (SGLang's default FCFS schedule
+        does not hold back a request whose prefix is being computed)."""
         p, matched = self.params, chosen.matched_blocks
         if not p.hold_tokens or request.held or matched == 0:
             return None
         confirmed = self.index.confirmed(chosen.url, request.block_hashes, matched)
-        if uncached_tokens(request, confirmed) - uncached_tokens(request, matched) < p.hold_tokens:
+        saved = uncached_tokens(request, confirmed) - uncached_tokens(request, matched)
+        if saved < p.hold_tokens:
             return None
         last = request.block_hashes[matched - 1]
 
@@ -376,11 +382,20 @@ class TtftCost:
 
         for entry in reversed(self._in_flight.get(chosen.url, {}).values()):
             if not entry.prefilled and covers(entry.request):
-                return id(entry.request)
+                return id(entry.request), saved
         for key, other in self._peer_pending.get(chosen.url, {}).items():
             if covers(other):
-                return key
+                return key, saved
         return None
+
+    def hold_worth(self, chosen: Estimate, saved: int) -> float:
+        """The longest a hold on ``chosen`` is worth (``Decision.hold_s``): recomputing the ``saved``
+        tokens there, plus the prefill queued ahead of it there (the holder's among it), which
+        it would wait for anyway if sent now. Past that, waiting costs more than computing the
+        prefix again."""
+        _, per_uncached, per_unseen, per_queued, _ = self.model.coefficients()
+        x = chosen.features
+        return self.model.factor(chosen.url) * (per_uncached * saved + per_unseen * x.unseen + per_queued * x.queued)
 
     def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
         """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""

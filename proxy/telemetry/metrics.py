@@ -3,7 +3,8 @@
 Rules: prefix ``radixgate_``; units in names (``_seconds``, ``_total``, ``_ratio``); bucket sets are
 named and chosen for LLM latencies (sub-millisecond proxy work up to half-hour generations); labels
 are bounded: ``worker`` (configured URLs), ``frontend`` (http | grpc), ``outcome``, ``cause``,
-``policy``, ``branch``, ``stage``. Label sets of a removed worker are removed (``forget_worker``).
+``policy``, ``branch``, ``stage``, ``model`` (the learned bytes per token: at most
+``token_estimate.MAX_MODELS``). Label sets of a removed worker are removed (``forget_worker``).
 
 Gauges that describe current state (worker health, scraped engine state, in-flight, queue depth)
 are read at scrape time from a ``StateProvider`` through a custom collector (``gauges.py``), so they
@@ -18,9 +19,12 @@ and ``requests_failed_total == sum over cause of errors_total``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
 from proxy.routing.prefix_key import prefix_tokens
@@ -322,6 +326,11 @@ class Metrics:
     def _attach_routing_state(self, provider: StateProvider) -> None:
         self._routing_state = provider
 
+    def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
+        """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at
+        scrape time: the learned estimate per model (``routing/token_estimate.py``)."""
+        self.registry.register(_BytesPerTokenCollector(current))
+
     def _record_routing(self, done: CompletedRequest) -> None:
         route, decision, t = done.route, done.decision, done.timing
         if route is None or decision is None:
@@ -357,3 +366,21 @@ class Metrics:
         snaps = state.worker_snapshots() if state is not None else ()
         return sum(s.max_total_tokens or DEFAULT_CAPACITY_TOKENS for s in snaps) or DEFAULT_CAPACITY_TOKENS
     # == end of routing block ==
+
+
+class _BytesPerTokenCollector(Collector):
+    def __init__(self, current: Callable[[], Mapping[str, float]]) -> None:
+        self._current = current
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        g = GaugeMetricFamily(
+            "radixgate_prompt_bytes_per_token",
+            "UTF-8 bytes per prompt token learned from the prompt_tokens engines reported, by model "
+            "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
+            labels=["model"])
+        for model, value in sorted(self._current().items()):
+            g.add_metric([model], value)
+        yield g

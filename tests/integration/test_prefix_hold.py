@@ -90,6 +90,25 @@ async def test_without_a_hold_or_past_hold_max_s_the_prefix_is_computed_twice(
     assert accounting(m) == (3, 3, 0)
 
 
+async def test_a_hold_ends_once_waiting_costs_more_than_recomputing_the_prefix(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # The model's prior says the engine prefills 10^6 tokens/s: C's and A's prefill ahead of B
+    # and B's recompute of the prefix are worth ~15 ms of waiting, far below hold_max_s (1 s), and
+    # far below the ~0.2 s A's first token takes. B is released at its hold_s, unreleased.
+    fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0,
+                                             "routing.params": {"prior_prefill_tokens_per_s": 1e6}})
+    a, b, c = await burst(client, app)
+    assert (await c).ok and a.ok and b.ok
+    m = await scrape(client, admin(app))
+    assert total(m, "radixgate_policy_decisions_total", policy="ttft", branch="hold") == 1
+    assert total(m, "radixgate_prefix_hold_seconds_count", outcome="timed_out") == 1
+    held = total(m, "radixgate_prefix_hold_seconds_sum")
+    assert 0.005 < held < 0.1
+    assert cached_tokens(b) < PREFIX  # not worth waiting for: it computed the prefix itself
+    assert accounting(m) == (3, 3, 0)
+
+
 async def test_a_client_that_leaves_while_held_is_counted_and_releases_nothing(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     app = await fleet_and_proxy(harness, 1.0)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError
+from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import NoWorkerAvailable, RouteRequest, WorkerSnapshot
 from proxy.routing.cache_aware import CacheAware, CacheAwareParams, CharTree, common_prefix_len
+from proxy.routing.prefix_key import build_route_request
 
 URLS = ["http://a", "http://b", "http://c"]
 
@@ -82,7 +84,46 @@ def test_a_hit_on_an_unhealthy_tenant_falls_back_to_least_load() -> None:
     assert (decision.worker, decision.branch) == ("http://c", "miss")
 
 
-def test_token_id_prompts_without_text_always_miss() -> None:
+def routed(prompt: str | list[int] | list[dict[str, str]]) -> RouteRequest:
+    """The pipeline's routing view of a text, token-id or chat prompt."""
+    kind = "text" if isinstance(prompt, str) else "messages" if prompt and isinstance(prompt[0], dict) else "input_ids"
+    request = GenerateRequest(dialect=Dialect.SGLANG, payload={}, model="m", **{kind: prompt})  # type: ignore[arg-type]
+    return build_route_request(request, block_tokens=16, chars_per_token=4.0, max_blocks=2048)
+
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
+
+
+@pytest.mark.parametrize(("why", "first", "follow_up"), [
+    ("token ids extending earlier ids", list(range(1000, 1400)), [*range(1000, 1400), *range(7, 50)]),
+    ("token ids past the last code point", [0x110000 + i for i in range(400)], [0x110000 + i for i in range(450)]),
+    ("token ids in the surrogate range", list(range(0xD800, 0xD800 + 400)), list(range(0xD800, 0xD800 + 420))),
+    ("a chat's next turn extending its conversation",
+     [SYSTEM, {"role": "user", "content": "first question"}],
+     [SYSTEM, {"role": "user", "content": "first question"}, {"role": "assistant", "content": "an answer"},
+      {"role": "user", "content": "a follow-up"}]),
+    ("text extending earlier text", "t" * 400, "t" * 400 + "more"),
+])
+def test_a_prompt_of_any_kind_returns_to_the_worker_that_holds_its_prefix(why: str, first, follow_up) -> None:
+    policy = CacheAware(CacheAwareParams())
+    home = policy.select(routed(first), workers({"http://a": 2, "http://b": 0, "http://c": 1}))
+    assert (home.worker, home.branch) == ("http://b", "miss"), why
+    again = policy.select(routed(follow_up), workers({"http://a": 0, "http://b": 3, "http://c": 0}))
+    assert (again.worker, again.branch) == ("http://b", "hit"), why
+    assert again.matched_blocks > 0, why
+
+
+def test_text_and_token_ids_never_match_each_other() -> None:
+    policy = CacheAware(CacheAwareParams())
+    policy.select(routed("x" * 400), workers({"http://a": 1, "http://c": 1}))  # b
+    # The same code points, as token ids: another key space.
+    ids = policy.select(routed([ord("x")] * 400), workers({"http://b": 1, "http://c": 1}))
+    assert (ids.worker, ids.branch) == ("http://a", "miss")
+    assert policy.tree("m").prefix_match("x" * 400) == (400, "http://b")
+    assert policy.tree("m", "ids").prefix_match("x" * 400) == (400, "http://a")
+
+
+def test_an_empty_prompt_misses() -> None:
     policy = CacheAware(CacheAwareParams())
     policy.select(req(""), workers())
     assert policy.select(req(""), workers({"http://a": 1})).branch == "miss"

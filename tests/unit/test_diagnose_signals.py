@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from proxy.diagnose import signals
@@ -129,6 +131,16 @@ def test_latency_split_reads_ok_requests_only() -> None:
     assert names[:5] == ["admission_wait", "prefix_hold", "proxy_overhead", "worker_queue", "prefill"]
     prefill = dict(lat.stages)["prefill"]
     assert prefill.p50 == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("why", "text_prompt", "expected"), [
+    ("token ids: the hash block is in tokens", False, (20,)),
+    ("text: a byte span over the learned bytes per token, nothing a page could divide", True, ()),
+])
+def test_only_hash_blocks_in_tokens_are_checked_against_page_sizes(why: str, text_prompt: bool,
+                                                                   expected: tuple[int, ...]) -> None:
+    rec = dataclasses.replace(record(blocks=chain(1, 2), block_tokens=20), text_prompt=text_prompt)
+    assert signals.compute_signals([rec], []).block_tokens == expected, why
 
 
 def test_compute_signals_collects_policies_block_and_page_sizes() -> None:

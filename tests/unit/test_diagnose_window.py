@@ -53,6 +53,15 @@ def test_record_takes_token_counts_from_timing_and_blocks_from_the_route() -> No
     assert RequestRecord.of(RequestTiming(received=2.0), worker="w", outcome="timed_out").order_key == 2.0
 
 
+@pytest.mark.parametrize(("route", "text_prompt"), [
+    (RouteRequest(model="m", block_hashes=(1,), prompt_bytes=640), True),
+    (RouteRequest(model="m", block_hashes=(1,)), False),  # token ids: no prompt bytes
+    (None, False),
+])
+def test_a_record_knows_whether_its_blocks_are_text(route: RouteRequest | None, text_prompt: bool) -> None:
+    assert RequestRecord.of(RequestTiming(received=0.0), worker="w", route=route).text_prompt is text_prompt
+
+
 def test_diagnosis_windows_stamp_snapshot_samples_with_the_clock() -> None:
     clock = ManualClock(5.0)
     windows = DiagnosisWindows(clock, max_requests=10, max_age_s=60.0, max_snapshot_samples=2)

@@ -396,3 +396,50 @@ def test_peers_pending_prefills_are_bounded_per_worker() -> None:
     newest = policy.select(streamed(10_001, 40, shared=35, shared_tag=PEER_PENDING_PER_WORKER), fleet())
     assert (oldest.worker, oldest.after) == (URLS[1], None)
     assert (newest.worker, newest.after) == (URLS[1], ("p", PEER_PENDING_PER_WORKER))
+
+
+TPS = TtftParams().prior_prefill_tokens_per_s
+
+
+@pytest.mark.parametrize(("why", "shared", "tokens_per_s", "home_state", "expected"), [
+    # Nothing scraped: the holder's own prompt (4,096 tokens) is the prefill ahead of the follower.
+    ("a long held prefix", 70, TPS, {}, (prefix_tokens(70, BT) + prefix_tokens(80, BT)) / TPS),
+    ("a shorter held prefix is worth less", 40, TPS, {}, (prefix_tokens(40, BT) + prefix_tokens(80, BT)) / TPS),
+    ("a faster engine is worth waiting for less", 70, 4 * TPS, {},
+     (prefix_tokens(70, BT) + prefix_tokens(80, BT)) / (4 * TPS)),
+    # A scrape since the holder was sent: its queue (counted at half a prefill token) is the wait.
+    ("a scraped queue ahead adds its prefill time", 70, TPS, {"running": 1, "waiting_uncached_tokens": 2400},
+     (prefix_tokens(70, BT) + 2400 / 2) / TPS),
+])
+def test_a_hold_is_worth_the_recompute_it_saves_plus_the_queue_it_waits_for_anyway(
+        why: str, shared: int, tokens_per_s: float, home_state: dict[str, int], expected: float) -> None:
+    policy = TtftCost(TtftParams(prior_prefill_tokens_per_s=tokens_per_s))
+    home = policy.select(streamed(1, 80, shared=shared), fleet()).worker
+    held = policy.select(streamed(2, 80, shared=shared), fleet(**{home.removeprefix("http://"): home_state}))
+    assert (held.branch, held.worker) == ("hold", home), why
+    assert held.hold_s == pytest.approx(expected), why
+
+
+def test_a_hold_on_a_worker_learned_to_be_slow_is_worth_longer() -> None:
+    def hold(policy: TtftCost) -> tuple[str, float]:
+        home = policy.select(streamed(1, 80, shared=70), fleet()).worker
+        held = policy.select(streamed(2, 80, shared=70), fleet())
+        assert held.branch == "hold" and held.hold_s is not None
+        return home, held.hold_s
+
+    fresh, taught = TtftCost(TtftParams()), TtftCost(TtftParams())
+    # The engine prefills 4x slower than the prior: TTFT = prompt tokens / 3,000 per second.
+    for i in range(200):
+        r = prompt(10_000 + i, 8 + i % 40)
+        finish(taught, r, taught.select(r, fleet()).worker, ttft=r.prompt_tokens / (TPS / 4), cached=0)
+    home, hold_s = hold(taught)
+    per_token = taught.model.seconds_per_token(home)
+    assert per_token > 1.5 / TPS  # it learned the engine is slower
+    per_unseen = taught.model.factor(home) * taught.model.coefficients()[2]
+    assert hold_s == pytest.approx(per_token * prefix_tokens(70, BT) + per_unseen * prefix_tokens(80, BT))
+    assert hold_s > hold(fresh)[1]
+
+
+def test_only_a_hold_says_what_it_is_worth() -> None:
+    policy = TtftCost(TtftParams())
+    assert policy.select(streamed(1, 80, shared=70), fleet()).hold_s is None

@@ -38,7 +38,7 @@ for i in $(seq 1 "$N"); do
 done
 echo "engines up after $(( $(date +%s) - t0 )) s"
 grep -h "READY\|Paged cache" "$ENGINE_LOGS"/*.log | head -8
-F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15)
+F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15 --seed "${SEED:-1}")
 
 case "${1:-calibrate}" in
   calibrate)
@@ -54,10 +54,11 @@ case "${1:-calibrate}" in
     # CELLS: "prompts:reports[:routers]" entries, e.g. "text:minimal:oracle,ttft,smg ids:full".
     RATES=${RATES:-$(python3 -m loadtests.gpu.fleet --knee "${KNEE_FROM:-loadtests/results/gpu-fleet/summary.jsonl}")}
     base=${PHASE_BASE:-500}
+    # CELLS entries may end with ":RATES" (e.g. ids:minimal:oracle,ttft:4.5) to override RATES.
     for cell in ${CELLS:-text:minimal}; do
-      IFS=: read -r prompts reports routers <<< "$cell"
+      IFS=: read -r prompts reports routers rates <<< "$cell"
       "${F[@]}" --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
-        --rates "$RATES" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base
+        --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base
       base=$((base + 100))
     done
     ;;

@@ -324,6 +324,32 @@ def test_new_groups_spread_two_per_worker_by_default() -> None:
     assert sorted(homes.count(u) for u in URLS) == [2, 2, 2, 2]
 
 
+def test_a_new_group_goes_where_fewer_requests_are_outstanding_not_where_fewer_groups_went() -> None:
+    # Four long groups placed one per worker; the group on "a" is popular: three of its requests are
+    # outstanding there, prefilled and decoding (so its score differs from the others' by less than
+    # a cold prompt's tie margin). Counting groups would spread new groups over all four workers;
+    # load keeps them off "a" (cache_aware and smg do the same, and beat an even group count on
+    # the GPU fleet).
+    policy = TtftCost(TtftParams())
+    homes = {}
+    for tag in range(4):
+        r = prompt(tag, 120, shared=110, shared_tag=tag)
+        homes[tag] = policy.select(r, fleet()).worker
+        finish(policy, r, homes[tag], ttft=0.05, cached=0)
+    popular = next(t for t, w in homes.items() if w == "http://a")
+    for i in range(3):
+        r = prompt(50 + i, 120, shared=110, shared_tag=popular)
+        assert policy.select(r, fleet()).worker == "http://a"
+        policy.on_first_token(FirstToken("http://a", r, r.prompt_tokens, None))
+    chosen = []
+    for t in range(6):
+        r = prompt(200 + t, 120, shared=110, shared_tag=200 + t)
+        chosen.append(policy.select(r, fleet()).worker)
+        finish(policy, r, chosen[-1], ttft=0.05, cached=0)
+    assert "http://a" not in chosen
+    assert len(set(chosen)) == 3
+
+
 def streamed(tag: int, blocks: int, shared: int = 0, shared_tag: int = 999, *, held: bool = False) -> RouteRequest:
     return dataclasses.replace(prompt(tag, blocks, shared, shared_tag), stream=True, held=held)
 

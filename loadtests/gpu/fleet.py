@@ -182,7 +182,7 @@ class Routers:
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": 0, "drain_grace_s": 1.0},
                     "workers": {"static": self.workers}, "routing": routing_section(name),
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
-                    "telemetry": {"log_level": "warning"}}))
+                    "telemetry": {"log_level": "info", "log_requests": True}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
             self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
             self.bases[name] = f"http://127.0.0.1:{port}"

@@ -12,7 +12,11 @@ Every engine metric name lives in ``ENGINE_METRICS`` (one table) with how series
 combine. ``generation_change`` is the pure rule for "the worker restarted or flushed its cache":
 a new ``startup_time``, a cumulative counter that went backwards, or the evictable KV pool emptying
 while nothing runs. A worker whose last good scrape is older than ``scrape.stale_after_s`` is
-published ``stale`` — routing treats that as saturated, never idle.
+published ``stale`` — routing treats that as saturated, never idle. A worker that answers every
+load endpoint with 404 / 405 / 501 (SGLang without ``--enable-metrics``, an engine that reports
+only token counts) is not stale: it reports no load, and is published with its static shape alone
+(engine gauges None) as a good scrape; the endpoints are tried again every ``SERVER_INFO_EVERY``
+polls.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from prometheus_client.parser import text_string_to_metric_families
 log = logging.getLogger("radixgate.scrape")
 
 SERVER_INFO_EVERY = 10
+# Answers meaning "this worker has no such endpoint" (not a failure of the worker).
+NOT_SERVED = frozenset({404, 405, 501})
+
+
+class NotServed(ValueError):
+    """The worker does not serve this endpoint."""
 
 # sglang metric name → (EngineState field, how series from several ranks combine).
 ENGINE_METRICS: dict[str, tuple[str, str]] = {
@@ -206,7 +216,7 @@ def generation_change(prev: EngineState | None, cur: EngineState) -> str | None:
 
 @dataclass(slots=True)
 class _Target:
-    mode: str = ""  # "loads" | "metrics" | "get_load" once one worked
+    mode: str = ""  # "loads" | "metrics" | "get_load" once one worked; "none": none is served
     polls: int = 0
     need_info: bool = True
     info: EngineState = dataclasses.field(default_factory=EngineState)
@@ -274,8 +284,11 @@ class Scraper:
             self._publish(url, target.info.merged(state), target.models)
 
     async def _poll_load(self, url: str, target: _Target) -> EngineState:
-        order = [target.mode] if target.mode else ["loads", "metrics", "get_load"]
+        if target.mode == "none" and target.polls % SERVER_INFO_EVERY:
+            return EngineState()
+        order = [target.mode] if target.mode not in ("", "none") else ["loads", "metrics", "get_load"]
         last: Exception | None = None
+        served = False
         for mode in order:
             path, parser = {"loads": ("/v1/loads", parse_loads),
                             "metrics": ("/metrics", None),
@@ -288,13 +301,19 @@ class Scraper:
                     state = await self._get(url, path, parser)
             except ValueError as e:
                 last = e
+                served = served or not isinstance(e, NotServed)
                 continue
             target.mode = mode
             return state
+        if not served:
+            target.mode = "none"
+            return EngineState()
         raise ValueError(f"no load endpoint answered: {last}")
 
     async def _get_text(self, url: str, path: str, parse: Callable[[str], Any]) -> Any:
         status, text = await self._fetch(url, path, self.timeout_s)
+        if status in NOT_SERVED:
+            raise NotServed(f"{path}: HTTP {status}")
         if status != 200:
             raise ValueError(f"{path}: HTTP {status}")
         return parse(text)

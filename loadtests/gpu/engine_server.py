@@ -55,10 +55,12 @@ class Engine:
         self.args = args
         self.encoder = tok.Encoder(args.tokenizer)
         self.matched_tokens: dict[str, int] = {}
+        self.cache: Any = None  # the PagedAttentionCache, seen at its first prefix match
         original = cb_cache.PagedAttentionCache.search_prefix_match
         engine = self
 
         def recording_match(cache: Any, request_id: str, prompt_ids: list[int]) -> int:
+            engine.cache = cache
             matched = int(original(cache, request_id, prompt_ids))
             # Releases differ: some return matched blocks, 5.17 returns matched tokens. A block count
             # times the block size can never exceed the prompt, so a larger product means tokens.
@@ -131,6 +133,23 @@ class Engine:
             self.waiting.pop(rid, None)
             self.running.discard(rid)
 
+    def flush_prefix_cache(self) -> int:
+        """Forget every cached block no request holds (benchmarks flush between phases so no
+        phase inherits another's cache); only while nothing is in flight. Returns blocks freed."""
+        with self.lock:
+            if self.queues or self.cache is None:
+                return -1
+            bm = self.cache._block_manager
+            freed = 0
+            for block_id in list(bm._init_block_ids):
+                block = bm._id_to_block.pop(block_id, None)
+                if block is not None and block.hash is not None:
+                    bm._hash_to_id.pop(block.hash, None)
+                bm._uninit_block_ids.append(block_id)
+                freed += 1
+            bm._init_block_ids.clear()
+            return freed
+
     def load(self) -> dict[str, Any]:
         with self.lock:
             return {
@@ -167,6 +186,7 @@ class Server:
         r.add_post("/abort_request", self.abort)
         r.add_get("/bench/stats", self.bench_stats)
         r.add_post("/bench/mode", self.bench_mode)
+        r.add_post("/flush_cache", self.flush)
         return app
 
     async def health(self, _: web.Request) -> web.Response:
@@ -205,6 +225,12 @@ class Server:
             active = len(self.engine.queues)
         return web.json_response({"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                                   "requests": self.requests, "active": active})
+
+    async def flush(self, _: web.Request) -> web.Response:
+        freed = self.engine.flush_prefix_cache()
+        if freed < 0:
+            return web.Response(status=400, text="Cache not flushed: requests are in flight.\n")
+        return web.Response(text=f"Cache flushed ({freed} blocks).\n")
 
     async def bench_mode(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -237,11 +237,18 @@ async def set_mode(session: aiohttp.ClientSession, workers: list[str], minimal: 
 
 
 async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s: float) -> None:
+    """Until no engine has a request in flight (bounded), then flush their prefix caches: the next
+    phase starts from empty pools whatever ran before it (without it, the first router of a cell
+    ran on emptier pools and captured more reuse)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if all(s["active"] == 0 for s in await engine_stats(session, workers)):
-            return
+            break
         await asyncio.sleep(0.25)
+    for url in workers:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.post(f"{url}/flush_cache") as resp:
+                await resp.read()
 
 
 async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[str], list[asyncio.subprocess.Process]]:
@@ -385,6 +392,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     order = names[k % len(names):] + names[: k % len(names)]
                     for name in order:
                         phase += 1
+                        await wait_idle(session, workers, 30)
                         before = await engine_stats(session, workers)
                         records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
                                                   args.prompts, args.drain_s, encode)
@@ -413,6 +421,35 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
           f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")
     print(table(summary, rates, names))
+
+
+def report(paths: list[Path]) -> str:
+    """Every cell of these ``summary.jsonl`` files: its table, then each router's TTFT p95 over
+    the oracle's and over smg's (the reference peer) at each rate of that cell."""
+    out = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            cell = json.loads(line)
+            rates, names, summary = cell["rates"], cell["routers"], cell["summary"]
+            out.append(f"\n{path.parent.name}: {cell['engine']}, {cell['workers']} workers, prompts={cell['prompts']}, "
+                       f"reports={cell['reports']}, workload={cell['shape']['workload']}, seed {cell['seed']}")
+            out.append(table(summary, rates, names))
+            for ref in ("oracle", "smg"):
+                if ref not in names or len(names) < 2:
+                    continue
+                ratios = []
+                for name in names:
+                    if name == ref:
+                        continue
+                    cells = []
+                    for rate in rates:
+                        a, b = summary[name][f"{rate:g}"]["ttft_p95"], summary[ref][f"{rate:g}"]["ttft_p95"]
+                        cells.append(f"{a / b:.2f}x @{rate:g}" if math.isfinite(a) and math.isfinite(b) and b else f"- @{rate:g}")
+                    ratios.append(f"{name} {', '.join(cells)}")
+                out.append(f"p95 / {ref}: " + "; ".join(ratios))
+    return "\n".join(out)
 
 
 def knee(path: Path, slo_s: float) -> str:
@@ -454,11 +491,15 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/radixgate-fleet")
     p.add_argument("--knee", metavar="SUMMARY", help="print 'knee,past' from the last oracle ladder in SUMMARY and exit")
     p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
+    p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
     args = p.parse_args()
     args.argv = sys.argv[1:]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.knee:
         print(knee(Path(args.knee), args.slo_s))
+        return
+    if args.report:
+        print(report([Path(p) for p in args.report]))
         return
     if not args.workers and not args.sim:
         p.error("give --workers URL... or --sim N")

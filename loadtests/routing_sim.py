@@ -17,7 +17,11 @@ keeps it aside until that request's first token (or a peer's notice of it, or ``
 routes it again, as the pipeline does. A step's end applies it and records first
 tokens, token gaps and completions; a completion goes back to the replica that routed it.
 Several replicas (independent policy instances, each seeing every ``replicas``-th request) model
-proxies that share nothing.
+proxies that share nothing. ``shared_gpu``: the workers are engine processes on one GPU
+(``perf.SharedGpu``, as the real GPU fleet runs them); ``minimal_reports``: engines that report
+only token counts (snapshots without engine state, no ``cached_tokens``), as that fleet's engines;
+``encode``: the engines' tokenizer, with the proxy's bytes-per-token estimate learned from each
+answer's ``prompt_tokens`` as the pipeline does (``routing/token_estimate.py``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from loadtests.simworker import protocol, tokenizer
 from loadtests.simworker.config import SimConfig
 from loadtests.simworker.engine import Engine
-from loadtests.simworker.perf import step_seconds
+from loadtests.simworker.perf import SharedGpu, step_parts
 from loadtests.simworker.scheduler import SimRequest, Step
 from loadtests.workloads import RequestSpec
 from proxy.clock import ManualClock
@@ -39,6 +43,7 @@ from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import build_route_request, uncached_tokens
 from proxy.routing.registry import build_named
+from proxy.routing.token_estimate import TokenEstimate
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -60,8 +65,11 @@ class Outcome:
 class VirtualWorker:
     """One simulated SGLang worker advanced by the event loop instead of asyncio."""
 
-    def __init__(self, url: str, config: SimConfig) -> None:
+    def __init__(self, url: str, config: SimConfig, gpu: SharedGpu | None = None,
+                 minimal_reports: bool = False) -> None:
         self.url = url
+        self.gpu = gpu
+        self.minimal_reports = minimal_reports
         self.engine = Engine(config, clock=ManualClock())
         self.scheduler = self.engine.scheduler
         self.step: Step | None = None
@@ -70,6 +78,9 @@ class VirtualWorker:
 
     def snapshot(self) -> WorkerSnapshot:
         sched, cache = self.scheduler, self.engine.cache
+        if self.minimal_reports:  # only /get_server_info answers: the static shape
+            return WorkerSnapshot(url=self.url, max_running_requests=self.engine.limits.max_running_requests,
+                                  max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,))
         return WorkerSnapshot(
             url=self.url, running=sched.num_running, queued=len(sched.waiting),
             waiting_uncached_tokens=sched.waiting_uncached_tokens(),
@@ -81,24 +92,27 @@ class VirtualWorker:
         self.step = self.scheduler.next_step(now)
         if self.step is None:
             return False
-        self.step_end = now + step_seconds(self.engine.profile, self.step.work)
+        host, device = step_parts(self.engine.profile, self.step.work)
+        self.step_end = now + host + device if self.gpu is None else self.gpu.reserve(now, host, device)
         return True
 
 
-def prompt_ids(spec: RequestSpec) -> list[int]:
+def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer.encode) -> list[int]:
     if spec.messages is not None:
-        return tokenizer.encode(protocol.render_chat(spec.messages))
-    return tokenizer.encode(spec.text or "")
+        return encode(protocol.render_chat(spec.messages))
+    return encode(spec.text or "")
 
 
-def route_of(spec: RequestSpec, *, block_tokens: int = 16, chars_per_token: float = 4.0) -> RouteRequest:
+def route_of(spec: RequestSpec, *, block_tokens: int = 16, chars_per_token: float = 4.0,
+             bytes_per_token: float | None = None) -> RouteRequest:
     req = GenerateRequest(dialect=Dialect.CHAT if spec.messages is not None else Dialect.SGLANG, payload={},
                           model=MODEL, text=spec.text, messages=spec.messages, stream=True)
-    return build_route_request(req, block_tokens=block_tokens, chars_per_token=chars_per_token, max_blocks=2048)
+    return build_route_request(req, block_tokens=block_tokens, chars_per_token=chars_per_token, max_blocks=2048,
+                               bytes_per_token=bytes_per_token)
 
 
 def simulate(
-    policy_name: str,
+    policy_name: str | Callable[[], Policy],
     specs: Sequence[RequestSpec],
     arrivals: Sequence[float],
     *,
@@ -111,6 +125,10 @@ def simulate(
     first_token_feedback: bool = True,
     peer_sync_s: float | None = None,
     hold_max_s: float = 1.0,
+    shared_gpu: bool = False,
+    minimal_reports: bool = False,
+    encode: Callable[[str], list[int]] | None = None,
+    block_tokens: int = 16,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -120,9 +138,13 @@ def simulate(
     share nothing. ``hold_max_s``: the longest a request is held for a prefix being prefilled
     (``Decision.after``, ``routing.hold_max_s``)."""
     sim = sim or SimConfig()
-    fleet = [VirtualWorker(f"http://w{i}", sim) for i in range(workers)]
+    gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
+    fleet = [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
+    tokens = TokenEstimate(4.0) if encode is not None else None
     by_url = {w.url: w for w in fleet}
-    policies: list[Policy] = [build_named(policy_name, params or {}, rng=random.Random(seed + r)) for r in range(replicas)]
+    policies: list[Policy] = [
+        policy_name() if callable(policy_name) else build_named(policy_name, params or {}, rng=random.Random(seed + r))
+        for r in range(replicas)]
     in_flight: list[dict[str, int]] = [dict.fromkeys(by_url, 0) for _ in range(replicas)]
     scraped = {w.url: w.snapshot() for w in fleet}
     for policy in policies:  # as the registry tells the policy of the worker set at start-up
@@ -165,7 +187,8 @@ def simulate(
             seq += 1
             uncached = uncached_tokens(route, decision.matched_blocks)
             heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
-        req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec), max_new_tokens=spec.max_new_tokens)
+        req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec, encode or tokenizer.encode),
+                         max_new_tokens=spec.max_new_tokens)
         outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch, held_s=now - arrival)
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
@@ -200,7 +223,8 @@ def simulate(
             next_scrape += scrape_interval_s
             continue
         if t_arrival <= t_step:
-            dispatch(i, route_of(specs[i]), t_arrival, t_arrival)
+            learned = tokens.bytes_per_token(MODEL) if tokens is not None else None
+            dispatch(i, route_of(specs[i], block_tokens=block_tokens, bytes_per_token=learned), t_arrival, t_arrival)
             i += 1
             continue
         now, _, url = heapq.heappop(steps)
@@ -211,8 +235,9 @@ def simulate(
             if outcome.first is None:
                 outcome.first = now
                 outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
+                reported = None if minimal_reports else outcome.cached_tokens
                 if first_token_feedback:
-                    policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, outcome.cached_tokens))
+                    policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, reported))
                 release(id(route), now)
                 if peer_sync_s is not None and replicas > 1:
                     seq += 1
@@ -223,8 +248,11 @@ def simulate(
             if req.finished:
                 del live[req.rid]
                 in_flight[replica][url] -= 1
+                if tokens is not None:
+                    tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
                 policies[replica].on_complete(Completion(
-                    url, route, True, outcome.prompt_tokens, outcome.cached_tokens, outcome.first - outcome.arrival))
+                    url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
+                    outcome.first - outcome.arrival))
         worker.step = None
         if worker.start_step(now):
             seq += 1

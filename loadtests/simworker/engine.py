@@ -48,7 +48,7 @@ class Engine:
             prefill_max_requests=config.prefill_max_requests or self.profile.prefill_max_requests,
             context_length=self.context_length,
         )
-        self.cache = RadixCache(self.max_total_tokens, config.page_size)
+        self.cache = RadixCache(self.max_total_tokens, config.page_size, self.profile.evict_most_recent)
         self.scheduler = Scheduler(self.cache, self.limits)
         self.by_rid: dict[str, SimRequest] = {}
         self.on_tokens: Callable[[int], None] | None = None  # total generated so far, after each step

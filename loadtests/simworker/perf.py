@@ -98,6 +98,8 @@ class Profile:
     prefill_max_requests: int | None = None
     # Share of host time a step holds a shared GPU (SharedGpu.exclusive; 0 = only its kernels).
     gpu_exclusive_host: float = 0.0
+    # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
+    evict_most_recent: bool = False
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -201,7 +203,7 @@ PROFILES: dict[str, Profile] = {
         # the H200 (SharedGpu) at 3-15 req/s. Per-sequence costs are GPU work: processes queue for them.
         Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.3, bw_eff=0.70,
                 step_overhead_s=0.05, seq_overhead_s=0.004, ctx_overhead_s=1e-6, seq_cost_on_gpu=True,
-                gpu_exclusive_host=0.07, warmup_s=1.5,
+                gpu_exclusive_host=0.07, evict_most_recent=True, warmup_s=1.5,
                 chunked_prefill_size=16384, max_running_requests=256, enable_mixed_chunk=True,
                 prefill_max_requests=1),
         # The same engine driven through its Python API one request at a time (gpu-calibration.md),

@@ -5,7 +5,9 @@
 - ``match_prefix`` walks the tree (splitting an edge where a match stops inside it) and returns the
   matched length and the deepest matched node; it refreshes the LRU stamp of the path.
 - Reference counts: ``inc_lock(node)`` protects the node and all its ancestors (the KV a running
-  request reads); only unreferenced leaves are evictable, oldest stamp first (LRU).
+  request reads); only unreferenced leaves are evictable, oldest stamp first (LRU), or newest first
+  (``most_recent_first``: transformers' continuous batching hands out the most recently freed
+  blocks first, ``BlockManager._init_block_ids.popitem()``).
 - The pool: ``capacity`` tokens = tokens cached in the tree + tokens held privately by running
   requests (``alloc``/``free``). ``alloc`` evicts as needed and fails rather than overfill.
   ``insert(ids, held)`` moves a request's privately held tokens into the tree; duplicates of
@@ -42,10 +44,11 @@ class PoolExhausted(RuntimeError):
 
 
 class RadixCache:
-    def __init__(self, capacity: int, page_size: int = 1) -> None:
+    def __init__(self, capacity: int, page_size: int = 1, most_recent_first: bool = False) -> None:
         if capacity < 1 or page_size < 1:
             raise ValueError("capacity and page_size must be >= 1")
         self.capacity = capacity
+        self._sign = -1 if most_recent_first else 1
         self.page_size = page_size
         self.private_tokens = 0
         self.reset()
@@ -170,8 +173,9 @@ class RadixCache:
             node = node.parent
 
     def evict(self, n: int) -> int:
-        """Evict unreferenced leaves, least recently used first, until ``n`` tokens are freed."""
-        heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if leaf.lock_ref == 0]
+        """Evict unreferenced leaves, least (or most) recently used first, until ``n`` tokens are freed."""
+        sign = self._sign
+        heap = [(sign * leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if leaf.lock_ref == 0]
         heapq.heapify(heap)
         freed = 0
         while freed < n and heap:
@@ -182,7 +186,7 @@ class RadixCache:
             self.tree_tokens -= len(leaf.key)
             freed += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                heapq.heappush(heap, (sign * parent.last_access, id(parent), parent))
         return freed
 
     def _leaves(self) -> list[Node]:

@@ -81,6 +81,18 @@ def test_alloc_evicts_least_recently_used_leaves_first() -> None:
     assert cache.tree_tokens + cache.private_tokens <= cache.capacity
 
 
+def test_an_engine_that_hands_out_the_most_recently_freed_blocks_evicts_the_newest_leaf() -> None:
+    # transformers' continuous batching (the GPU fleet's engine) reuses the last freed blocks
+    # first: an old prefix survives while the one just used goes.
+    cache = RadixCache(10, most_recent_first=True)
+    cached(cache, [1, 1, 1, 1])
+    cached(cache, [2, 2, 2, 2])
+    cache.match_prefix([1, 1, 1, 1])  # touch the first: it is now the most recent leaf
+    cache.alloc(4)
+    assert cache.match_prefix([1, 1, 1, 1]).length == 0
+    assert cache.match_prefix([2, 2, 2, 2]).length == 4
+
+
 def test_locked_nodes_and_their_ancestors_are_never_evicted() -> None:
     cache = RadixCache(8)
     cached(cache, [1, 2, 3, 4])

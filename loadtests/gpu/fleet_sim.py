@@ -1,0 +1,103 @@
+"""The fleet benchmark's cells in virtual time: the same traces and prompts, simulated engines.
+
+    .venv/bin/python -m loadtests.gpu.fleet_sim --rates 3,4.5 --seed 2 --routers oracle,ttft,cache_aware
+
+Builds each phase exactly as ``loadtests/gpu/fleet.py`` sends it (same Poisson trace per seed and
+rate, same texts, the same BPE tokenizer) and runs it through ``loadtests.routing_sim``: the real
+routing code (policies, prefix keys, the learned bytes-per-token estimate) in front of simulated
+engines that share one GPU (``perf.SharedGpu``) and report only token counts (``--reports
+minimal``), as the GPU fleet's engines. Seconds of CPU per cell, exact and repeatable, so policy
+variants can be swept (``ttft/work_weight=10``) before a GPU run decides. ``oracle`` = group g on
+engine g mod N, as in the GPU benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Hashable, Sequence
+
+import yaml
+
+from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
+from loadtests.routing_sim import Outcome, VirtualWorker, simulate
+from loadtests.simworker.config import SimConfig
+from loadtests.simworker.tokenizer import Encoder
+from loadtests.workloads import RequestSpec
+from proxy.routing.base import Decision, IgnoresFeedback, RouteRequest, WorkerSnapshot
+
+
+class Oracle(IgnoresFeedback):
+    """Group g -> worker g mod N, the group known by its prompt's first block."""
+
+    name = "oracle"
+
+    def __init__(self, group_of: dict[int, int]) -> None:
+        self.group_of = group_of
+
+    def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
+        group = self.group_of[request.block_hashes[0]]
+        return Decision(workers[group % len(workers)].url, "oracle")
+
+    def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
+        pass
+
+    def on_peer_decision(self, worker: str, request: RouteRequest, uncached: int, key: Hashable) -> None:
+        pass
+
+
+def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s: float, workers: int,
+         encoder: Encoder, minimal: bool) -> tuple[list[Outcome], list[VirtualWorker]]:
+    from loadtests.routing_sim import route_of
+
+    arrivals = trace(rate, phase_s, shape, seed)
+    specs = [RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
+             for (s, q), (_, g) in zip(phase_texts(arrivals, shape, phase), arrivals, strict=True)]
+    name, *pairs = router.split("/")
+    params: dict[str, object] = {}
+    hold = 0.0
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        if key == "hold_max_s":
+            hold = float(value)
+        else:
+            params[key] = yaml.safe_load(value)
+    policy: object = name
+    if name == "oracle":
+        group_of = {route_of(spec, block_tokens=32).block_hashes[0]: g for spec, (_, g) in zip(specs, arrivals, strict=True)}
+        policy = lambda: Oracle(group_of)  # noqa: E731
+    config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    return simulate(policy, specs, [t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
+                    params={name: params} if params else None, hold_max_s=hold, shared_gpu=True,
+                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--routers", default="oracle,ttft,cache_aware")
+    p.add_argument("--rates", default="3,4.5")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
+    p.add_argument("--phase-s", type=float, default=25.0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
+    a = p.parse_args()
+    encoder = Encoder(str(TOKENIZER))
+    shape = Shape()
+    names = a.routers.split(",")
+    print(f"virtual time, {a.workers} engines sharing one simulated H200, reports={a.reports}; "
+          "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
+    for rate in (float(r) for r in a.rates.split(",")):
+        for seed in range(a.seed, a.seed + a.seeds):
+            row = []
+            for k, router in enumerate(names):
+                outcomes, _ = cell(router, rate, shape, seed, 1000 + k, a.phase_s, a.workers, encoder,
+                                   a.reports == "minimal")
+                ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
+                reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
+                row.append(f"{router} {pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
+            print(f"{rate:g}/s seed {seed}: " + " | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The fleet benchmark's cells in virtual time (loadtests/gpu/fleet_sim.py): same traces, same prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.gpu import fleet_sim
+from loadtests.gpu.fleet import TOKENIZER, Shape
+from loadtests.simworker.tokenizer import Encoder
+
+pytest.importorskip("tokenizers")
+
+
+def reuse(router: str) -> float:
+    outcomes, workers = fleet_sim.cell(router, 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                                       encoder=Encoder(str(TOKENIZER)), minimal=True)
+    assert outcomes and all(o.first is not None for o in outcomes)
+    return sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes)
+
+
+def test_the_oracle_keeps_each_group_on_one_worker_and_reuses_what_round_robin_recomputes() -> None:
+    outcomes, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                                 encoder=Encoder(str(TOKENIZER)), minimal=True)
+    homes: dict[str, set[str]] = {}
+    for o in outcomes:
+        homes.setdefault(o.group, set()).add(o.worker)
+    assert homes and all(w == {f"http://w{int(g[1:]) % 4}"} for g, w in homes.items())
+    assert reuse("oracle") > reuse("round_robin") + 0.2

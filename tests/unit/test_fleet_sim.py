@@ -12,7 +12,7 @@ pytest.importorskip("tokenizers")
 
 
 def reuse(router: str) -> float:
-    outcomes, workers = fleet_sim.cell(router, 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+    outcomes, _ = fleet_sim.cell(router, 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
                                        encoder=Encoder(str(TOKENIZER)), minimal=True)
     assert outcomes and all(o.first is not None for o in outcomes)
     return sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes)

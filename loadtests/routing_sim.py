@@ -129,6 +129,7 @@ def simulate(
     minimal_reports: bool = False,
     encode: Callable[[str], list[int]] | None = None,
     block_tokens: int = 16,
+    engines: list[VirtualWorker] | None = None,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -136,10 +137,11 @@ def simulate(
     answers (False: only completions, as for non-streamed ones). ``peer_sync_s``: replicas tell
     each other their decisions, arriving this many seconds later (``routing.peers``); None = they
     share nothing. ``hold_max_s``: the longest a request is held for a prefix being prefilled
-    (``Decision.after``, ``routing.hold_max_s``)."""
+    (``Decision.after``, ``routing.hold_max_s``). ``engines``: workers of an earlier run to go on
+    with (their caches as that run left them; arrival times then continue from its end)."""
     sim = sim or SimConfig()
     gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
-    fleet = [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
+    fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
     tokens = TokenEstimate(4.0) if encode is not None else None
     by_url = {w.url: w for w in fleet}
     policies: list[Policy] = [
@@ -154,7 +156,7 @@ def simulate(
     live: dict[str, tuple[Outcome, RouteRequest, int, SimRequest]] = {}
     steps: list[tuple[float, int, str]] = []  # (end, tiebreak, url) of busy workers
     seq = 0
-    next_scrape = 0.0
+    next_scrape = arrivals[0] if arrivals else 0.0
     i = 0
     # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token notice)
     peer_events: list[tuple[float, int, int, str, RouteRequest | None, int, str]] = []

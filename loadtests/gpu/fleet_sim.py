@@ -47,7 +47,9 @@ class Oracle(IgnoresFeedback):
 
 
 def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s: float, workers: int,
-         encoder: Encoder, minimal: bool) -> tuple[list[Outcome], list[VirtualWorker]]:
+         encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
+         start: float = 0.0) -> tuple[list[Outcome], list[VirtualWorker]]:
+    """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -67,9 +69,9 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s:
         group_of = {route_of(spec, block_tokens=32).block_hashes[0]: g for spec, (_, g) in zip(specs, arrivals, strict=True)}
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
-    return simulate(policy, specs, [t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
+    return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params={name: params} if params else None, hold_max_s=hold, shared_gpu=True,
-                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32)
+                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
 
 
 def main() -> None:
@@ -81,6 +83,9 @@ def main() -> None:
     p.add_argument("--phase-s", type=float, default=25.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
+    p.add_argument("--carry-over", action="store_true",
+                   help="run a rate's routers one after another on the same engines, as the GPU cell does "
+                        "(each phase inherits the caches the one before left)")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     shape = Shape()
@@ -90,9 +95,13 @@ def main() -> None:
     for rate in (float(r) for r in a.rates.split(",")):
         for seed in range(a.seed, a.seed + a.seeds):
             row = []
+            engines, start = None, 0.0
             for k, router in enumerate(names):
-                outcomes, _ = cell(router, rate, shape, seed, 1000 + k, a.phase_s, a.workers, encoder,
-                                   a.reports == "minimal")
+                outcomes, fleet = cell(router, rate, shape, seed, 1000 + k, a.phase_s, a.workers, encoder,
+                                       a.reports == "minimal", engines, start)
+                if a.carry_over:
+                    engines = fleet
+                    start = max(o.done or o.arrival for o in outcomes) + 5.0
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
                 reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
                 row.append(f"{router} {pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")

@@ -37,7 +37,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -176,9 +176,11 @@ class _GatedHandler(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._gate.try_enter():
             self.force_close()  # ignore anything the client already sent
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(REFUSAL)
-            transport.close()  # after the buffered refusal is flushed
+            # Duck-typed: uvloop's TCPTransport writes like asyncio's but is no asyncio.WriteTransport
+            # subclass (an isinstance check here failed on uvloop, the loop `radixgate serve` runs).
+            writer = cast(asyncio.Transport, transport)
+            writer.write(REFUSAL)
+            writer.close()  # after the buffered refusal is flushed
             return
         self._entered = True
         super().connection_made(transport)

@@ -245,7 +245,7 @@ class Exchange:
         if not model or not any(s.models for s in snaps):
             return healthy
         if not any(model in s.models or not s.models for s in snaps):
-            raise ModelNotFound(f"model {model!r} is not served here (serving: {', '.join(self.p.models())})")
+            raise ModelNotFound(not_served(model, self.p.models()))
         return [s for s in healthy if model in s.models or not s.models]
 
     async def _start(self) -> None:
@@ -630,6 +630,13 @@ class Exchange:
         if self.status >= 400:
             return "error", "upstream_rejected"
         return "ok", None
+
+
+def not_served(model: str, served: Sequence[str], *, show: int = 8) -> str:
+    """The 404 message: bounded whatever the caller sent or the fleet serves (200k models, a 1 MB name)."""
+    name = model if len(model) <= 100 else model[:100] + "..."
+    more = f" and {len(served) - show} more" if len(served) > show else ""
+    return f"model {name!r} is not served here (serving: {', '.join(m[:100] for m in served[:show])}{more})"
 
 
 def _busy_error(first: bytes) -> bool:

@@ -12,15 +12,25 @@ Two readers of the same bytes:
 
 ``FinalMeta`` is what the end of a response tells us: finish reason, prompt / cached / completion
 tokens, and the worker's own timing (``queue_time``, ``first_token_latency``, ``e2e_latency``).
+
+A worker's events are not trusted: ``check_events`` (run by the pipeline on every run it relays)
+refuses a ``data:`` payload that is neither ``[DONE]`` nor shaped like a JSON object — a cheap
+check of its first and last byte, since native chunks are not parsed on the way (their text is
+cumulative: parsing each is O(answer²)). Where a payload is parsed anyway (OpenAI chunks, error
+events, the last chunk's ``meta_info``, the gRPC decoders), a parse failure is ``MalformedEvent``
+too, through ``safejson`` (no ``RecursionError``, no NaN). Numbers read from a worker must be
+finite, counts in [0, 2**53): anything else reads as "not reported".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import safejson
 from proxy.errors import RadixgateError
 from proxy.request import Dialect
 
@@ -57,12 +67,55 @@ class ErrorEvent:
     code: int | None = None
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+class MalformedEvent(ValueError):
+    """A worker's SSE event that is not ``[DONE]`` nor a JSON object."""
+
+
+_MAX_COUNT = 2**53
+
+
+def as_count(v: Any) -> int | None:
+    """A count a worker reported: an integer in [0, 2**53), else None (not reported)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_COUNT else None
+
+
+_int = as_count
 
 
 def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def parse_event(payload: bytes) -> Any:
+    """One event payload, parsed; ``MalformedEvent`` when it is not JSON."""
+    try:
+        return safejson.loads(payload)
+    except ValueError as e:
+        raise MalformedEvent(f"an event is not JSON ({str(e)[:100]}): {payload[:60]!r}") from None
+
+
+def check_events(data: bytes) -> None:
+    """``MalformedEvent`` unless every ``data:`` payload of this run of complete events is ``[DONE]``
+    or looks like a JSON object (``{`` … ``}``). The usual run — single-line ``data: {…}`` events —
+    is checked by counting (C speed); any other layout event by event."""
+    n = data.count(b"\n\n")
+    if (n and data.count(b"\n") == 2 * n
+            and data.count(b"\n\ndata: {") + data.startswith(b"data: {") + data.count(b"data: [DONE]\n\n") == n
+            and data.count(b"}\n\n") + data.count(b"data: [DONE]\n\n") == n):
+        return
+    for event in data.split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # comments, event:, id:, retry: (ignored, as SSE clients ignore them)
+            payload = line[5:].strip()
+            if payload != DONE and not (payload.startswith(b"{") and payload.endswith(b"}")):
+                raise MalformedEvent(f"an event is neither [DONE] nor a JSON object: {payload[:60]!r}")
 
 
 def _finish(v: Any) -> str | None:
@@ -172,7 +225,7 @@ def first_token_counts(dialect: Dialect, data: bytes) -> tuple[int | None, int |
         if payload == DONE or payload.startswith(b'{"error"'):
             continue
         try:
-            info = json.loads(payload).get("meta_info")
+            info = safejson.loads(payload).get("meta_info")
         except (ValueError, AttributeError):
             return None, None
         if not isinstance(info, Mapping):
@@ -222,7 +275,7 @@ class StreamAccountant:
         if b'data: {"error"' in data:
             for payload in iter_payloads(data):
                 if payload.startswith(b'{"error"'):
-                    self.error = json.loads(payload).get("error") or {}
+                    self.error = _error_of_payload(payload)
                     n -= 1
         if n <= 0:
             return False
@@ -237,9 +290,11 @@ class StreamAccountant:
             if payload == DONE:
                 self.done = True
             elif payload.startswith(b'{"error"'):
-                self.error = json.loads(payload).get("error") or {}
+                self.error = _error_of_payload(payload)
             else:
-                obj = json.loads(payload)
+                obj = parse_event(payload)
+                if not isinstance(obj, Mapping):
+                    raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
                 if openai_has_output(obj):
                     carried = True
                     self.token_events += 1
@@ -247,11 +302,15 @@ class StreamAccountant:
         return carried
 
     def final(self) -> FinalMeta:
+        """What the stream told (never raises: a malformed last chunk reports nothing)."""
         if self._last is not None:
             last = last_output_payload(self._last)
-            if last is not None:
-                meta_from(self.dialect, json.loads(last), self.meta)
             self._last = None
+            if last is not None:
+                try:
+                    meta_from(self.dialect, safejson.loads(last), self.meta)
+                except ValueError:
+                    pass
         if self.meta.completion_tokens is None and self.token_events:
             self.meta.completion_tokens = self.token_events  # OpenAI stream without usage: chunks
         if self.error is not None:
@@ -272,7 +331,7 @@ class EventDecoder:
         for payload in iter_payloads(data):
             if payload == DONE:
                 continue
-            out.extend(self.decode_object(json.loads(payload)))
+            out.extend(self.decode_object(parse_event(payload)))
         return out
 
     def decode_object(self, obj: Any) -> list[TextDelta | ErrorEvent]:
@@ -315,6 +374,11 @@ class EventDecoder:
         if not pieces and not usage:
             return []
         return [TextDelta("".join(pieces), (), _int(usage.get("completion_tokens")))]
+
+
+def _error_of_payload(payload: bytes) -> Mapping[str, Any]:
+    err = parse_event(payload).get("error")
+    return err if isinstance(err, Mapping) else {"message": str(err)[:200]} if err else {}
 
 
 def error_event(err: RadixgateError) -> bytes:

@@ -73,11 +73,12 @@ from proxy.sse import (
     error_event,
     first_token_counts,
     meta_from,
+    until_end,
 )
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
-from proxy.workers.answers import BadAnswer, Kind, judge_body, judge_head
+from proxy.workers.answers import BadAnswer, Kind, client_error_body, judge_body, judge_head
 from proxy.workers.health import Change
 from proxy.workers.http1 import (
     Http1Connection,
@@ -392,8 +393,11 @@ class Exchange:
                     answer = await resp.read()
                     doc = judge_body(answer, resp.content_type) if kind is Kind.BODY else None
                     self.streaming = False
-                    self.status, self.body = status, answer
                     self.content_type = resp.content_type or "application/json"
+                    if kind is Kind.CLIENT_ERROR:
+                        answer, self.content_type = client_error_body(status, answer, resp.content_type), \
+                            "application/json"
+                    self.status, self.body = status, answer
                     t.first_byte = p.clock.now()
                     p.upstream.release(resp)
                     self._upstream_done = True
@@ -553,6 +557,8 @@ class Exchange:
                 if acct.feed(data):
                     first = t.first_token is None
                     t.mark_token(now)
+                if acct.done or acct.error is not None:
+                    data = until_end(data)
                 yield data
                 if first:  # after the client has its first token, not before
                     self._first_token(data)

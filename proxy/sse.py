@@ -92,6 +92,24 @@ def _float(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+_ERROR_EVENT = b'data: {"error"'
+
+
+def until_end(data: bytes) -> bytes:
+    """A run that ends the stream (``[DONE]`` or an error event), cut after that end (and an error
+    event's own ``[DONE]``): what a worker sends after its end is not relayed."""
+    if data.endswith(DONE_EVENT) and data.count(b"data: [DONE]") == 1 and _ERROR_EVENT not in data:
+        return data  # the usual last run: one [DONE], at its end
+    starts = [i + 2 for marker in (DONE_EVENT, _ERROR_EVENT) if (i := data.find(b"\n\n" + marker)) >= 0]
+    starts += [0] if data.startswith((DONE_EVENT, _ERROR_EVENT)) else []
+    if not starts:
+        return data
+    stop = data.find(b"\n\n", min(starts)) + 2
+    if data.startswith(DONE_EVENT, stop):
+        stop += len(DONE_EVENT)
+    return data[:stop]
+
+
 def parse_event(payload: bytes) -> Any:
     """One event payload, parsed; ``MalformedEvent`` when it is not JSON."""
     try:

@@ -22,6 +22,7 @@ nothing has reached the client (``upstream.max_retries``), and counted against t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -70,6 +71,21 @@ def judge_head(status: int, content_type: str, headers: Mapping[str, str], *, st
                                           f"{' to ' + repr(where[:80]) if where else ''}); "
                                           "radixgate does not follow worker redirects")
     raise BadAnswer("protocol_error", f"worker answered HTTP {status}, not an answer radixgate can relay")
+
+
+def client_error_body(status: int, body: bytes, content_type: str) -> bytes:
+    """A 4xx answer's body for the client: the worker's own when it is a JSON object, else the
+    worker's status and the start of its text in radixgate's error shape (a balancer's HTML 404
+    becomes JSON the client can read)."""
+    if _is_json_type(content_type):
+        try:
+            if isinstance(safejson.loads(body), dict):
+                return body
+        except ValueError:
+            pass
+    text = body[:200].decode("utf-8", "replace")
+    return json.dumps({"error": {"message": f"worker answered HTTP {status}: {text}",
+                                 "type": "invalid_request_error", "code": status}}).encode()
 
 
 def judge_body(body: bytes, content_type: str) -> Any:

@@ -150,6 +150,9 @@ class Http1Connection(asyncio.Protocol):
         if not self.complete:
             if self._head_done and self._framing == "eof":
                 self._finish()
+            elif self._exc is None and not self._head_done and (self._head or self._head_seen):
+                # It began answering, then closed before its head ended: a broken answer, not a lost worker.
+                self._exc = UpstreamProtocolError("worker closed the connection inside its response head")
             elif self._exc is None:
                 self._exc = UpstreamClosed(f"worker closed the connection mid-response ({exc!r})")
         self._stop_timer()

@@ -16,7 +16,8 @@ aiohttp session per worker.
 * Sizes: every byte read from a worker is bounded — a generation answer by
   ``max_response_bytes`` (``http1``), a probe, scrape or abort answer by ``max_scrape_bytes``
   (``ResponseTooLarge``, an ``OSError``: the probe or scrape fails). Side requests ask for
-  ``Accept-Encoding: identity`` (aiohttp would offer gzip, and its bodies are not decoded here).
+  ``Accept-Encoding: identity`` (aiohttp would offer gzip, and its bodies are not decoded here) and
+  never follow a redirect (a worker must not send the proxy to another host: a 3xx is the answer).
 * Side requests (``abort``) run as tracked background tasks and are awaited on ``close()``.
 """
 
@@ -108,7 +109,7 @@ class UpstreamPool:
         and an answer over ``max_scrape_bytes`` surface as ``OSError``."""
         try:
             async with self.session(url).get(url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                             headers=_IDENTITY) as resp:
+                                             headers=_IDENTITY, allow_redirects=False) as resp:
                 body = await read_capped(resp, self.cfg.max_scrape_bytes, f"GET {path}")
                 return resp.status, body.decode("utf-8", "replace")
         except aiohttp.ClientError as e:
@@ -117,7 +118,7 @@ class UpstreamPool:
     async def probe(self, url: str, path: str, timeout_s: float) -> int:
         try:
             async with self.session(url).get(url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                             headers=_IDENTITY) as resp:
+                                             headers=_IDENTITY, allow_redirects=False) as resp:
                 await read_capped(resp, self.cfg.max_scrape_bytes, f"probe {path}")
                 return resp.status
         except aiohttp.ClientError as e:
@@ -132,6 +133,7 @@ class UpstreamPool:
         try:
             async with self.session(url).post(
                     url + "/abort_request", data=body, headers={"Content-Type": "application/json"},
+                    allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=self.cfg.connect_timeout_s + 5.0)) as resp:
                 await read_capped(resp, self.cfg.max_scrape_bytes, "/abort_request")
         except (aiohttp.ClientError, OSError, TimeoutError) as e:

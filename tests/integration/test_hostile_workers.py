@@ -329,3 +329,19 @@ async def test_a_non_finite_page_size_in_server_info_does_not_stop_the_proxy_sta
         app = await harness.proxy([w.url], **{"health.interval_s": 0.05, "scrape.interval_s": 0.05})
         status, raw = await post(client, app)
         assert status == 200 and json.loads(raw)["text"] == "ok"
+
+
+async def test_scrapes_and_probes_never_follow_a_worker_redirect(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    async with workers(2) as (w, elsewhere):
+        for path in ("/v1/loads", "/metrics", "/get_load", "/health"):
+            w.on(path, http(302, b"", headers=[("Location", elsewhere.url + path)]))
+        app = await harness.proxy([w.url], **{"health.interval_s": 0.05, "scrape.interval_s": 0.05})
+
+        async def failing() -> bool:
+            m = await scrape(client, admin(app))
+            return (total(m, "radixgate_scrape_failures_total", worker=w.url) >= 2
+                    and total(m, "radixgate_worker_healthy", worker=w.url) == 0)
+
+        await eventually(failing, what="redirected scrapes and probes failing")
+        assert elsewhere.hits == []  # the proxy went nowhere it was sent

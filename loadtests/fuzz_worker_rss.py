@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "15%% scrape answers)")
     ap.add_argument("--heavy-repeats", type=int, default=5)
     ap.add_argument("--caps", choices=["small", "default"], default="small")
+    ap.add_argument("--heavy", action="append", default=[], metavar="NAME",
+                    help="run only these heavy cases (repeatable; default: all)")
     ap.add_argument("--max-growth-mb", type=float, default=50.0)
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args(argv)
@@ -218,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         scrapes()
         worker.reset()
         for name, path, steps, stream in heavy_cases():
+            if args.heavy and name not in args.heavy:
+                continue
             for _ in range(args.heavy_repeats):
                 worker.on(path, steps)
                 if path == "/generate":

@@ -286,7 +286,8 @@ class Exchange:
             stale = True
             candidates = [s for s in lease.eligible(self._serving(snaps)) if s.url not in tried]
             if not candidates and last is not None:
-                raise last.error
+                err, last = last.error, None  # no frame -> _Retry -> error -> frame cycle keeps buffers alive
+                raise err
             try:
                 decision = p.policy.select(self.route, candidates)
             except NoWorkerAvailable:
@@ -314,6 +315,7 @@ class Exchange:
                 tried.add(decision.worker)
                 last = r
                 if len(tried) > cfg.upstream.max_retries:
+                    last = None  # (see above: the cycle would hold the failed attempt's buffers until a GC pass)
                     raise r.error from None
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
@@ -487,6 +489,7 @@ class Exchange:
             resp.close()
             self.p.upstream.release(resp)
         self._resp = None
+        self._buf.clear()  # a failed attempt's partial event: freed now, whoever still holds the list
 
     async def _next_events(self) -> bytes:
         """The next run of complete SSE events; b"" at the end (a trailing partial event is dropped).
@@ -524,6 +527,7 @@ class Exchange:
     def _check_partial(self) -> None:
         limit = self.p.config.upstream.max_event_bytes
         if self._buf_len > limit:
+            self._buf.clear()  # freed at once, not when the exception's frames are
             raise MalformedEvent(f"the worker sent an event of more than {limit} bytes without its end "
                                  "(upstream.max_event_bytes)")
 

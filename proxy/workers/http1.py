@@ -359,6 +359,7 @@ class Http1Connection(asyncio.Protocol):
                 return b"".join(parts)
             size += len(data)
             if size > limit:
+                parts.clear()  # freed at once, not when the exception's frames are
                 raise self._too_large(f"worker's body is over the {limit}-byte limit")
             parts.append(data)
 
@@ -375,6 +376,8 @@ class Http1Connection(asyncio.Protocol):
     def close(self) -> None:
         self._stop_timer()
         self.keep_alive = False
+        self._body.clear()
+        self._buffered = 0
         if self.transport is not None and not self.closed:
             self.transport.close()
             self.closed = True

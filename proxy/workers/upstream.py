@@ -58,6 +58,7 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> by
     async for piece in resp.content.iter_any():
         size += len(piece)
         if size > limit:
+            parts.clear()  # freed at once, not when the exception's frames are
             raise ResponseTooLarge(f"{what}: the worker's answer is over the {limit}-byte limit")
         parts.append(piece)
     return b"".join(parts)

@@ -15,6 +15,10 @@
    attempt costs the client nothing but time. A non-stream answer arrives whole, so no silence
    tells a hung worker from a long generation: past each ``first_byte_timeout_s`` the worker's
    health probe decides (passing: keep waiting; failing: the first-byte timeout's path).
+   Every answer is judged before a byte of it reaches the client (``workers/answers.py``: status,
+   content type, JSON-ness; ``sse.check_events`` for each relayed run); a bad one, a protocol error
+   or a breach of an ``upstream.max_*_bytes`` cap is a 502, retried like a 5xx. A stream ends at its
+   deadline by the clock (one timer), whatever the worker still sends.
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
    token-bearing chunk, done.
 6. record: metrics, one JSON log line, ``policy.on_complete``, and ``observers`` (diagnosis).

@@ -120,12 +120,11 @@ def parse_event(payload: bytes) -> Any:
 
 def check_events(data: bytes) -> None:
     """``MalformedEvent`` unless every ``data:`` payload of this run of complete events is ``[DONE]``
-    or looks like a JSON object (``{`` … ``}``). The usual run — single-line ``data: {…}`` events —
-    is checked by counting (C speed); any other layout event by event."""
-    n = data.count(b"\n\n")
-    if (n and data.count(b"\n") == 2 * n
-            and data.count(b"\n\ndata: {") + data.startswith(b"data: {") + data.count(b"data: [DONE]\n\n") == n
-            and data.count(b"}\n\n") + data.count(b"data: [DONE]\n\n") == n):
+    or looks like a JSON object (``{`` … ``}``). The usual layout — single-line ``data: {…}``
+    events — is checked by each event's ends (no copy); any other layout line by line."""
+    if data.endswith(b"}\n\n") and data.startswith(b"data: {") and data.count(b"\n") == 2:
+        return  # one single-line event: most runs
+    if _single_line_events(data):
         return
     for event in data.split(b"\n\n"):
         for line in event.split(b"\n"):
@@ -134,6 +133,20 @@ def check_events(data: bytes) -> None:
             payload = line[5:].strip()
             if payload != DONE and not (payload.startswith(b"{") and payload.endswith(b"}")):
                 raise MalformedEvent(f"an event is neither [DONE] nor a JSON object: {payload[:60]!r}")
+
+
+def _single_line_events(data: bytes) -> bool:
+    """Whether ``data`` is only ``data: {…}\\n\\n`` / ``data: [DONE]\\n\\n`` events (False: look closer)."""
+    pos, size = 0, len(data)
+    find, starts = data.find, data.startswith
+    while pos < size:
+        end = find(b"\n", pos)
+        if end < 0 or data[end + 1:end + 2] != b"\n":
+            return False
+        if not ((starts(b"data: {", pos) and data[end - 1] == 0x7D) or starts(b"data: [DONE]\n", pos)):
+            return False
+        pos = end + 2
+    return True
 
 
 def _finish(v: Any) -> str | None:

@@ -93,6 +93,15 @@ class UpstreamConfig:
     keepalive_timeout_s: float = 4.0
     # Attempts on another worker while nothing has reached the client yet.
     max_retries: int = 2
+    # Hard caps on what a worker can make the proxy hold (each breach is a 502, retried elsewhere
+    # while nothing reached the client). A whole answer (non-stream body, error body):
+    max_response_bytes: int = 64 * 1024 * 1024
+    # One SSE event of a stream, up to its blank line (SGLang's cumulative chunks repeat the whole
+    # text so far: a long answer's last event holds all of it).
+    max_event_bytes: int = 8 * 1024 * 1024
+    # A scrape or probe answer (/metrics, /v1/loads, /get_load, /get_server_info, /v1/models, /health);
+    # over it, the scrape fails (the snapshot goes stale) or the probe fails.
+    max_scrape_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -410,6 +419,9 @@ def validate(cfg: Config) -> None:
         (cfg.scrape.interval_s >= 0, "scrape.interval_s: must be >= 0 (0 turns scraping off)"),
         (cfg.upstream.max_retries >= 0, "upstream.max_retries: must be >= 0"),
         (cfg.upstream.connect_timeout_s > 0, "upstream.connect_timeout_s: must be > 0"),
+        (cfg.upstream.max_response_bytes >= 1024, "upstream.max_response_bytes: must be >= 1024"),
+        (cfg.upstream.max_event_bytes >= 1024, "upstream.max_event_bytes: must be >= 1024"),
+        (cfg.upstream.max_scrape_bytes >= 1024, "upstream.max_scrape_bytes: must be >= 1024"),
         (cfg.routing.chars_per_token > 0, "routing.chars_per_token: must be > 0"),
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
         (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),

@@ -2,7 +2,8 @@
 
     RadixgateError                      (500 / INTERNAL)
     ├── BadRequest                      (400 / INVALID_ARGUMENT)   malformed JSON, wrong types, no prompt
-    │   └── PayloadTooLarge             (413 / INVALID_ARGUMENT)   body or prompt over the limit
+    │   ├── PayloadTooLarge             (413 / INVALID_ARGUMENT)   body or prompt over the limit
+    │   └── UnsupportedEncoding         (415 / INVALID_ARGUMENT)   a compressed request body
     ├── Unauthorized                    (401 / UNAUTHENTICATED)    missing or wrong API key
     ├── ModelNotFound                   (404 / NOT_FOUND)          no worker serves the model
     ├── Overloaded                      (429 / RESOURCE_EXHAUSTED) admission queue full / wait timed out / rate limit
@@ -40,6 +41,10 @@ class BadRequest(RadixgateError):
 
 class PayloadTooLarge(BadRequest):
     status, cause = 413, "payload_too_large"
+
+
+class UnsupportedEncoding(BadRequest):
+    status, cause = 415, "unsupported_encoding"
 
 
 class Unauthorized(RadixgateError):

@@ -19,7 +19,8 @@ Sizes and times (``LimitsConfig``): body (413, aiohttp ``client_max_size`` + Con
 prompt length (413, parse), request line / header field size and header count (400, aiohttp's
 parser), idle connections — including one that never finishes its headers — closed after
 ``idle_timeout_s`` (aiohttp ``keepalive_timeout``), the body must arrive within ``body_timeout_s``
-(408). Upstream first-byte, idle and total timeouts are ``upstream.*`` (the pipeline's).
+(408). A request body with a ``Content-Encoding`` is refused 415 unread (the parser never inflates:
+``auto_decompress`` off). Upstream first-byte, idle and total timeouts are ``upstream.*`` (the pipeline's).
 
 Slow readers: nothing here buffers a response. The HTTP frontend awaits each ``write`` (aiohttp
 drains above its high-water mark) before reading the next chunk from the worker, and the upstream
@@ -37,7 +38,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -176,9 +177,11 @@ class _GatedHandler(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._gate.try_enter():
             self.force_close()  # ignore anything the client already sent
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(REFUSAL)
-            transport.close()  # after the buffered refusal is flushed
+            # Duck-typed: uvloop's TCPTransport writes like asyncio's but is no asyncio.WriteTransport
+            # subclass (an isinstance check here failed on uvloop, the loop `radixgate serve` runs).
+            writer = cast(asyncio.Transport, transport)
+            writer.write(REFUSAL)
+            writer.close()  # after the buffered refusal is flushed
             return
         self._entered = True
         super().connection_made(transport)
@@ -193,8 +196,9 @@ class _GatedHandler(web.RequestHandler):
 
 def handler_options(cfg: LimitsConfig) -> dict[str, Any]:
     """The aiohttp request-handler settings that carry ``limits`` (also given to the ``AppRunner``)."""
+    # auto_decompress off: a Content-Encoding body is refused (415, frontends/http.py), never inflated.
     return {"keepalive_timeout": cfg.idle_timeout_s, "max_line_size": cfg.max_header_bytes,
-            "max_field_size": cfg.max_header_bytes, "max_headers": cfg.max_headers}
+            "max_field_size": cfg.max_header_bytes, "max_headers": cfg.max_headers, "auto_decompress": False}
 
 
 class GatedListener:

@@ -18,6 +18,10 @@
    attempt costs the client nothing but time. A non-stream answer arrives whole, so no silence
    tells a hung worker from a long generation: past each ``first_byte_timeout_s`` the worker's
    health probe decides (passing: keep waiting; failing: the first-byte timeout's path).
+   Every answer is judged before a byte of it reaches the client (``workers/answers.py``: status,
+   content type, JSON-ness; ``sse.check_events`` for each relayed run); a bad one, a protocol error
+   or a breach of an ``upstream.max_*_bytes`` cap is a 502, retried like a 5xx. A stream ends at its
+   deadline by the clock (one timer), whatever the worker still sends.
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
    token-bearing chunk, done.
 6. record: metrics, one JSON log line, ``policy.on_complete``, and ``observers`` (diagnosis).
@@ -35,12 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from types import TracebackType
 from typing import Protocol
 
+from proxy import safejson
 from proxy.admission import Admission, Lease
 from proxy.clock import Clock
 from proxy.config import Config
@@ -70,17 +74,27 @@ from proxy.sse import (
     ErrorEvent,
     EventDecoder,
     FinalMeta,
+    MalformedEvent,
     StreamAccountant,
     TextDelta,
+    check_events,
     error_event,
     first_token_counts,
     meta_from,
+    until_end,
 )
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
+from proxy.workers.answers import BadAnswer, Kind, client_error_body, judge_body, judge_head
 from proxy.workers.health import Change
-from proxy.workers.http1 import Http1Connection
+from proxy.workers.http1 import (
+    Http1Connection,
+    ResponseTooLarge,
+    UpstreamClosed,
+    UpstreamIdle,
+    UpstreamProtocolError,
+)
 from proxy.workers.registry import WorkerRegistry
 from proxy.workers.upstream import CONNECT_ERRORS, UpstreamPool
 
@@ -217,7 +231,8 @@ class Exchange:
         self._resp: Http1Connection | None = None
         self._first = b""
         self._first_at = 0.0
-        self._buf = b""
+        self._buf: list[bytes] = []  # a partial SSE event, in the pieces it arrived in
+        self._buf_len = 0
         self._acct = StreamAccountant(req.dialect)
         self._upstream_done = False
         self._ended = False
@@ -225,6 +240,7 @@ class Exchange:
         total = p.config.upstream.total_timeout_s
         if req.timeout_s is not None:
             total = min(total, req.timeout_s)
+        self._total = total
         self._deadline = received + total
         p.metrics.inc(p.metrics.requests_accepted, req.frontend)
         p.active += 1
@@ -251,7 +267,7 @@ class Exchange:
         if not model or not any(s.models for s in snaps):
             return healthy
         if not any(model in s.models or not s.models for s in snaps):
-            raise ModelNotFound(f"model {model!r} is not served here (serving: {', '.join(self.p.models())})")
+            raise ModelNotFound(not_served(model, self.p.models()))
         return [s for s in healthy if model in s.models or not s.models]
 
     async def _start(self) -> None:
@@ -281,7 +297,8 @@ class Exchange:
             stale = True
             candidates = [s for s in lease.eligible(self._serving(snaps)) if s.url not in tried]
             if not candidates and last is not None:
-                raise last.error
+                err, last = last.error, None  # no frame -> _Retry -> error -> frame cycle keeps buffers alive
+                raise err
             try:
                 decision = p.policy.select(self.route, candidates)
             except NoWorkerAvailable:
@@ -309,6 +326,7 @@ class Exchange:
                 tried.add(decision.worker)
                 last = r
                 if len(tried) > cfg.upstream.max_retries:
+                    last = None  # (see above: the cycle would hold the failed attempt's buffers until a GC pass)
                     raise r.error from None
                 self.retries += 1
                 p.metrics.inc(p.metrics.retries, r.cause)
@@ -373,38 +391,46 @@ class Exchange:
                 resp = await p.upstream.post(worker, self.req.dialect.path, body, headers)
                 t.upstream_headers = p.clock.now()
                 status = resp.status
-                if status >= 500:
+                # One judge of every answer (workers/answers.py): what it is, or BadAnswer → 502 + retry.
+                kind = judge_head(status, resp.content_type, resp.headers, stream=self.streaming)
+                if kind is Kind.BUSY or kind is Kind.FAILED:
                     await resp.read()
                     p.upstream.release(resp)  # read to the end: the connection stays reusable
                     resp = None
-                    busy = status == 503
+                    busy = kind is Kind.BUSY
                     err: RadixgateError = (
                         Overloaded(f"every worker tried is busy (last answered {status})", retry_after=1.0)
                         if busy else UpstreamError(f"worker answered HTTP {status}"))
                     raise _Retry("worker_busy" if busy else "http_5xx", err, sick=not busy)
-                self.status = status
-                self.content_type = resp.content_type
-                if not self.streaming or status != 200 or not resp.content_type.startswith("text/event-stream"):
+                if kind is not Kind.STREAM:
+                    answer = await resp.read()
+                    doc = judge_body(answer, resp.content_type) if kind is Kind.BODY else None
                     self.streaming = False
-                    self.body = await resp.read()
+                    self.content_type = resp.content_type or "application/json"
+                    if kind is Kind.CLIENT_ERROR:
+                        answer, self.content_type = client_error_body(status, answer, resp.content_type), \
+                            "application/json"
+                    self.status, self.body = status, answer
                     t.first_byte = p.clock.now()
                     p.upstream.release(resp)
                     self._upstream_done = True
-                    if status == 200:
-                        self.meta = meta_from(self.req.dialect, json.loads(self.body))
+                    if doc is not None:
+                        self.meta = meta_from(self.req.dialect, doc)
                     return
+                self.status, self.content_type = status, resp.content_type
                 self._resp = resp
                 first = await self._next_events()
                 if not first:
                     raise _Retry("stream_broken", UpstreamError("worker closed the stream before any output"),
                                  sick=True)
+                check_events(first)
                 if first.startswith(b'data: {"error"') and _busy_error(first):
                     # SGLang opens a stream, then aborts a request its full queue cannot take.
                     raise _Retry("worker_busy", Overloaded("every worker tried is busy (queue full)",
                                                            retry_after=1.0), sick=False)
                 self._first, self._first_at = first, p.clock.now()
                 t.first_byte = self._first_at
-        except TimeoutError:
+        except TimeoutError as e:
             self._drop(resp)
             self._abort(worker)  # it may be generating (or hung): free its slot
             hung = check is not None and check.done() and not check.cancelled() and check.result()
@@ -412,11 +438,26 @@ class Exchange:
                 raise _Retry("timeout", UpstreamTimeout(
                     f"worker failed its health check with no answer after {p.clock.now() - started:.3g} s"),
                     sick=True) from None
-            timeout = UpstreamTimeout(f"worker sent nothing within {wait:.3g} s")
+            if isinstance(e, UpstreamIdle):  # its head came, then silence: nothing reached the client yet
+                raise _Retry("timeout", UpstreamTimeout(str(e)), sick=True) from None
             if whole or wait < cfg.first_byte_timeout_s:  # the request's own deadline ran out: no time to retry
                 p.metrics.inc(p.metrics.upstream_failures, worker, "timeout", worker=worker)
-                raise timeout from None
-            raise _Retry("timeout", timeout, sick=True) from None  # nothing reached the client yet
+                raise UpstreamTimeout(f"no answer within the request's deadline ({self._total:.3g} s: "
+                                      "upstream.total_timeout_s or the caller's own timeout)") from None
+            raise _Retry("timeout", UpstreamTimeout(  # nothing reached the client yet
+                f"worker sent nothing within {wait:.3g} s (upstream.first_byte_timeout_s)"), sick=True) from None
+        except (BadAnswer, MalformedEvent, UpstreamProtocolError) as e:
+            self._drop(resp)
+            cause = e.cause if isinstance(e, BadAnswer) else "too_large" if isinstance(
+                e, ResponseTooLarge) else "protocol_error" if isinstance(e, UpstreamProtocolError) else "bad_answer"
+            raise _Retry(cause, UpstreamError(str(e)), sick=True) from None
+        except UpstreamClosed as e:
+            if resp is None:  # before its head: as a refused connection (the worker is going away)
+                raise _Retry("connect_error", NoHealthyWorker(f"worker connection failed: {e!r}", retry_after=1.0),
+                             sick=True) from None
+            self._drop(resp)
+            raise _Retry("stream_broken", UpstreamError(f"the worker closed the connection mid-answer: {e}"),
+                         sick=True) from None
         except CONNECT_ERRORS as e:
             self._drop(resp)
             # When every worker tried refused or dropped the connection, none is up: 503 + Retry-After.
@@ -459,24 +500,47 @@ class Exchange:
             resp.close()
             self.p.upstream.release(resp)
         self._resp = None
+        self._buf.clear()  # a failed attempt's partial event: freed now, whoever still holds the list
 
     async def _next_events(self) -> bytes:
-        """The next run of complete SSE events; b"" at the end (a trailing partial event is dropped)."""
+        """The next run of complete SSE events; b"" at the end (a trailing partial event is dropped).
+
+        A partial event waits in pieces (joined once, when its blank line comes: no copy per read),
+        at most ``upstream.max_event_bytes`` of it: beyond, ``MalformedEvent``."""
         assert self._resp is not None
         read = self._resp.readany
+        pending = self._buf
         while True:
             data = await read()
             if not data:
                 return b""
-            if self._buf:
-                data, self._buf = self._buf + data, b""
+            if pending:
+                if b"\n\n" not in data and not (data[:1] == b"\n" and pending[-1].endswith(b"\n")):
+                    pending.append(data)
+                    self._buf_len += len(data)
+                    self._check_partial()
+                    continue
+                data = b"".join(pending) + data
+                pending.clear()
             cut = data.rfind(b"\n\n") + 2
             if cut == 1:
-                self._buf = data
+                pending.append(data)
+                self._buf_len = len(data)
+                self._check_partial()
                 continue
-            if cut < len(data):
-                data, self._buf = data[:cut], data[cut:]
+            self._buf_len = len(data) - cut
+            if self._buf_len:
+                pending.append(data[cut:])
+                self._check_partial()
+                data = data[:cut]
             return data
+
+    def _check_partial(self) -> None:
+        limit = self.p.config.upstream.max_event_bytes
+        if self._buf_len > limit:
+            self._buf.clear()  # freed at once, not when the exception's frames are
+            raise MalformedEvent(f"the worker sent an event of more than {limit} bytes without its end "
+                                 "(upstream.max_event_bytes)")
 
     # -- consume ------------------------------------------------------------------------------------
     def chunks(self) -> AsyncIterator[bytes]:
@@ -496,18 +560,28 @@ class Exchange:
         data, now = self._first, self._first_at
         self._first = b""
         err: RadixgateError
+        # The deadline is the clock's, not the events': a worker dribbling a byte at a time never
+        # completes an event, so one timer ends the stream at its deadline whatever arrives.
+        loop = asyncio.get_running_loop()
+        assert self._resp is not None
+        resp = self._resp
+        deadline = loop.call_at(loop.time() + max(0.0, self._deadline - p.clock.now()), resp.fail, TimeoutError())
         try:
             while data:
                 first = False
                 if acct.feed(data):
                     first = t.first_token is None
                     t.mark_token(now)
+                if acct.done or acct.error is not None:
+                    data = until_end(data)
                 yield data
                 if first:  # after the client has its first token, not before
                     self._first_token(data)
                 if acct.done or acct.error is not None:
                     break
                 data = await self._next_events()
+                if data:
+                    check_events(data)
                 now = p.clock.now()
                 if now > self._deadline:
                     raise TimeoutError
@@ -516,10 +590,18 @@ class Exchange:
                 self.meta = acct.final()
                 return
             err = UpstreamError("the worker closed the stream before it finished")
+        except UpstreamIdle as e:
+            err = UpstreamTimeout(str(e))
         except TimeoutError:
-            err = UpstreamTimeout("the stream went silent past its deadline")
+            err = UpstreamTimeout(f"the stream ran past the request's deadline ({self._total:.3g} s: "
+                                  "upstream.total_timeout_s or the caller's own timeout)")
+        except (MalformedEvent, UpstreamProtocolError) as e:
+            resp.close()  # what follows a malformed event is not worth reading
+            err = UpstreamError(f"the worker's stream broke: {e}")
         except CONNECT_ERRORS as e:
             err = UpstreamError(f"the worker connection broke mid-stream: {e!r}")
+        finally:
+            deadline.cancel()
         self._upstream_done = False
         self.meta = acct.final()
         assert self.worker is not None
@@ -560,22 +642,40 @@ class Exchange:
         last: list[TextDelta | ErrorEvent | Finished] = []
         if self.streaming:
             async for data in self.chunks():
-                run: list[TextDelta | ErrorEvent | Finished] = [*decoder.decode(data)]
+                try:
+                    run: list[TextDelta | ErrorEvent | Finished] = [*decoder.decode(data)]
+                except ValueError as e:
+                    err = self.broken_event(e)
+                    last = [ErrorEvent(err.message, err.status)]
+                    break
                 if self._acct.done or self._acct.error is not None:
                     last = run
                 elif run:
                     yield run
         elif self.status != 200:
             try:
-                found = decoder.decode_object(json.loads(self.body))
+                found = decoder.decode_object(safejson.loads(self.body))
             except ValueError:
                 found = []
             last = [next((e for e in found if isinstance(e, ErrorEvent)),
                          ErrorEvent(self.body.decode(errors="replace")[:500], self.status))]
         else:
-            last = [*decoder.decode_object(json.loads(self.body))]
+            try:
+                last = [*decoder.decode_object(safejson.loads(self.body))]
+            except ValueError as e:
+                err = self.broken_event(e)
+                last = [ErrorEvent(err.message, err.status)]
         assert self.worker is not None
         yield [*last, Finished(self.meta, self.worker, self.rid, self.timing)]
+
+    def broken_event(self, e: ValueError) -> RadixgateError:
+        """A frontend decoding the answer found what it cannot read (an event that is not JSON, token
+        ids that are not integers): the request failed, as the worker's fault (502)."""
+        if self.error is None:
+            self.error = UpstreamError(f"the worker's answer is malformed: {str(e)[:200]}")
+            if self.worker is not None:
+                self.p.metrics.inc(self.p.metrics.upstream_failures, self.worker, "bad_answer", worker=self.worker)
+        return self.error
 
     # -- record -------------------------------------------------------------------------------------
     async def _end(self, exc: BaseException | None) -> None:
@@ -647,12 +747,19 @@ def hold_limit(hold_max_s: float, hold_s: float | None, remaining_s: float) -> f
     return min(hold_max_s, remaining_s) if hold_s is None else min(hold_max_s, hold_s, remaining_s)
 
 
+def not_served(model: str, served: Sequence[str], *, show: int = 8) -> str:
+    """The 404 message: bounded whatever the caller sent or the fleet serves (200k models, a 1 MB name)."""
+    name = model if len(model) <= 100 else model[:100] + "..."
+    more = f" and {len(served) - show} more" if len(served) > show else ""
+    return f"model {name!r} is not served here (serving: {', '.join(m[:100] for m in served[:show])}{more})"
+
+
 def _busy_error(first: bytes) -> bool:
     """Whether a stream's first event is a 503 error (queue full / starting): safe to retry."""
     for event in first.split(b"\n\n"):
         if event.startswith(b"data: "):
             try:
-                err = json.loads(event[6:]).get("error") or {}
+                err = safejson.loads(event[6:]).get("error") or {}
             except (ValueError, AttributeError):
                 return False
             return isinstance(err, dict) and 503 in (err.get("code"), err.get("status_code"))

@@ -12,15 +12,25 @@ Two readers of the same bytes:
 
 ``FinalMeta`` is what the end of a response tells us: finish reason, prompt / cached / completion
 tokens, and the worker's own timing (``queue_time``, ``first_token_latency``, ``e2e_latency``).
+
+A worker's events are not trusted: ``check_events`` (run by the pipeline on every run it relays)
+refuses a ``data:`` payload that is neither ``[DONE]`` nor shaped like a JSON object — a cheap
+check of its first and last byte, since native chunks are not parsed on the way (their text is
+cumulative: parsing each is O(answer²)). Where a payload is parsed anyway (OpenAI chunks, error
+events, the last chunk's ``meta_info``, the gRPC decoders), a parse failure is ``MalformedEvent``
+too, through ``safejson`` (no ``RecursionError``, no NaN). Numbers read from a worker must be
+finite, counts in [0, 2**53): anything else reads as "not reported".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy import safejson
 from proxy.errors import RadixgateError
 from proxy.request import Dialect
 
@@ -57,12 +67,86 @@ class ErrorEvent:
     code: int | None = None
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+class MalformedEvent(ValueError):
+    """A worker's SSE event that is not ``[DONE]`` nor a JSON object."""
+
+
+_MAX_COUNT = 2**53
+
+
+def as_count(v: Any) -> int | None:
+    """A count a worker reported: an integer in [0, 2**53), else None (not reported)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_COUNT else None
+
+
+_int = as_count
 
 
 def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+_ERROR_EVENT = b'data: {"error"'
+
+
+def until_end(data: bytes) -> bytes:
+    """A run that ends the stream (``[DONE]`` or an error event), cut after that end (and an error
+    event's own ``[DONE]``): what a worker sends after its end is not relayed."""
+    if data.endswith(DONE_EVENT) and data.count(b"data: [DONE]") == 1 and _ERROR_EVENT not in data:
+        return data  # the usual last run: one [DONE], at its end
+    starts = [i + 2 for marker in (DONE_EVENT, _ERROR_EVENT) if (i := data.find(b"\n\n" + marker)) >= 0]
+    starts += [0] if data.startswith((DONE_EVENT, _ERROR_EVENT)) else []
+    if not starts:
+        return data
+    stop = data.find(b"\n\n", min(starts)) + 2
+    if data.startswith(DONE_EVENT, stop):
+        stop += len(DONE_EVENT)
+    return data[:stop]
+
+
+def parse_event(payload: bytes) -> Any:
+    """One event payload, parsed; ``MalformedEvent`` when it is not JSON."""
+    try:
+        return safejson.loads(payload)
+    except ValueError as e:
+        raise MalformedEvent(f"an event is not JSON ({str(e)[:100]}): {payload[:60]!r}") from None
+
+
+def check_events(data: bytes) -> None:
+    """``MalformedEvent`` unless every ``data:`` payload of this run of complete events is ``[DONE]``
+    or looks like a JSON object (``{`` … ``}``). The usual layout — single-line ``data: {…}``
+    events — is checked by each event's ends (no copy); any other layout line by line."""
+    if data.endswith(b"}\n\n") and data.startswith(b"data: {") and data.count(b"\n") == 2:
+        return  # one single-line event: most runs
+    if _single_line_events(data):
+        return
+    for event in data.split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue  # comments, event:, id:, retry: (ignored, as SSE clients ignore them)
+            payload = line[5:].strip()
+            if payload != DONE and not (payload.startswith(b"{") and payload.endswith(b"}")):
+                raise MalformedEvent(f"an event is neither [DONE] nor a JSON object: {payload[:60]!r}")
+
+
+def _single_line_events(data: bytes) -> bool:
+    """Whether ``data`` is only ``data: {…}\\n\\n`` / ``data: [DONE]\\n\\n`` events (False: look closer)."""
+    pos, size = 0, len(data)
+    find, starts = data.find, data.startswith
+    while pos < size:
+        end = find(b"\n", pos)
+        if end < 0 or data[end + 1:end + 2] != b"\n":
+            return False
+        if not ((starts(b"data: {", pos) and data[end - 1] == 0x7D) or starts(b"data: [DONE]\n", pos)):
+            return False
+        pos = end + 2
+    return True
 
 
 def _finish(v: Any) -> str | None:
@@ -172,7 +256,7 @@ def first_token_counts(dialect: Dialect, data: bytes) -> tuple[int | None, int |
         if payload == DONE or payload.startswith(b'{"error"'):
             continue
         try:
-            info = json.loads(payload).get("meta_info")
+            info = safejson.loads(payload).get("meta_info")
         except (ValueError, AttributeError):
             return None, None
         if not isinstance(info, Mapping):
@@ -222,7 +306,7 @@ class StreamAccountant:
         if b'data: {"error"' in data:
             for payload in iter_payloads(data):
                 if payload.startswith(b'{"error"'):
-                    self.error = json.loads(payload).get("error") or {}
+                    self.error = _error_of_payload(payload)
                     n -= 1
         if n <= 0:
             return False
@@ -237,9 +321,11 @@ class StreamAccountant:
             if payload == DONE:
                 self.done = True
             elif payload.startswith(b'{"error"'):
-                self.error = json.loads(payload).get("error") or {}
+                self.error = _error_of_payload(payload)
             else:
-                obj = json.loads(payload)
+                obj = parse_event(payload)
+                if not isinstance(obj, Mapping):
+                    raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
                 if openai_has_output(obj):
                     carried = True
                     self.token_events += 1
@@ -247,11 +333,15 @@ class StreamAccountant:
         return carried
 
     def final(self) -> FinalMeta:
+        """What the stream told (never raises: a malformed last chunk reports nothing)."""
         if self._last is not None:
             last = last_output_payload(self._last)
-            if last is not None:
-                meta_from(self.dialect, json.loads(last), self.meta)
             self._last = None
+            if last is not None:
+                try:
+                    meta_from(self.dialect, safejson.loads(last), self.meta)
+                except ValueError:
+                    pass
         if self.meta.completion_tokens is None and self.token_events:
             self.meta.completion_tokens = self.token_events  # OpenAI stream without usage: chunks
         if self.error is not None:
@@ -272,7 +362,7 @@ class EventDecoder:
         for payload in iter_payloads(data):
             if payload == DONE:
                 continue
-            out.extend(self.decode_object(json.loads(payload)))
+            out.extend(self.decode_object(parse_event(payload)))
         return out
 
     def decode_object(self, obj: Any) -> list[TextDelta | ErrorEvent]:
@@ -315,6 +405,11 @@ class EventDecoder:
         if not pieces and not usage:
             return []
         return [TextDelta("".join(pieces), (), _int(usage.get("completion_tokens")))]
+
+
+def _error_of_payload(payload: bytes) -> Mapping[str, Any]:
+    err = parse_event(payload).get("error")
+    return err if isinstance(err, Mapping) else {"message": str(err)[:200]} if err else {}
 
 
 def error_event(err: RadixgateError) -> bytes:

@@ -253,7 +253,11 @@ class GrpcFrontend:
         async for data in ex.chunks():
             if out.error is not None:
                 continue
-            run = reader.read(data)
+            try:
+                run = reader.read(data)
+            except ValueError as e:  # an event the relay passed on but no decoder can read: the worker's fault
+                out.error = ex.broken_event(e)
+                break
             if run.error is not None:
                 out.error = self._worker_error(ex, run.error)
             elif ex.last_chunk:

@@ -12,7 +12,7 @@ the previous chunk's text and ids (cumulative streaming, the default), is read w
 it repeats:
 
 * the new text is the bytes after the old text up to the closing quote, decoded as json.loads
-  decodes them (UTF-8, ``surrogatepass``) — used only when they hold no backslash and no control
+  decodes them (strict UTF-8, as ``safejson``) — used only when they hold no backslash and no control
   character, i.e. when JSON's string decoding is the identity on them;
 * the new ids are checked to be JSON integers and counted, not converted;
 * the rest (``meta_info``: a few hundred bytes) goes through json.loads itself, so its values, and
@@ -28,15 +28,25 @@ test: ``tests/unit/test_grpc_deltas.py``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]  # json's own string scanner
 from typing import Any, NamedTuple
 
+from proxy import safejson
 from proxy.frontends.grpc_messages import tokens_added
 from proxy.request import Dialect
-from proxy.sse import DONE, ErrorEvent, EventDecoder, TextDelta, error_of, iter_payloads, token_ids
+from proxy.sse import (
+    DONE,
+    ErrorEvent,
+    EventDecoder,
+    TextDelta,
+    as_count,
+    error_of,
+    iter_payloads,
+    parse_event,
+    token_ids,
+)
 
 _TEXT_KEYS = (b'{"text":"', b'{"text": "')
 _WS = b" \t\n\r"  # JSON's whitespace (bytes.strip() would also take \x0b and \x0c)
@@ -133,7 +143,7 @@ class RunReader:
         if b"\\" in new or _CONTROL.search(new):
             return None
         try:
-            delta = new.decode("utf-8", "surrogatepass")
+            delta = new.decode("utf-8")  # strict, as safejson decodes the reference path
         except UnicodeDecodeError:
             return None
         key = _IDS_KEY.match(p, j + 1)
@@ -167,14 +177,14 @@ class RunReader:
         if template is not None and rest.startswith(template[0]) and rest.endswith(template[1]):
             number = rest[len(template[0]):len(rest) - len(template[1])]
             if _NUMBER.fullmatch(number):
-                return (int(number),)
+                return (_int(int(number)),)
         body = rest.lstrip(_WS)
         if body.rstrip(_WS) == b"}":
             return (None,)
         if not body.startswith(b",") or not body[1:].lstrip(_WS).startswith(b'"'):
             return None
         try:
-            others = json.loads(b"{" + body[1:])
+            others = safejson.loads(b"{" + body[1:])
         except ValueError:
             return None
         if any(k in others for k in _REPEATED):
@@ -212,7 +222,7 @@ class RunReader:
 
     def _slow(self, p: bytes) -> tuple[str, int] | ErrorEvent | None:
         """The reference reading of one native chunk (EventDecoder.decode_object + tokens_added)."""
-        obj = json.loads(p)
+        obj = parse_event(p)
         err = error_of(obj)
         if err is not None:
             return err
@@ -265,5 +275,4 @@ def _template(rest: bytes, completion: int | None) -> tuple[bytes, bytes] | None
     return rest[:number.start()], rest[number.end():]
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+_int = as_count  # the reference's reading of a count

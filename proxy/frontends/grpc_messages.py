@@ -22,13 +22,13 @@ Outbound: stage timings, the final chunk and worker snapshots become their proto
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from proxy import safejson
 from proxy._proto.radixgate.v1 import admin_pb2, generate_pb2
 from proxy.errors import BadRequest, PayloadTooLarge
+from proxy.frontends.sampling import check_sampling
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
 from proxy.sse import TextDelta
@@ -50,6 +50,9 @@ _REPEATED_SAMPLING: dict[str, tuple[str, str]] = {
     "stop": ("stop", "stop"),
     "stop_token_ids": ("stop_token_ids", "stop_token_ids"),
 }
+# Dict keys back to the proto field the caller set (messages name what the caller wrote).
+_PROTO_NAMES = {native: field for field, (native, _) in _SCALAR_SAMPLING.items()} | {
+    openai: field for field, (_, openai) in _SCALAR_SAMPLING.items()}
 # Body keys a chat request's extra_json may not replace: the frontend owns them.
 _CHAT_RESERVED = frozenset({"model", "messages", "stream", "stream_options", "rid"})
 
@@ -138,7 +141,6 @@ def _messages(chat: generate_pb2.ChatMessages, max_prompt_chars: int) -> list[di
 
 
 def _sampling(params: generate_pb2.SamplingParams, *, chat: bool) -> dict[str, Any]:
-    _check_ranges(params)
     out: dict[str, Any] = {}
     for field, keys in _SCALAR_SAMPLING.items():
         if params.HasField(field):
@@ -148,39 +150,21 @@ def _sampling(params: generate_pb2.SamplingParams, *, chat: bool) -> dict[str, A
         values = list(getattr(params, field))
         if values:
             out[keys[1] if chat else keys[0]] = values
+    # The same table HTTP requests are checked against (frontends/sampling.py), under the proto's names.
+    check_sampling(out, "sampling.", names=_PROTO_NAMES)
     return out
-
-
-def _check_ranges(p: generate_pb2.SamplingParams) -> None:
-    """Refuse values no worker accepts, so the caller reads which field and why."""
-    for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
-        if p.HasField(name) and not math.isfinite(getattr(p, name)):
-            raise BadRequest(f"sampling.{name}: must be a finite number")
-    rules: list[tuple[str, bool, str]] = [
-        ("temperature", p.temperature >= 0, "must be >= 0"),
-        ("top_p", 0 < p.top_p <= 1, "must be in (0, 1]"),
-        ("top_k", p.top_k == -1 or p.top_k >= 1, "must be -1 (off) or >= 1"),
-        ("min_p", 0 <= p.min_p <= 1, "must be in [0, 1]"),
-        ("frequency_penalty", -2 <= p.frequency_penalty <= 2, "must be in [-2, 2]"),
-        ("presence_penalty", -2 <= p.presence_penalty <= 2, "must be in [-2, 2]"),
-        ("repetition_penalty", 0 < p.repetition_penalty <= 2, "must be in (0, 2]"),
-    ]
-    for name, ok, why in rules:
-        if p.HasField(name) and not ok:
-            raise BadRequest(f"sampling.{name}: {why}, got {getattr(p, name)!r}")
-    if any(t < 0 for t in p.stop_token_ids):
-        raise BadRequest("sampling.stop_token_ids: token ids must be >= 0")
 
 
 def _extra(text: str) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        value = json.loads(text)
+        value = safejson.loads(text)
     except ValueError as e:
-        raise BadRequest(f"sampling.extra_json: not valid JSON ({e})") from e
+        raise BadRequest(f"sampling.extra_json: not valid JSON ({e})") from None
     if not isinstance(value, dict):
         raise BadRequest(f"sampling.extra_json: must be a JSON object, got {type(value).__name__}")
+    check_sampling(value, "sampling.extra_json.")
     return value
 
 

@@ -24,8 +24,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proxy import safejson
 from proxy.config import Config
-from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, to_body
+from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, UnsupportedEncoding, to_body
+from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline
 from proxy.request import Dialect, GenerateRequest
@@ -37,8 +39,10 @@ FRONTEND = "http"
 
 def error_response(err: RadixgateError, dialect: Dialect | None) -> web.Response:
     body = to_body(err, dialect=dialect.error_style if dialect else "openai")
-    headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after else None
-    return web.json_response(body.payload, status=body.status, headers=headers)
+    headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after else {}
+    if isinstance(err, UnsupportedEncoding):
+        headers["Accept-Encoding"] = "identity"  # RFC 9110 §15.5.16: what the client may send instead
+    return web.json_response(body.payload, status=body.status, headers=headers or None)
 
 
 def _prompt_size(value: Any) -> int:
@@ -75,11 +79,44 @@ def _check_token_ids(field: str, value: Any) -> None:
             raise BadRequest(f"{field}: token ids must be integers in [0, {MAX_TOKEN_ID}]")
 
 
+# What each prompt field may hold: a batch is a list of the single form (token ids: a list of lists).
+_PROMPT_SHAPES = {"text": ("text",), "input_ids": ("ids",), "prompt": ("text", "ids"), "input_embeds": ("any",)}
+
+
+def _check_prompt_shape(field: str, value: Any) -> None:
+    """``input_ids: ["1"]`` is no token-id prompt, and ``text: [1, 2]`` no text prompt."""
+    allowed = _PROMPT_SHAPES.get(field, ("any",))
+    if "any" in allowed:
+        return
+    if isinstance(value, str):
+        ok = "text" in allowed
+    elif all(type(i) is int for i in value):
+        ok = "ids" in allowed
+    elif all(isinstance(v, str) for v in value):
+        ok = "text" in allowed
+    else:
+        ok = "ids" in allowed and all(isinstance(v, list) and v and all(type(i) is int for i in v) for v in value)
+    if not ok:
+        want = " or ".join({"text": "text (a string, or a list of strings)",
+                            "ids": "token ids (a list of integers, or a list of such lists)"}[a] for a in allowed)
+        raise BadRequest(f"{field}: must be {want}")
+
+
+def _forwardable(name: str, value: str) -> str:
+    """A header value passed on to a worker: visible ASCII, spaces and tabs (credentials are
+    token68 / base64, RFC 9110 §11). aiohttp hands header bytes over decoded as UTF-8: anything
+    beyond ASCII would reach the worker re-encoded (other bytes than the client sent), and what
+    is not Latin-1 could not be written at all (it was a 500)."""
+    if not value.isascii() or any((c < " " and c != "\t") or c == "\x7f" for c in value):
+        raise BadRequest(f"{name}: header must be printable ASCII text")
+    return value
+
+
 def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> GenerateRequest:
     """The caller's bytes → a ``GenerateRequest``; ``BadRequest`` / ``PayloadTooLarge`` name the field."""
     try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        payload = safejson.loads(raw)
+    except ValueError as e:
         raise BadRequest(f"malformed JSON body: {e}") from None
     if not isinstance(payload, dict):
         raise BadRequest("the body must be a JSON object")
@@ -96,6 +133,12 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if params is not None and not (isinstance(params, dict)
                                    or (isinstance(params, list) and params and all(isinstance(p, dict) for p in params))):
         raise BadRequest("sampling_params: must be an object (a list of objects for a batch)")
+    # The sampling table gRPC requests are checked against too (frontends/sampling.py).
+    if dialect is Dialect.SGLANG:
+        for i, one in enumerate(params if isinstance(params, list) else [params] if params else []):
+            check_sampling(one, f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params.")
+    else:
+        check_sampling(payload, "")
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
         raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
     text: str | None = None
@@ -123,6 +166,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         value = payload[given[0]]
         if not isinstance(value, str | list) or (isinstance(value, list) and not value):
             raise BadRequest(f"{given[0]}: must be a string, a list of token ids, or a non-empty list of those")
+        _check_prompt_shape(given[0], value)
         size = _prompt_size(value)
         head = _first(value)
         if isinstance(head, str):
@@ -139,7 +183,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         priority = int(priority_raw) if priority_raw is not None else 0
     except ValueError:
         raise BadRequest(f"{cfg.admission.priority_header}: header must be an integer") from None
-    fwd = {"authorization": headers["Authorization"]} if "Authorization" in headers else {}
+    fwd = {"authorization": _forwardable("Authorization", headers["Authorization"])} if "Authorization" in headers else {}
     return GenerateRequest(
         dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,
         messages=messages, rid=rid if isinstance(rid, str) and rid else None,
@@ -154,6 +198,12 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
     async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
         received = clock.now()
         try:
+            encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                # Not inflated here (the server's parser runs with auto_decompress off, limits.py):
+                # a request body is JSON, and inflating a bomb only to refuse it cost 1-2 s of loop time.
+                raise UnsupportedEncoding(f"Content-Encoding: {encoding[:40]!r} is not accepted; "
+                                          "send the JSON body uncompressed (identity)")
             if request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
                 raise PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{cfg.limits.max_body_bytes}")

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from proxy.pipeline import CompletedRequest
 
 REQUEST_LOGGER = "radixgate.requests"
+# A caller may choose its rid (forwarded whole to the worker); the log line keeps its start only.
+MAX_LOGGED_RID = 128
 
 
 def setup_logging(level: str) -> None:
@@ -99,7 +101,7 @@ def request_fields(done: CompletedRequest) -> dict[str, Any]:
     hashes = route.block_hashes if route is not None else ()
     stages = t.stages()
     fields: dict[str, Any] = {
-        "rid": done.rid,
+        "rid": done.rid if len(done.rid) <= MAX_LOGGED_RID else done.rid[:MAX_LOGGED_RID] + "...",
         "frontend": done.frontend,
         "dialect": done.dialect,
         "stream": done.stream,

@@ -104,7 +104,9 @@ class Metrics:
             ["frontend", "cause"], registry=r)
         self.upstream_failures = FastCounter(
             "radixgate_upstream_failures_total",
-            "Failed attempts on a worker (connect error, 5xx, queue full, timeout, broken stream).",
+            "Failed attempts on a worker: connect_error, http_5xx, worker_busy (503), timeout, stream_broken, "
+            "protocol_error (not HTTP / a redirect / framing), bad_answer (not JSON, a malformed event), "
+            "too_large (over an upstream.max_*_bytes cap).",
             ["worker", "cause"], registry=r)
         self.long_answer_checks = FastCounter(
             "radixgate_long_answer_checks_total",

@@ -10,21 +10,37 @@ Scope, on purpose small: ``POST`` with a body; responses framed by ``Content-Len
 ``http`` and ``https``. TCP_NODELAY is set on every connection. A connection is reused only after
 its response was read to the end; anything else closes it.
 
-Timeouts: connecting is bounded by ``connect_timeout_s``; a response that stays silent for
-``idle_timeout_s`` (before its head or between reads) fails with ``TimeoutError``. The idle timer
-is one timer per silent period, re-armed lazily, not one per read.
+Timeouts: connecting is bounded by ``connect_timeout_s``; once its head arrived, a response that
+stays silent for ``idle_timeout_s`` between reads fails with ``UpstreamIdle`` (a ``TimeoutError``).
+The wait for the head is not this timer's: the caller bounds it (a stream's first-byte timeout; a
+non-stream answer, whose head comes only when the whole generation is done, by its deadline and
+health checks — an idle timer there failed every healthy generation longer than it). The idle
+timer is one timer per silent period, re-armed lazily, not one per read. ``fail(exc)`` ends a
+response from outside (the caller's deadline): the next read raises ``exc``.
+
+Bounds on what a worker can make us hold: the head (interim 1xx heads included) at most
+``MAX_HEAD_BYTES``; ``read()`` — a whole body — at most ``max_body_bytes`` (a larger
+``Content-Length`` is refused before a byte of the body is read); ``readany()`` hands over what
+arrived and pauses the socket above ``PAUSE_ABOVE`` buffered bytes. A status line that is not
+``HTTP/1.x`` + three digits, a ``Content-Length`` that is not one decimal number, ``101`` (never
+asked for) or more than ``MAX_INTERIM`` interim ``1xx`` heads are ``UpstreamProtocolError``; interim
+``100`` / ``102`` / ``103`` heads are skipped, as RFC 9110 §15.2 asks of a client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_INTERIM = 8  # interim 1xx heads skipped before the final one
 PAUSE_ABOVE = 1 << 20  # buffered body bytes before we stop reading from the worker
+DEFAULT_MAX_BODY = 64 << 20
+_STATUS = re.compile(r"[1-5][0-9][0-9]")
 
 
 class UpstreamClosed(ConnectionError):
@@ -35,12 +51,22 @@ class UpstreamProtocolError(ConnectionError):
     """The worker's response was not valid HTTP/1.1 (the connection is dropped)."""
 
 
+class ResponseTooLarge(UpstreamProtocolError):
+    """A response (or its head) is larger than the client's bound."""
+
+
+class UpstreamIdle(TimeoutError):
+    """The worker went silent mid-response for longer than the idle timeout."""
+
+
 class Http1Connection(asyncio.Protocol):
     """One connection; at most one request on it at a time. Also the response object."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout_s: float,
+                 max_body_bytes: int = DEFAULT_MAX_BODY) -> None:
         self._loop = loop
         self._idle = idle_timeout_s
+        self.max_body_bytes = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.pool: Http1Pool | None = None  # set while leased from a pool
@@ -51,7 +77,9 @@ class Http1Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.content_type = ""
         self.keep_alive = True
-        self._head = b""
+        self._head = bytearray()  # a head that arrived in pieces, until its blank line
+        self._head_seen = 0  # head bytes so far, interim 1xx heads included
+        self._interim = 0
         self._head_done = False
         self._framing = ""  # "length" | "chunked" | "eof"
         self._remaining = 0  # length framing: bytes left; chunked: bytes left in this chunk (+2 CRLF)
@@ -74,20 +102,33 @@ class Http1Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last = self._loop.time()
-        if not self._head_done:
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._head) > MAX_HEAD_BYTES:
-                    self._fail(UpstreamProtocolError("upstream response head too large"))
+        while not self._head_done:
+            if self._exc is not None:
                 return
-            head, data = self._head[:end], self._head[end + 4:]
-            self._head = b""
+            buf: bytes | bytearray = data
+            start = 0
+            if self._head:  # a head split over reads: append, and search only the new bytes (+3)
+                start = max(0, len(self._head) - 3)
+                self._head += data
+                buf = self._head
+            end = buf.find(b"\r\n\r\n", start)
+            if self._head_seen + (len(buf) if end < 0 else end) > MAX_HEAD_BYTES:
+                self._fail(ResponseTooLarge(f"worker's response head is over {MAX_HEAD_BYTES} bytes"))
+                return
+            if end < 0:
+                if buf is data:
+                    self._head = bytearray(data)
+                return
+            head, data = bytes(buf[:end]), bytes(buf[end + 4:])
+            self._head = bytearray()
+            self._head_seen += end + 4
             try:
                 self._parse_head(head)
             except ValueError as e:
                 self._fail(UpstreamProtocolError(str(e)))
                 return
+        if self._exc is not None:
+            return
         if data and not self.complete:
             if self._framing == "chunked":
                 self._feed_chunked(data)
@@ -109,6 +150,9 @@ class Http1Connection(asyncio.Protocol):
         if not self.complete:
             if self._head_done and self._framing == "eof":
                 self._finish()
+            elif self._exc is None and not self._head_done and (self._head or self._head_seen):
+                # It began answering, then closed before its head ended: a broken answer, not a lost worker.
+                self._exc = UpstreamProtocolError("worker closed the connection inside its response head")
             elif self._exc is None:
                 self._exc = UpstreamClosed(f"worker closed the connection mid-response ({exc!r})")
         self._stop_timer()
@@ -118,9 +162,15 @@ class Http1Connection(asyncio.Protocol):
     def _parse_head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise ValueError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
-        self.status = int(parts[1])
+        if len(parts) < 2 or parts[0] not in ("HTTP/1.1", "HTTP/1.0") or not _STATUS.fullmatch(parts[1]):
+            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+        status = int(parts[1])
+        if 100 <= status < 200:
+            if status == 101 or self._interim >= MAX_INTERIM:
+                raise ValueError(f"worker answered {lines[0][:40]!r}: no final response")
+            self._interim += 1  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+            return
+        self.status = status
         headers = self.headers
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -129,19 +179,23 @@ class Http1Connection(asyncio.Protocol):
         self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         connection = headers.get("connection", "").lower()
         self.keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
-        self._head_done = True
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self._framing, self._remaining = "chunked", -1
         elif "content-length" in headers:
-            self._framing, self._remaining = "length", int(headers["content-length"])
+            length = headers["content-length"]
+            if not (length.isascii() and length.isdigit()) or len(length) > 18:
+                raise ValueError(f"bad Content-Length {length[:30]!r}")
+            self._framing, self._remaining = "length", int(length)
             if self._remaining == 0:
                 self._finish()
-        elif self.status in (204, 304) or 100 <= self.status < 200:
+        elif self.status in (204, 304):
             self._framing = "length"
             self._finish()
         else:
             self._framing = "eof"
             self.keep_alive = False
+        self._head_done = True
+        self._arm()  # from here on, silence is the idle timeout's
 
     def _feed_chunked(self, data: bytes) -> None:
         buf = self._cbuf + data if self._cbuf else data
@@ -214,6 +268,11 @@ class Http1Connection(asyncio.Protocol):
         self.complete = True
         self._stop_timer()
 
+    def fail(self, exc: BaseException) -> None:
+        """End the response from outside (e.g. the caller's deadline): the next read raises ``exc``."""
+        if self._exc is None and not self.complete:
+            self._fail(exc)
+
     def _fail(self, exc: BaseException) -> None:
         self._exc = exc
         self.keep_alive = False
@@ -228,7 +287,7 @@ class Http1Connection(asyncio.Protocol):
 
     # -- idle timeout ----------------------------------------------------------------------------
     def _arm(self) -> None:
-        if self._timer is None and self._idle > 0:
+        if self._timer is None and self._idle > 0 and not self.complete:
             self._timer = self._loop.call_at(self._last + self._idle, self._check_idle)
 
     def _check_idle(self) -> None:
@@ -236,7 +295,8 @@ class Http1Connection(asyncio.Protocol):
         if self.complete or self.closed:
             return
         if self._loop.time() - self._last >= self._idle:
-            self._fail(TimeoutError(f"worker silent for {self._idle:g} s"))
+            self._fail(UpstreamIdle(f"the worker sent nothing for {self._idle:g} s mid-answer "
+                                    "(upstream.idle_timeout_s)"))
         else:
             self._arm()
 
@@ -250,7 +310,6 @@ class Http1Connection(asyncio.Protocol):
         assert self.transport is not None
         self._reset()
         self._last = self._loop.time()
-        self._arm()
         try:
             self.transport.write(data)
         except RuntimeError as e:  # uvloop: the worker closed it and the close is not delivered yet
@@ -287,12 +346,28 @@ class Http1Connection(asyncio.Protocol):
         return data
 
     async def read(self) -> bytes:
+        """The whole body; ``ResponseTooLarge`` (connection dropped) beyond ``max_body_bytes``."""
+        limit = self.max_body_bytes
+        if self._framing == "length" and not self.complete and self._remaining + self._buffered > limit:
+            raise self._too_large(f"worker declared a {self._remaining + self._buffered}-byte body, "
+                                  f"over the {limit}-byte limit")
         parts: list[bytes] = []
+        size = 0
         while True:
             data = await self.readany()
             if not data:
                 return b"".join(parts)
+            size += len(data)
+            if size > limit:
+                parts.clear()  # freed at once, not when the exception's frames are
+                raise self._too_large(f"worker's body is over the {limit}-byte limit")
             parts.append(data)
+
+    def _too_large(self, message: str) -> ResponseTooLarge:
+        exc = ResponseTooLarge(message)
+        self._fail(exc)
+        self._body.clear()
+        return exc
 
     @property
     def reusable(self) -> bool:
@@ -301,6 +376,8 @@ class Http1Connection(asyncio.Protocol):
     def close(self) -> None:
         self._stop_timer()
         self.keep_alive = False
+        self._body.clear()
+        self._buffered = 0
         if self.transport is not None and not self.closed:
             self.transport.close()
             self.closed = True
@@ -310,7 +387,7 @@ class Http1Pool:
     """Keep-alive connections to one worker (``limit`` at most, idle ones kept ``keepalive_s``)."""
 
     def __init__(self, url: str, *, limit: int, keepalive_s: float, connect_timeout_s: float,
-                 idle_timeout_s: float) -> None:
+                 idle_timeout_s: float, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:
         parts = urlsplit(url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
@@ -320,6 +397,7 @@ class Http1Pool:
         self._keepalive = keepalive_s
         self._connect_timeout = connect_timeout_s
         self._idle_timeout = idle_timeout_s
+        self._max_body = max_body_bytes
         self._slots = asyncio.Semaphore(limit)
         self._idle: list[tuple[Http1Connection, float]] = []
         self._closed = False
@@ -355,7 +433,8 @@ class Http1Pool:
                 return conn
             conn.close()
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: Http1Connection(loop, self._idle_timeout), self.host, self.port,
+            loop.create_connection(lambda: Http1Connection(loop, self._idle_timeout, self._max_body),
+                                   self.host, self.port,
                                    ssl=self._ssl, server_hostname=self.host if self._ssl else None),
             self._connect_timeout)
         return proto

@@ -17,19 +17,28 @@ load endpoint with 404 / 405 / 501 (SGLang without ``--enable-metrics``, an engi
 only token counts) is not stale: it reports no load, and is published with its static shape alone
 (engine gauges None) as a good scrape; the endpoints are tried again every ``SERVER_INFO_EVERY``
 polls.
+
+A worker's answers are not trusted: every number must be finite (``1e999``, ``+Inf``, ``NaN`` are
+refused) and every count non-negative and below 2**53, a page size in [1, 2**20]; an answer that
+breaks a rule — or is not JSON, or nests too deeply, or is over ``upstream.max_scrape_bytes`` —
+is a failed scrape of that worker (``ValueError``): counted, logged at debug, and the worker's
+snapshot goes stale. Nothing a worker sends can end the loop that scrapes the whole fleet: ``poll``
+turns any other exception into the same failed scrape (logged as the bug it would be).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from proxy import safejson
 
 log = logging.getLogger("radixgate.scrape")
 
@@ -40,6 +49,7 @@ NOT_SERVED = frozenset({404, 405, 501})
 
 class NotServed(ValueError):
     """The worker does not serve this endpoint."""
+
 
 # sglang metric name → (EngineState field, how series from several ranks combine).
 ENGINE_METRICS: dict[str, tuple[str, str]] = {
@@ -93,35 +103,63 @@ def _combine(values: list[float], how: str) -> float:
     return sum(values) / len(values)
 
 
+MAX_COUNT = 2**53
+MAX_PAGE_SIZE = 1 << 20
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: {value!r} is not a finite number")
+    return value
+
+
 def _typed(field_name: str, value: float) -> int | float:
-    return int(value) if field_name in _INT_FIELDS else float(value)
+    _finite(field_name, value)
+    if field_name not in _INT_FIELDS:
+        return float(value)
+    if not 0 <= value < MAX_COUNT:
+        raise ValueError(f"{field_name}: {value!r} is not a count")
+    if field_name == "page_size" and not 1 <= value <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_size: {value!r} is outside [1, {MAX_PAGE_SIZE}]")
+    return int(value)
 
 
 def parse_prometheus(text: str) -> EngineState:
     """Engine state from SGLang's Prometheus exposition (``sglang:`` names, any label sets)."""
     series: dict[str, list[float]] = {}
     page_from_info: list[float] = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in ENGINE_METRICS:
-                series.setdefault(sample.name, []).append(sample.value)
-            elif sample.name == "sglang:cache_config_info" and "page_size" in sample.labels:
-                try:
-                    page_from_info.append(float(sample.labels["page_size"]))
-                except ValueError:
-                    pass
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in ENGINE_METRICS:
+                    series.setdefault(sample.name, []).append(_finite(sample.name, float(sample.value)))
+                elif sample.name == "sglang:cache_config_info" and "page_size" in sample.labels:
+                    try:
+                        page_from_info.append(float(sample.labels["page_size"]))
+                    except ValueError:
+                        pass
+    except ValueError:
+        raise
+    except Exception as e:  # the exposition parser's other complaints about garbage (IndexError, ...)
+        raise ValueError(f"/metrics: not Prometheus text ({type(e).__name__}: {str(e)[:100]})") from None
     fields: dict[str, Any] = {}
     for name, values in series.items():
         field_name, how = ENGINE_METRICS[name]
         fields[field_name] = _typed(field_name, _combine(values, how))
     if "page_size" not in fields and page_from_info:
-        fields["page_size"] = int(max(page_from_info))
+        fields["page_size"] = _typed("page_size", max(page_from_info))
     return EngineState(**fields)
 
 
 def _num(d: Mapping[str, Any], key: str) -> float | None:
+    """``d[key]`` as a finite float; None when absent or not a number; ``ValueError`` when not finite."""
     v = d.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        return _finite(key, float(v))
+    except OverflowError:  # an integer beyond float range
+        raise ValueError(f"{key}: {v!r} is not a finite number") from None
 
 
 def parse_loads(doc: Any) -> EngineState:
@@ -131,23 +169,23 @@ def parse_loads(doc: Any) -> EngineState:
         raise ValueError("/v1/loads: no 'loads' list")
     ranks = [r for r in loads if isinstance(r, Mapping)]
 
-    def total(key: str) -> int | None:
+    def total(key: str, field_name: str) -> int | None:
         vals = [v for r in ranks if (v := _num(r, key)) is not None]
-        return int(sum(vals)) if vals else None
+        return int(_typed(field_name, sum(vals))) if vals else None
 
     def mean(key: str) -> float | None:
         vals = [v for r in ranks if (v := _num(r, key)) is not None]
-        return sum(vals) / len(vals) if vals else None
+        return _finite(key, sum(vals) / len(vals)) if vals else None
 
     return EngineState(
-        running=total("num_running_reqs"),
-        queued=total("num_waiting_reqs"),
-        waiting_uncached_tokens=total("num_waiting_uncached_tokens"),
-        used_tokens=total("num_used_tokens"),
+        running=total("num_running_reqs", "running"),
+        queued=total("num_waiting_reqs", "queued"),
+        waiting_uncached_tokens=total("num_waiting_uncached_tokens", "waiting_uncached_tokens"),
+        used_tokens=total("num_used_tokens", "used_tokens"),
         token_usage=mean("token_usage"),
         cache_hit_rate=mean("cache_hit_rate"),
-        max_running_requests=total("max_running_requests"),
-        max_total_tokens=total("max_total_num_tokens"),
+        max_running_requests=total("max_running_requests", "max_running_requests"),
+        max_total_tokens=total("max_total_num_tokens", "max_total_tokens"),
     )
 
 
@@ -160,9 +198,9 @@ def parse_get_load(doc: Any) -> EngineState:
     waiting = [v for r in ranks if (v := _num(r, "num_waiting_reqs")) is not None]
     tokens = [v for r in ranks if (v := _num(r, "num_tokens")) is not None]
     return EngineState(
-        running=int(sum(running)) if running else None,
-        queued=int(sum(waiting)) if waiting else None,
-        used_tokens=int(sum(tokens)) if tokens else None,
+        running=int(_typed("running", sum(running))) if running else None,
+        queued=int(_typed("queued", sum(waiting))) if waiting else None,
+        used_tokens=int(_typed("used_tokens", sum(tokens))) if tokens else None,
     )
 
 
@@ -182,11 +220,11 @@ def parse_server_info(doc: Any) -> EngineState:
     startup = _num(doc, "startup_time") or _num(sched, "startup_time")
     model = doc.get("served_model_name") or doc.get("model_path")
     return EngineState(
-        max_running_requests=int(max_running) if max_running else None,
-        max_total_tokens=int(max_total) if max_total else None,
-        page_size=int(page) if page else None,
+        max_running_requests=int(_typed("max_running_requests", max_running)) if max_running else None,
+        max_total_tokens=int(_typed("max_total_tokens", max_total)) if max_total else None,
+        page_size=int(_typed("page_size", page)) if page else None,
         startup_time=startup,
-        model=str(model) if model else None,
+        model=str(model)[:256] if model else None,
     )
 
 
@@ -195,7 +233,7 @@ def parse_models(doc: Any) -> tuple[str, ...]:
     data = doc.get("data") if isinstance(doc, Mapping) else None
     if not isinstance(data, list):
         return ()
-    return tuple(str(m["id"]) for m in data if isinstance(m, Mapping) and m.get("id"))
+    return tuple(str(m["id"])[:256] for m in data if isinstance(m, Mapping) and m.get("id"))
 
 
 def generation_change(prev: EngineState | None, cur: EngineState) -> str | None:
@@ -259,8 +297,11 @@ class Scraper:
             return
         try:
             state = await self._poll_load(url, target)
-        except (OSError, ValueError, TimeoutError) as e:
-            log.debug("scrape %s failed: %s", url, e)
+        except Exception as e:  # any answer a worker gives fails its own scrape, never the fleet's loop
+            if isinstance(e, OSError | ValueError | TimeoutError):
+                log.debug("scrape %s failed: %s", url, e)
+            else:
+                log.warning("scrape %s failed unexpectedly: %r", url, e)
             target.need_info = True
             target.mode = ""
             if self._on_failure is not None:
@@ -273,13 +314,13 @@ class Scraper:
             try:
                 target.info = await self._get(url, "/get_server_info", parse_server_info)
                 target.need_info = False
-            except (OSError, ValueError, TimeoutError) as e:
-                log.debug("server info %s failed: %s", url, e)
+            except Exception as e:  # best effort (a bad page_size must not stop start-up)
+                log.debug("server info %s failed: %r", url, e)
         if target.models is None:
             try:
                 target.models = await self._get(url, "/v1/models", parse_models)
-            except (OSError, ValueError, TimeoutError) as e:
-                log.debug("models %s failed: %s", url, e)
+            except Exception as e:
+                log.debug("models %s failed: %r", url, e)
         if url in self._targets:
             self._publish(url, target.info.merged(state), target.models)
 
@@ -321,7 +362,8 @@ class Scraper:
     async def _get(self, url: str, path: str, parse: Callable[[Any], Any]) -> Any:
         def load(text: str) -> Any:
             try:
-                return parse(json.loads(text))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: {e}") from e
+                doc = safejson.loads(text)
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+            return parse(doc)
         return await self._get_text(url, path, load)

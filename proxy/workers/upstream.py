@@ -10,8 +10,14 @@ aiohttp session per worker.
   and on the client sockets our server accepts (``BaseProtocol.connection_made``). Small SSE writes
   then leave at once instead of waiting out a delayed ACK (~40 ms per streamed request
   otherwise); the integration test ``test_proxy_nagle`` checks that behaviour end to end.
-* Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` of silence from the worker; the
-  first byte and the total deadline are enforced by the pipeline around the whole exchange.
+* Timeouts: ``connect_timeout_s`` to connect, ``idle_timeout_s`` of silence from the worker once
+  its answer began; the first byte and the total deadline are enforced by the pipeline around the
+  whole exchange.
+* Sizes: every byte read from a worker is bounded — a generation answer by
+  ``max_response_bytes`` (``http1``), a probe, scrape or abort answer by ``max_scrape_bytes``
+  (``ResponseTooLarge``, an ``OSError``: the probe or scrape fails). Side requests ask for
+  ``Accept-Encoding: identity`` (aiohttp would offer gzip, and its bodies are not decoded here) and
+  never follow a redirect (a worker must not send the proxy to another host: a 3xx is the answer).
 * Side requests (``abort``) run as tracked background tasks and are awaited on ``close()``.
 """
 
@@ -25,7 +31,7 @@ from collections.abc import Mapping
 import aiohttp
 
 from proxy.config import UpstreamConfig
-from proxy.workers.http1 import Http1Connection, Http1Pool
+from proxy.workers.http1 import Http1Connection, Http1Pool, ResponseTooLarge
 
 log = logging.getLogger("radixgate.upstream")
 
@@ -36,6 +42,26 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
     aiohttp.ClientConnectionError,
     aiohttp.ClientPayloadError,
 )
+
+
+_IDENTITY = {"Accept-Encoding": "identity"}
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int, what: str) -> bytes:
+    """``resp``'s body, at most ``limit`` bytes: a larger one (declared or sent) is ``ResponseTooLarge``
+    and the connection is dropped (aiohttp does not reuse a response left unread)."""
+    declared = resp.content_length
+    if declared is not None and declared > limit:
+        raise ResponseTooLarge(f"{what}: the worker declared {declared} bytes, over the {limit}-byte limit")
+    parts: list[bytes] = []
+    size = 0
+    async for piece in resp.content.iter_any():
+        size += len(piece)
+        if size > limit:
+            parts.clear()  # freed at once, not when the exception's frames are
+            raise ResponseTooLarge(f"{what}: the worker's answer is over the {limit}-byte limit")
+        parts.append(piece)
+    return b"".join(parts)
 
 
 class UpstreamPool:
@@ -67,7 +93,8 @@ class UpstreamPool:
         if pool is None:
             pool = self._pools[url] = Http1Pool(
                 url, limit=self.cfg.max_connections_per_worker, keepalive_s=self.cfg.keepalive_timeout_s,
-                connect_timeout_s=self.cfg.connect_timeout_s, idle_timeout_s=self.cfg.idle_timeout_s)
+                connect_timeout_s=self.cfg.connect_timeout_s, idle_timeout_s=self.cfg.idle_timeout_s,
+                max_body_bytes=self.cfg.max_response_bytes)
         return await pool.request(path, body, headers)
 
     @staticmethod
@@ -79,19 +106,21 @@ class UpstreamPool:
             resp.close()
 
     async def get(self, url: str, path: str, timeout_s: float) -> tuple[int, str]:
-        """A small GET (probe, scrape); aiohttp errors surface as ``OSError``."""
+        """A small GET (scrape): status and text (UTF-8, undecodable bytes replaced); aiohttp errors
+        and an answer over ``max_scrape_bytes`` surface as ``OSError``."""
         try:
-            async with self.session(url).get(
-                    url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                return resp.status, await resp.text()
+            async with self.session(url).get(url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                             headers=_IDENTITY, allow_redirects=False) as resp:
+                body = await read_capped(resp, self.cfg.max_scrape_bytes, f"GET {path}")
+                return resp.status, body.decode("utf-8", "replace")
         except aiohttp.ClientError as e:
             raise OSError(f"GET {url}{path}: {e!r}") from e
 
     async def probe(self, url: str, path: str, timeout_s: float) -> int:
         try:
-            async with self.session(url).get(
-                    url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                await resp.read()
+            async with self.session(url).get(url + path, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                             headers=_IDENTITY, allow_redirects=False) as resp:
+                await read_capped(resp, self.cfg.max_scrape_bytes, f"probe {path}")
                 return resp.status
         except aiohttp.ClientError as e:
             raise OSError(f"probe {url}{path}: {e!r}") from e
@@ -105,8 +134,9 @@ class UpstreamPool:
         try:
             async with self.session(url).post(
                     url + "/abort_request", data=body, headers={"Content-Type": "application/json"},
+                    allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=self.cfg.connect_timeout_s + 5.0)) as resp:
-                await resp.read()
+                await read_capped(resp, self.cfg.max_scrape_bytes, "/abort_request")
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             log.info("abort_request %s on %s failed: %r", rid, url, e)
 

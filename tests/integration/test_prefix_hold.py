@@ -181,7 +181,7 @@ async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
     m = await scrape(client, admin(b))
     assert total(m, "radixgate_prefix_hold_seconds_count", outcome="timed_out") == 1
     assert total(m, "radixgate_prefix_hold_seconds_count") == 1
-    assert total(m, "radixgate_prefix_hold_seconds_sum") >= 0.2
+    assert total(m, "radixgate_prefix_hold_seconds_sum") >= 0.199  # uvloop times in whole ms: 1 ms slack
     # The silent peer's request is forgotten, not waited for by the next follower still unconfirmed.
     policy = b.policy
     assert isinstance(policy, TtftCost)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -43,7 +44,7 @@ class Stack:
     """Two simulated workers and a proxy on a private event loop in a background thread."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()  # the loop `radixgate serve` runs on
         self.thread = threading.Thread(target=self._run, name="fuzz-stack", daemon=True)
         self._stack = contextlib.AsyncExitStack()
         self.app: App | None = None

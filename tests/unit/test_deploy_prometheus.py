@@ -53,9 +53,9 @@ def series_names(exposition: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
-    import asyncio
+    import uvloop
 
-    return series_names(asyncio.run(scrape_real_proxy()))
+    return series_names(uvloop.run(scrape_real_proxy()))  # the loop `radixgate serve` runs on
 
 
 def referenced(expr: str) -> tuple[set[str], set[str]]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy.workers.http1 import Http1Pool, UpstreamClosed
+from proxy.workers.http1 import Http1Pool, UpstreamClosed, UpstreamIdle
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -159,15 +159,39 @@ async def test_close_mid_response_raises_and_the_connection_is_not_reused(
     p.close()
 
 
-async def test_silence_past_the_idle_timeout_fails_with_timeout(serve: Callable[[Script], Awaitable[str]]) -> None:
+async def test_silence_mid_body_past_the_idle_timeout_fails_naming_that_limit(
+        serve: Callable[[Script], Awaitable[str]]) -> None:
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        await reader.read()  # never answers
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n")
+        await writer.drain()
+        await reader.read()  # then silence
 
     url = await serve(script)
     p = pool(url, idle=0.05)
-    with pytest.raises(TimeoutError):
-        await p.request("/generate", b"{}", {})
+    resp = await p.request("/generate", b"{}", {})
+    assert await resp.readany() == b"data: a\n\n"
+    with pytest.raises(UpstreamIdle, match=r"upstream\.idle_timeout_s"):
+        await resp.readany()
+    p.release(resp)
+    p.close()
+
+
+async def test_the_wait_for_the_head_is_not_the_idle_timers(serve: Callable[[Script], Awaitable[str]]) -> None:
+    # A non-stream answer's head comes only once the whole generation is done: the caller bounds
+    # that wait (deadline + health checks), never the idle timeout (which failed long generations).
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(0.4)  # 8 idle timeouts of "thinking"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        await reader.read()
+
+    url = await serve(script)
+    p = pool(url, idle=0.05)
+    resp = await asyncio.wait_for(p.request("/generate", b"{}", {}), 5)
+    assert resp.status == 200 and await resp.read() == b"{}"
+    p.release(resp)
     p.close()
 
 

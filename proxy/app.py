@@ -36,7 +36,14 @@ from proxy.config import Config, ConfigError, RoutingConfig
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
-from proxy.limits import ConnectionGate, GatedListener, RateLimiter, handler_options, serve_gated
+from proxy.limits import (
+    ConnectionGate,
+    GatedListener,
+    RateLimiter,
+    handler_options,
+    plan_file_descriptors,
+    serve_gated,
+)
 from proxy.peers import PATH as PEER_PATH
 from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
@@ -113,7 +120,7 @@ class App:
         lim = config.limits
         self.rate_limiter = (RateLimiter(lim.rate_limit_rps, lim.rate_limit_burst, lim.rate_limit_clients)
                              if lim.rate_limit_rps > 0 else None)
-        self.connections = ConnectionGate(lim.max_connections)
+        self.connections = ConnectionGate(_fit_file_descriptors(config))
         guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                        reject=self.pipeline.reject)
         self.admin_app = build_admin_app(self.pipeline)
@@ -289,3 +296,27 @@ class _State:
 
     def admission_limits(self) -> dict[str, int]:
         return self._app.admission.limits()
+
+
+def _fit_file_descriptors(config: Config) -> int:
+    """Raise the soft RLIMIT_NOFILE for the connections the config allows; the gate's limit that
+    fits (``limits.plan_file_descriptors``)."""
+    import resource
+
+    configured = config.limits.max_connections
+    # Discovered fleets are not known yet: assume 8 workers' pools.
+    workers = len(config.workers.static) if config.discovery.kind == "static" else 8
+    upstream = config.upstream.max_connections_per_worker * max(1, workers)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    plan = plan_file_descriptors(configured, upstream, soft,
+                                 -1 if hard == resource.RLIM_INFINITY else hard)
+    if plan.soft > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (plan.soft, hard))
+        except (OSError, ValueError) as e:
+            log.warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, plan.soft, e)
+            plan = plan_file_descriptors(configured, upstream, soft, soft)
+    if plan.max_connections != configured:
+        log.warning("limits.max_connections %d lowered to %d: RLIMIT_NOFILE hard limit %s leaves room for no "
+                    "more beside %d pooled worker connections", configured, plan.max_connections, hard, upstream)
+    return plan.max_connections

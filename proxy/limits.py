@@ -15,6 +15,12 @@ are open on the public port at once; one more is answered ``503`` with ``Connect
 closed before any of its request is read. The count is kept at ``connection_made`` /
 ``connection_lost`` of the HTTP protocol, so a failed TLS handshake never holds a slot.
 
+File descriptors (``plan_file_descriptors``, pure). Every client connection and every pooled
+worker connection is a descriptor: at start-up the soft ``RLIMIT_NOFILE`` is raised (never above
+the hard limit) to cover ``max_connections`` + the upstream pools + a reserve; where the hard limit
+cannot cover them, the connection gate is lowered to what fits, and the proxy says so, rather than
+failing ``accept()`` (EMFILE) under load with the limit still "allowing" more.
+
 Sizes and times (``LimitsConfig``): body (413, aiohttp ``client_max_size`` + Content-Length check),
 prompt length (413, parse), request line / header field size and header count (400, aiohttp's
 parser), idle connections — including one that never finishes its headers — closed after
@@ -135,6 +141,31 @@ def rate_limit_middleware(limiter: RateLimiter, clock: Clock, *, paths: frozense
 
 
 # -- connections -------------------------------------------------------------------------------------
+# Descriptors besides client and pooled worker connections: listeners, logs, probes, NVML, DNS.
+FD_RESERVE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FdPlan:
+    soft: int  # the soft RLIMIT_NOFILE to set (never below the current one)
+    max_connections: int  # the connection gate's limit that fits under it (0 = no limit)
+
+
+def plan_file_descriptors(max_connections: int, upstream: int, soft: int, hard: int,
+                          reserve: int = FD_RESERVE) -> FdPlan:
+    """The soft descriptor limit to ask for, and the client connections that fit under it.
+
+    ``upstream``: pooled worker connections at most; ``hard`` < 0 = unlimited (RLIM_INFINITY)."""
+    ceiling = hard if hard >= 0 else max(soft, max_connections + upstream + reserve)
+    if max_connections == 0:  # no limit of our own: take what the system allows
+        return FdPlan(max(soft, ceiling), 0)
+    needed = max_connections + upstream + reserve
+    new_soft = min(ceiling, max(soft, needed))
+    if needed <= new_soft:
+        return FdPlan(new_soft, max_connections)
+    return FdPlan(new_soft, max(1, new_soft - upstream - reserve))
+
+
 class ConnectionGate:
     """Counts open connections; ``limit`` 0 = no limit."""
 

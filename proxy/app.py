@@ -223,7 +223,8 @@ class App:
         await runner.setup()
         self._runners.append(runner)
         if gate is not None:
-            listener = await serve_gated(runner, host, port, gate=gate, options=options, ssl_context=ssl_context)
+            listener = await serve_gated(runner, host, port, gate=gate, options=options, ssl_context=ssl_context,
+                                         tls_handshake_timeout_s=self.config.limits.tls_handshake_timeout_s)
             self._listeners.append(listener)
             return listener.port
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

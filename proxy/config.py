@@ -173,6 +173,10 @@ class LimitsConfig:
     idle_timeout_s: float = 620.0
     # Reading the request body must finish within this: 408 beyond (a client trickling its body).
     body_timeout_s: float = 60.0
+    # A TLS handshake must finish within this, else the connection is closed (a client that opens
+    # connections and never says hello would otherwise hold each for asyncio's default 60 s, before
+    # the connection limit counts it).
+    tls_handshake_timeout_s: float = 10.0
     # Per-client token bucket on the generation endpoints: rate_limit_rps sustained, bursts of
     # rate_limit_burst; 429 with Retry-After beyond. 0 = off. Clients: API key, else peer address.
     rate_limit_rps: float = 0.0
@@ -443,6 +447,7 @@ def validate(cfg: Config) -> None:
         (cfg.limits.max_headers >= 8, "limits.max_headers: must be >= 8"),
         (cfg.limits.max_connections >= 0, "limits.max_connections: must be >= 0 (0 = no limit)"),
         (cfg.limits.idle_timeout_s > 0, "limits.idle_timeout_s: must be > 0"),
+        (cfg.limits.tls_handshake_timeout_s > 0, "limits.tls_handshake_timeout_s: must be > 0"),
         (cfg.limits.body_timeout_s > 0, "limits.body_timeout_s: must be > 0"),
         (cfg.limits.rate_limit_rps >= 0, "limits.rate_limit_rps: must be >= 0 (0 = off)"),
         (cfg.limits.rate_limit_burst >= 1, "limits.rate_limit_burst: must be >= 1"),

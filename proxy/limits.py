@@ -13,7 +13,8 @@ nobody (any client can write either, and would get a fresh bucket each time).
 Connections (``ConnectionGate``, ``serve_gated``). At most ``max_connections`` client connections
 are open on the public port at once; one more is answered ``503`` with ``Connection: close`` and
 closed before any of its request is read. The count is kept at ``connection_made`` /
-``connection_lost`` of the HTTP protocol, so a failed TLS handshake never holds a slot.
+``connection_lost`` of the HTTP protocol, so a failed TLS handshake never holds a slot; a handshake
+that never ends is closed after ``tls_handshake_timeout_s`` (it is not counted while it lasts).
 
 File descriptors (``plan_file_descriptors``, pure). Every client connection and every pooled
 worker connection is a descriptor: at start-up the soft ``RLIMIT_NOFILE`` is raised (never above
@@ -251,7 +252,7 @@ class GatedListener:
 
 async def serve_gated(runner: web.AppRunner, host: str, port: int, *, gate: ConnectionGate,
                       options: dict[str, Any], ssl_context: ssl.SSLContext | None = None,
-                      backlog: int = 128) -> GatedListener:
+                      backlog: int = 128, tls_handshake_timeout_s: float = 10.0) -> GatedListener:
     """Listen on ``host:port`` for ``runner`` (after ``runner.setup()``), like ``web.TCPSite`` plus the gate.
 
     ``options`` must be the request-handler settings the runner was built with (``handler_options``
@@ -265,5 +266,6 @@ async def serve_gated(runner: web.AppRunner, host: str, port: int, *, gate: Conn
     def protocol() -> _GatedHandler:
         return _GatedHandler(server, gate=gate, loop=loop, **options)
 
-    listening = await loop.create_server(protocol, host, port, ssl=ssl_context, backlog=backlog)
+    listening = await loop.create_server(protocol, host, port, ssl=ssl_context, backlog=backlog,
+                                         ssl_handshake_timeout=tls_handshake_timeout_s if ssl_context else None)
     return GatedListener(listening, gate)

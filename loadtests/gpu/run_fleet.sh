@@ -5,6 +5,7 @@
 #                                               (shared and unique prompts), baselines at the knee
 #   bash loadtests/gpu/run_fleet.sh compare     every router at the knee and past it, per cell
 #   CELLS="text:minimal:oracle,ttft,smg ids:full" RATES=3,4.5 bash loadtests/gpu/run_fleet.sh compare
+#   GPUS=4 bash loadtests/gpu/run_fleet.sh calibrate   (nvidia-h200-x4: one engine per GPU)
 # Engines start detached (setsid) and are reused by a later call while the machine stays warm.
 # Results go to $OUT (requests.jsonl, summary.jsonl, logs).
 set -uo pipefail
@@ -24,7 +25,10 @@ for i in $(seq 1 "$N"); do
   port=$((31000 + i))
   URLS+=("http://127.0.0.1:$port")
   if ! up "http://127.0.0.1:$port"; then
-    setsid nohup python3 loadtests/gpu/engine_server.py --port $port --tokenizer loadtests/gpu/tokenizer \
+    # GPUS=4 on a machine of 4 GPUs: engine i alone on GPU i-1 (one engine per GPU); unset: all on one GPU.
+    gpu_env=()
+    [ -n "${GPUS:-}" ] && gpu_env=(env CUDA_VISIBLE_DEVICES=$(( (i - 1) % GPUS )))
+    setsid nohup "${gpu_env[@]}" python3 loadtests/gpu/engine_server.py --port $port --tokenizer loadtests/gpu/tokenizer \
       --kv-tokens "$KV" --mem-fraction 0.15 ${ENGINE_ARGS:-} > "$ENGINE_LOGS/engine_$port.log" 2>&1 < /dev/null &
   fi
 done

@@ -70,7 +70,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s:
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
-                    params={name: params} if params else None, hold_max_s=hold, shared_gpu=True,
+                    params=params or None, hold_max_s=hold, shared_gpu=True,
                     minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
 
 

@@ -7,6 +7,7 @@ import pytest
 from loadtests.gpu import fleet_sim
 from loadtests.gpu.fleet import TOKENIZER, Shape
 from loadtests.simworker.tokenizer import Encoder
+from proxy.config import ConfigError
 
 pytest.importorskip("tokenizers")
 
@@ -26,3 +27,13 @@ def test_the_oracle_keeps_each_group_on_one_worker_and_reuses_what_round_robin_r
         homes.setdefault(o.group, set()).add(o.worker)
     assert homes and all(w == {f"http://w{int(g[1:]) % 4}"} for g, w in homes.items())
     assert reuse("oracle") > reuse("round_robin") + 0.2
+
+
+def test_a_policy_variant_reaches_the_policy_as_its_params() -> None:
+    # A parameter the policy does not have is refused by the policy's own validation, naming it.
+    with pytest.raises(ConfigError, match=r"routing\.params"):
+        fleet_sim.cell("ttft/no_such_param=1", 4.5, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                       encoder=Encoder(str(TOKENIZER)), minimal=True)
+    outcomes, _ = fleet_sim.cell("ttft/work_weight=0", 4.5, Shape(groups=8), seed=1, phase=7, phase_s=8.0,
+                                 workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True)
+    assert outcomes and all(o.first is not None for o in outcomes)

@@ -86,20 +86,27 @@ def main() -> None:
     p.add_argument("--carry-over", action="store_true",
                    help="run a rate's routers one after another on the same engines, as the GPU cell does "
                         "(each phase inherits the caches the one before left)")
+    p.add_argument("--whole-cell", action="store_true",
+                   help="as --carry-over, across the rates too, routers rotated by one per rate (fleet.py's order)")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     shape = Shape()
     names = a.routers.split(",")
     print(f"virtual time, {a.workers} engines sharing one simulated H200, reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
-    for rate in (float(r) for r in a.rates.split(",")):
+    carry = a.carry_over or a.whole_cell
+    engines: list[VirtualWorker] | None = None
+    start = 0.0
+    for r, rate in enumerate(float(x) for x in a.rates.split(",")):
+        order = names[r % len(names):] + names[: r % len(names)] if a.whole_cell else names
         for seed in range(a.seed, a.seed + a.seeds):
             row = []
-            engines, start = None, 0.0
-            for k, router in enumerate(names):
-                outcomes, fleet = cell(router, rate, shape, seed, 1000 + k, a.phase_s, a.workers, encoder,
+            if not a.whole_cell:
+                engines, start = None, 0.0
+            for k, router in enumerate(order):
+                outcomes, fleet = cell(router, rate, shape, seed, 1000 + 10 * r + k, a.phase_s, a.workers, encoder,
                                        a.reports == "minimal", engines, start)
-                if a.carry_over:
+                if carry:
                     engines = fleet
                     start = max(o.done or o.arrival for o in outcomes) + 5.0
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]

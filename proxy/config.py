@@ -106,8 +106,8 @@ class UpstreamConfig:
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    # Default: estimated TTFT with prefix affinity (proxy/routing/ttft_cost.py); see the README's
-    # "Routing" section for the measured comparison with the other policies.
+    # Default: estimated TTFT with prefix affinity (proxy/routing/ttft_cost.py); docs/routing.md and
+    # docs/gpu-fleet.md have the measured comparison with the other policies.
     policy: str = "ttft"
     # Policy-specific parameters, validated by the policy registry at start-up.
     params: Mapping[str, Any] = field(default_factory=dict)

@@ -358,12 +358,15 @@ class TtftCost:
                             hold_s=self.hold_worth(chosen, saved), reason="its prefix is being prefilled there")
         worker = next(w for w in candidates if w.url == chosen.url)
         self._remember(request, chosen, _signature(worker))
-        return Decision(
-            chosen.url,
-            branch,
-            matched_blocks=chosen.matched_blocks,
-            reason=f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached}",
-        )
+        reason = (f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached} "
+                  f"f={self.model.factor(chosen.url):.2f}")
+        if branch == "spill":
+            # Why a follower left its prefix's holder, in the request log (a GPU run's evidence).
+            holder = max(estimates, key=lambda e: e.matched_blocks)
+            reason += (f" holder={holder.url} holder_score={holder.score * 1e3:.1f}ms "
+                       f"chosen_score={chosen.score * 1e3:.1f}ms holder_f={self.model.factor(holder.url):.2f}"
+                       f"{' holder_saturated' if holder.saturated else ''}")
+        return Decision(chosen.url, branch, matched_blocks=chosen.matched_blocks, reason=reason)
 
     def _prefilling(self, request: RouteRequest, chosen: Estimate) -> tuple[Hashable, int] | None:
         """The key of a streamed request (ours, or a peer's) sent to the chosen worker and still

@@ -86,6 +86,11 @@ def test_a_long_prefill_queue_on_the_holder_spills_to_an_idle_worker() -> None:
     decision = policy.select(prompt(2, 80, shared=70), fleet(**{busy: {"waiting_uncached_tokens": 200_000, "running": 5}}))
     assert decision.worker != first.worker
     assert decision.branch == "spill"
+    # The request log then says why: the holder, its score against the chosen one's, its speed factor.
+    assert f"holder={first.worker} " in decision.reason
+    holder_ms = float(decision.reason.split("holder_score=")[1].split("ms")[0])
+    chosen_ms = float(decision.reason.split("chosen_score=")[1].split("ms")[0])
+    assert holder_ms > chosen_ms and "holder_f=1.00" in decision.reason
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
 from proxy.security import guard_http_app, load_api_keys, upstream_authorization
 from proxy.telemetry.logging import RequestLogger
-from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.metrics import Metrics, attach_diagnosis
 from proxy.workers.health import HealthChecker
 from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource
 from proxy.workers.scrape import Scraper
@@ -129,7 +129,12 @@ class App:
             self.pipeline.route_listeners.append(self.peers)
             self.peers.prefill_ended = self.pipeline.prefilled
             self.add_admin_route("GET", PEER_PATH, self.peers.handle)
-        self.diagnosis = DiagnosisService(self)  # GET /diagnosis, diagnosis gauges, NVML sampler
+        # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
+        self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
+        self.pipeline.observers.append(self.diagnosis.observe)
+        self.workers.on_publish.append(self.diagnosis.windows.observe)
+        self.add_admin_route("GET", "/diagnosis", self.diagnosis.handle)
+        attach_diagnosis(self.metrics.registry, self.diagnosis.current)
         self.http_port = 0
         self.admin_port = 0
         self.grpc_port = 0

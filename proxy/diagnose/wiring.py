@@ -1,5 +1,8 @@
 """The diagnosis inside a running proxy: fed by the pipeline and the worker registry, served on the
-admin port (GET /diagnosis), exported as /metrics gauges, and refreshed off the event loop.
+admin port (GET /diagnosis), exported as /metrics gauges, and refreshed off the event loop. The
+service takes the narrow things it uses; ``App`` (the composition root) plugs its ``observe``,
+``windows.observe``, ``handle`` and ``current`` into the pipeline, the registry, the admin port and
+the metrics registry.
 
 * every finished request that reached a worker → ``DiagnosisWindows.record`` (pipeline observer);
 * every published worker-snapshot set → ``DiagnosisWindows.observe`` (thinned to one sample per
@@ -25,35 +28,30 @@ from proxy.diagnose.report import to_json
 from proxy.diagnose.service import Diagnoser, Diagnosis
 from proxy.diagnose.window import DiagnosisWindows, RequestRecord
 from proxy.telemetry.gpu import NvmlSampler, load_nvml
-from proxy.telemetry.metrics import attach_diagnosis
 
 if TYPE_CHECKING:
-    from proxy.app import App
-    from proxy.pipeline import CompletedRequest
+    from proxy.clock import Clock
+    from proxy.config import DiagnoseConfig
+    from proxy.records import CompletedRequest
 
 log = logging.getLogger(__name__)
 
 
 class DiagnosisService:
-    def __init__(self, app: App) -> None:
-        cfg = app.config.diagnose
+    def __init__(self, cfg: DiagnoseConfig, clock: Clock, *, snapshot_interval_s: float) -> None:
         self._refresh_s = cfg.refresh_s
         self.windows = DiagnosisWindows(
-            app.clock,
+            clock,
             max_requests=cfg.window_requests,
             max_age_s=cfg.window_s,
-            snapshot_interval_s=app.config.scrape.interval_s,
+            snapshot_interval_s=snapshot_interval_s,
         )
         self.sampler: NvmlSampler | None = None
         if cfg.nvml_interval_s > 0:
-            self.sampler = NvmlSampler(load_nvml(), app.clock, indices=cfg.gpu_indices,
+            self.sampler = NvmlSampler(load_nvml(), clock, indices=cfg.gpu_indices,
                                        interval_s=cfg.nvml_interval_s, max_age_s=cfg.window_s)
-        self.diagnoser = Diagnoser.from_config(cfg, self.windows, app.clock, self.sampler)
+        self.diagnoser = Diagnoser.from_config(cfg, self.windows, clock, self.sampler)
         self._task: asyncio.Task[None] | None = None
-        app.pipeline.observers.append(self.observe)
-        app.workers.on_publish.append(self.windows.observe)
-        app.add_admin_route("GET", "/diagnosis", self.handle)
-        attach_diagnosis(app.metrics.registry, self.current)
 
     def observe(self, done: CompletedRequest) -> None:
         if done.worker is None:

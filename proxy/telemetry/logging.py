@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from proxy.pipeline import CompletedRequest
+    from proxy.records import CompletedRequest
 
 REQUEST_LOGGER = "radixgate.requests"
 # A caller may choose its rid (forwarded whole to the worker); the log line keeps its start only.

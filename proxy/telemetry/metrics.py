@@ -35,7 +35,7 @@ from proxy.telemetry.gauges import StateCollector, StateProvider, attach_diagnos
 __all__ = ["BUCKETS", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis"]
 
 if TYPE_CHECKING:
-    from proxy.pipeline import CompletedRequest
+    from proxy.records import CompletedRequest
 
 # -- named bucket sets (seconds) ----------------------------------------------------------------
 BUCKETS: dict[str, tuple[float, ...]] = {

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from proxy.config import Config
-    from proxy.workers.discovery_dns import DnsSource
-    from proxy.workers.discovery_k8s import KubernetesSource
+    from proxy.workers.registry import WorkerSource
 
 
 def worker_url(scheme: str, host: str, port: int) -> str:
@@ -26,7 +25,7 @@ def worker_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def build_discovery_source(cfg: Config) -> DnsSource | KubernetesSource | None:
+def build_discovery_source(cfg: Config) -> WorkerSource | None:
     """The dynamic source for ``cfg.discovery.kind``, or None for ``static`` (use ``workers.static``)."""
     kind = cfg.discovery.kind
     if kind == "dns":

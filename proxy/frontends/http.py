@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,10 +27,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy import safejson
 from proxy.config import Config
-from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, UnsupportedEncoding, to_body
+from proxy.errors import (
+    BadRequest,
+    ModelNotFound,
+    PayloadTooLarge,
+    RadixgateError,
+    UnsupportedEncoding,
+    to_body,
+)
 from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
-from proxy.pipeline import Pipeline
+from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
 
 log = logging.getLogger("radixgate.http")
@@ -252,9 +260,23 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
             return await serve(request, dialect)
         return handler
 
+    # A model card's ``created`` (OpenAI: Unix seconds): when this proxy started serving, as SGLang
+    # stamps its own cards; one value for the process, so a client comparing listings sees no churn.
+    created = int(time.time())
+
+    def card(model: str) -> dict[str, object]:
+        return {"id": model, "object": "model", "created": created, "owned_by": "radixgate", "root": model}
+
     async def models(request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "owned_by": "radixgate"} for m in pipeline.models()]
-        return web.json_response({"object": "list", "data": data})
+        return web.json_response({"object": "list", "data": [card(m) for m in pipeline.models()]})
+
+    async def model(request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``); ids may hold ``/``."""
+        name = request.match_info["model"]
+        served = pipeline.models()
+        if name not in served:
+            return error_response(ModelNotFound(not_served(name, served)), Dialect.CHAT)
+        return web.json_response(card(name))
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -268,6 +290,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
     app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS))
     app.router.add_post("/v1/chat/completions", route(Dialect.CHAT))
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", readiness)
     return app

@@ -111,9 +111,9 @@ class App:
             request_log=RequestLogger(enabled=config.telemetry.log_requests,
                                       log_prompts=config.telemetry.log_prompts))
         self._wire()
-        self.public_app = build_public_app(config, self.pipeline, self.ready)
         # API keys and the per-client rate limit guard both public ports (proxy/security.py).
         self.api_keys = load_api_keys(config.security, os.environ)
+        self.public_app = build_public_app(config, self.pipeline, self.ready, keys_checked=bool(self.api_keys))
         upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
         self.pipeline.upstream_authorization = functools.partial(
             upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys))

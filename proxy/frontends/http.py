@@ -1,9 +1,11 @@
 """The HTTP frontend (aiohttp): SGLang native and OpenAI endpoints, and the admin endpoints.
 
 Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and
-non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /health`` (the proxy is up),
-``GET /ready`` (at least one healthy worker, not draining).
-Admin port (loopback by default): ``GET /metrics``, ``GET /workers``; other admin routes (e.g.
+non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /v1/models/{id}``,
+``GET /health`` (the proxy is up), ``GET /ready`` (at least one healthy worker, not draining), and
+SGLang's own server endpoints (``frontends/sglang_server.py``: ``/health_generate``, model and server
+info, ``/flush_cache`` — with API keys only).
+Admin port (loopback by default): ``GET /metrics``, ``GET /workers``, ``/flush_cache``; other admin routes (e.g.
 ``/diagnosis``) are added by their owners through ``App.add_admin_route``.
 
 The body is parsed once into a ``GenerateRequest`` (the raw bytes ride along and are forwarded as
@@ -35,6 +37,7 @@ from proxy.errors import (
     UnsupportedEncoding,
     to_body,
 )
+from proxy.frontends import sglang_server
 from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
@@ -199,7 +202,9 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         headers=fwd, body=raw)
 
 
-def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool]) -> web.Application:
+def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool], *,
+                     keys_checked: bool = False) -> web.Application:
+    """The public port; ``keys_checked``: it checks API keys (``/flush_cache`` is served only then)."""
     app = web.Application(client_max_size=cfg.limits.max_body_bytes)
     clock = pipeline.clock
 
@@ -293,6 +298,8 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", readiness)
+    sglang_server.add_public_routes(app, pipeline, keys_checked=keys_checked,
+                                    respond=lambda err: error_response(err, None))
     return app
 
 
@@ -324,4 +331,5 @@ def build_admin_app(pipeline: Pipeline) -> web.Application:
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/workers", workers)
+    sglang_server.add_admin_routes(app, pipeline)
     return app

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy import safejson
@@ -260,6 +260,34 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
             log.exception("internal error serving %s", request.path)
             return error_response(RadixgateError("internal error"), dialect)
 
+    def expect(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+        """``Expect: 100-continue``: a body declared over the limit (or compressed) is refused with its
+        final status at once, no ``100 Continue`` first (RFC 9110 §10.1.1: the client need not send
+        a body it would send for nothing); the connection closes, the unsent body unread."""
+        async def handler(request: web.Request) -> web.StreamResponse | None:
+            value = request.headers.get("Expect", "")
+            if request.version != HttpVersion11:
+                return None
+            if value.lower() != "100-continue":
+                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {value[:40]}")
+            err: RadixgateError | None = None
+            encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+            if request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
+                err = PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
+                                      f"{cfg.limits.max_body_bytes}")
+            elif encoding not in ("", "identity"):
+                err = UnsupportedEncoding(f"Content-Encoding: {encoding[:40]!r} is not accepted; "
+                                          "send the JSON body uncompressed (identity)")
+            if err is not None:
+                pipeline.reject(FRONTEND, dialect.value, err, clock.now())
+                resp = error_response(err, dialect)
+                resp.force_close()
+                return resp
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # as aiohttp's own handler: the response proper starts next
+            return None
+        return handler
+
     def route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await serve(request, dialect)
@@ -290,10 +318,10 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
         ok = ready()
         return web.json_response({"ready": ok}, status=200 if ok else 503)
 
-    app.router.add_post("/generate", route(Dialect.SGLANG))
-    app.router.add_put("/generate", route(Dialect.SGLANG))
-    app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS))
-    app.router.add_post("/v1/chat/completions", route(Dialect.CHAT))
+    app.router.add_post("/generate", route(Dialect.SGLANG), expect_handler=expect(Dialect.SGLANG))
+    app.router.add_put("/generate", route(Dialect.SGLANG), expect_handler=expect(Dialect.SGLANG))
+    app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS), expect_handler=expect(Dialect.COMPLETIONS))
+    app.router.add_post("/v1/chat/completions", route(Dialect.CHAT), expect_handler=expect(Dialect.CHAT))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)

@@ -11,9 +11,12 @@ import json
 from typing import Any
 
 import aiohttp
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.simworker.config import SimConfig
+from proxy._proto.radixgate.v1 import generate_pb2 as pb
+from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 
 MODEL = SimConfig().served_model_name
@@ -53,7 +56,11 @@ async def _counters_match(client: aiohttp.ClientSession, worker: str, app_admin:
         return (w.get("sglang:num_requests_total", 0) > 0
                 and p.get("radixgate_prompt_tokens_total") == w.get("sglang:prompt_tokens_total")
                 and p.get("radixgate_cached_tokens_total", 0.0) == w.get("sglang:cached_tokens_total", 0.0)
-                and p.get("radixgate_completion_tokens_total") == w.get("sglang:generation_tokens_total"))
+                and p.get("radixgate_completion_tokens_total") == w.get("sglang:generation_tokens_total")
+                # routing's hit-rate counters: every request here has a cache report
+                and p.get("radixgate_routing_prompt_tokens_total") == w.get("sglang:prompt_tokens_total")
+                and p.get("radixgate_routing_reported_cached_tokens_total", 0.0)
+                == w.get("sglang:cached_tokens_total", 0.0))
 
     try:
         await eventually(equal, timeout_s=5.0, what="the proxy's token counters equal the worker's")
@@ -121,4 +128,22 @@ async def test_token_counters_equal_the_workers_usage_in_every_dialect_and_mode(
     # A caller who asked for usage gets the worker's own chunk, once, with its counts.
     assert all(u["prompt_tokens"] > 0 and u["completion_tokens"] == 4 for u in reported)
     assert len(reported) == 4
+    await _counters_match(client, fleet.urls[0], admin(app))
+
+
+async def test_token_counters_equal_the_workers_usage_over_grpc_too(harness: Harness,
+                                                                   client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, enable_cache_report=True)])
+    app = await harness.proxy(fleet.urls, server__grpc_port=-1)
+    prefix = "A shared system prompt that the cache keeps. " * 10
+    sampling = pb.SamplingParams(max_new_tokens=4)
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=prefix + "chat")])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        for request in (pb.GenerateRequest(text=prefix + "text", sampling=sampling),
+                        pb.GenerateRequest(model=MODEL, chat=chat, sampling=sampling)):
+            reply = await stub.GenerateUnary(request, timeout=10)
+            assert reply.final.completion_tokens == 4
+            finals = [m.final for m in [m async for m in stub.Generate(request, timeout=10)] if m.HasField("final")]
+            assert len(finals) == 1 and finals[0].prompt_tokens > 0
     await _counters_match(client, fleet.urls[0], admin(app))

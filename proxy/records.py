@@ -65,7 +65,11 @@ def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = Fa
         add["rid"] = rid
     if ask_usage:
         opts = req.payload.get("stream_options")
-        add["stream_options"] = {**opts, "include_usage": True} if isinstance(opts, dict) else {"include_usage": True}
+        add["stream_options"] = {"include_usage": True}
+        if isinstance(opts, dict):
+            # Usage per chunk needs include_usage too: a caller who asked for it alone got none.
+            add["stream_options"] = {**opts, "include_usage": True} | (
+                {"continuous_usage_stats": False} if "continuous_usage_stats" in opts else {})
     if not add:
         return raw
     if req.body and not add.keys() & req.payload.keys():

@@ -200,11 +200,12 @@ def test_an_openai_stream_that_did_not_ask_for_usage_asks_the_worker_for_it() ->
 
 
 def test_a_callers_own_stream_options_are_merged_not_duplicated() -> None:
-    body = b'{"prompt":"hi","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":false}}'
+    body = b'{"prompt":"hi","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}'
     req = GenerateRequest(dialect=Dialect.COMPLETIONS, payload=json.loads(body), body=body, stream=True)
     assert wants_usage_hidden(req)
     out = body_with_rid(req, None, ask_usage=True)
     assert out.count(b"stream_options") == 1
+    # Per-chunk usage stays off: without include_usage the caller would have had none.
     assert json.loads(out)["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
 
 

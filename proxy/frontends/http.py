@@ -34,6 +34,7 @@ from proxy.errors import (
     ModelNotFound,
     PayloadTooLarge,
     RadixgateError,
+    Unauthorized,
     UnsupportedEncoding,
     to_body,
 )
@@ -42,6 +43,7 @@ from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
+from proxy.security import KEY_HINT
 
 log = logging.getLogger("radixgate.http")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -203,8 +205,10 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
 
 
 def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool], *,
-                     keys_checked: bool = False) -> web.Application:
-    """The public port; ``keys_checked``: it checks API keys (``/flush_cache`` is served only then)."""
+                     authorized: Callable[[web.Request], bool] | None = None) -> web.Application:
+    """The public port. ``authorized``: whether a request presents an accepted API key, None when the
+    port checks none (the key itself is checked by ``security.guard_http_app``'s middleware; this is
+    for the ``Expect`` handler, which runs before it, and ``/flush_cache``, served only with keys)."""
     app = web.Application(client_max_size=cfg.limits.max_body_bytes)
     clock = pipeline.clock
 
@@ -261,8 +265,9 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
             return error_response(RadixgateError("internal error"), dialect)
 
     def expect(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
-        """``Expect: 100-continue``: a body declared over the limit (or compressed) is refused with its
-        final status at once, no ``100 Continue`` first (RFC 9110 §10.1.1: the client need not send
+        """``Expect: 100-continue``: a request without an accepted key (when keys are checked), or with
+        a body declared over the limit (or compressed), is refused with its final status at once, no
+        ``100 Continue`` first (RFC 9110 §10.1.1: the client need not send
         a body it would send for nothing); the connection closes, the unsent body unread."""
         async def handler(request: web.Request) -> web.StreamResponse | None:
             value = request.headers.get("Expect", "")
@@ -272,7 +277,9 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
                 raise web.HTTPExpectationFailed(text=f"Unknown Expect: {value[:40]}")
             err: RadixgateError | None = None
             encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-            if request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
+            if authorized is not None and not authorized(request):
+                err = Unauthorized(f"missing or invalid API key; {KEY_HINT}")
+            elif request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
                 err = PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
                                       f"{cfg.limits.max_body_bytes}")
             elif encoding not in ("", "identity"):
@@ -281,6 +288,8 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
             if err is not None:
                 pipeline.reject(FRONTEND, dialect.value, err, clock.now())
                 resp = error_response(err, dialect)
+                if isinstance(err, Unauthorized):
+                    resp.headers["WWW-Authenticate"] = 'Bearer realm="radixgate"'
                 resp.force_close()
                 return resp
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -326,7 +335,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", readiness)
-    sglang_server.add_public_routes(app, pipeline, keys_checked=keys_checked,
+    sglang_server.add_public_routes(app, pipeline, keys_checked=authorized is not None,
                                     respond=lambda err: error_response(err, None))
     return app
 

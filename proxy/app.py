@@ -49,7 +49,7 @@ from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
-from proxy.security import guard_http_app, load_api_keys, upstream_authorization
+from proxy.security import guard_http_app, http_authorized, load_api_keys, upstream_authorization
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics, attach_diagnosis
 from proxy.workers.health import HealthChecker
@@ -111,9 +111,10 @@ class App:
             request_log=RequestLogger(enabled=config.telemetry.log_requests,
                                       log_prompts=config.telemetry.log_prompts))
         self._wire()
-        self.public_app = build_public_app(config, self.pipeline, self.ready)
         # API keys and the per-client rate limit guard both public ports (proxy/security.py).
         self.api_keys = load_api_keys(config.security, os.environ)
+        self.public_app = build_public_app(config, self.pipeline, self.ready,
+                                           authorized=http_authorized(self.api_keys))
         upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
         self.pipeline.upstream_authorization = functools.partial(
             upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys))

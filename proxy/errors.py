@@ -5,6 +5,7 @@
     │   ├── PayloadTooLarge             (413 / INVALID_ARGUMENT)   body or prompt over the limit
     │   └── UnsupportedEncoding         (415 / INVALID_ARGUMENT)   a compressed request body
     ├── Unauthorized                    (401 / UNAUTHENTICATED)    missing or wrong API key
+    ├── Forbidden                       (403 / PERMISSION_DENIED)  an operator's endpoint on a port without keys
     ├── ModelNotFound                   (404 / NOT_FOUND)          no worker serves the model
     ├── Overloaded                      (429 / RESOURCE_EXHAUSTED) admission queue full / wait timed out / rate limit
     ├── NoHealthyWorker                 (503 / UNAVAILABLE)        every worker down or ejected
@@ -49,6 +50,10 @@ class UnsupportedEncoding(BadRequest):
 
 class Unauthorized(RadixgateError):
     status, grpc_code, cause, kind = 401, grpc.StatusCode.UNAUTHENTICATED, "unauthorized", "authentication_error"
+
+
+class Forbidden(RadixgateError):
+    status, grpc_code, cause, kind = 403, grpc.StatusCode.PERMISSION_DENIED, "forbidden", "permission_error"
 
 
 class ModelNotFound(RadixgateError):

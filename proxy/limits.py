@@ -27,7 +27,9 @@ prompt length (413, parse), request line / header field size and header count (4
 parser), idle connections — including one that never finishes its headers — closed after
 ``idle_timeout_s`` (aiohttp ``keepalive_timeout``), the body must arrive within ``body_timeout_s``
 (408). A request body with a ``Content-Encoding`` is refused 415 unread (the parser never inflates:
-``auto_decompress`` off). Upstream first-byte, idle and total timeouts are ``upstream.*`` (the pipeline's).
+``auto_decompress`` off). A request with ``Expect: 100-continue`` whose declared body is over the
+limit, or compressed, gets that 413 / 415 instead of ``100 Continue`` (the frontend's expect
+handler), so its body is never sent. Upstream first-byte, idle and total timeouts are ``upstream.*`` (the pipeline's).
 
 Slow readers: nothing here buffers a response. The HTTP frontend awaits each ``write`` (aiohttp
 drains above its high-water mark) before reading the next chunk from the worker, and the upstream

@@ -10,7 +10,9 @@
    serve the model. A ``hold`` decision (``Decision.after``) waits, at most ``routing.hold_max_s``
    and the decision's ``hold_s``, for the named prefill's first token (``Pipeline.prefilled``),
    then selects again.
-4. forward: POST the caller's bytes (plus a ``rid`` when they gave none) to the worker. Until the
+4. forward: POST the caller's bytes (plus a ``rid`` when they gave none, and
+   ``stream_options.include_usage`` on an OpenAI stream that did not ask for it: its usage chunk is
+   counted, not relayed, so every stream mode feeds the token counters) to the worker. Until the
    first byte of the answer reaches the client, a connect error, a 5xx, a 503 (queue full /
    starting) or a first-byte timeout moves the request to another worker, at most
    ``upstream.max_retries`` times (a refused connection on the last one answers 503). A
@@ -56,7 +58,7 @@ from proxy.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from proxy.records import CompletedRequest, Finished, body_with_rid
+from proxy.records import CompletedRequest, Finished, body_with_rid, wants_usage_hidden
 from proxy.request import GenerateRequest
 from proxy.routing.base import (
     Completion,
@@ -78,6 +80,7 @@ from proxy.sse import (
     StreamAccountant,
     TextDelta,
     check_events,
+    drop_usage_events,
     error_event,
     first_token_counts,
     meta_from,
@@ -234,6 +237,8 @@ class Exchange:
         self._buf: list[bytes] = []  # a partial SSE event, in the pieces it arrived in
         self._buf_len = 0
         self._acct = StreamAccountant(req.dialect)
+        # An OpenAI stream whose caller did not ask for usage: asked for anyway, not relayed.
+        self._hide_usage = wants_usage_hidden(req)
         self._upstream_done = False
         self._ended = False
         self._gen: AsyncGenerator[bytes, None] | None = None
@@ -366,7 +371,7 @@ class Exchange:
             self.p.metrics.inc(self.p.metrics.ejections, worker, worker=worker)
 
     def _body(self) -> bytes:
-        return body_with_rid(self.req, None if self.req.rid else self.rid)
+        return body_with_rid(self.req, None if self.req.rid else self.rid, ask_usage=self._hide_usage)
 
     async def _attempt(self, worker: str, body: bytes) -> None:
         p, t = self.p, self.timing
@@ -572,9 +577,12 @@ class Exchange:
                 if acct.feed(data):
                     first = t.first_token is None
                     t.mark_token(now)
+                if self._hide_usage:
+                    data = drop_usage_events(data)  # counted above; the caller did not ask for it
                 if acct.done or acct.error is not None:
                     data = until_end(data)
-                yield data
+                if data:
+                    yield data
                 if first:  # after the client has its first token, not before
                     self._first_token(data)
                 if acct.done or acct.error is not None:

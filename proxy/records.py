@@ -2,7 +2,8 @@
 
 ``CompletedRequest`` — one finished request, as metrics, the request log line and observers
 (diagnosis) see it. ``Finished`` — the last item of ``Exchange.events()``. ``body_with_rid`` — the
-bytes sent to the worker: the caller's own, with a ``rid`` spliced in when they gave none.
+bytes sent to the worker: the caller's own, with a ``rid`` spliced in when they gave none (and
+``include_usage`` on an OpenAI stream that did not ask for it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.request import GenerateRequest
+from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Decision, RouteRequest
 from proxy.sse import FinalMeta
 from proxy.timing import RequestTiming
@@ -49,18 +50,48 @@ class Finished:
     timing: RequestTiming
 
 
-def body_with_rid(req: GenerateRequest, rid: str | None) -> bytes:
-    """The bytes to forward: the caller's own, with ``"rid"`` spliced in when ``rid`` is given.
+def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = False) -> bytes:
+    """The bytes to forward: the caller's own, with ``"rid"`` spliced in when ``rid`` is given, and
+    ``"stream_options": {"include_usage": true}`` when ``ask_usage`` (an OpenAI stream whose caller
+    did not ask for usage: the token counters need it; ``wants_usage_hidden``).
 
-    Batches (several prompts) take a list of rids; they are forwarded unchanged.
+    Batches (several prompts) take a list of rids; they get none. A key the caller already sent
+    (their own ``stream_options``) is merged and the body re-serialised: a spliced duplicate key
+    would leave which one a worker reads to its JSON parser.
     """
     raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
-    if rid is None or _is_batch(req.payload):
+    add: dict[str, Any] = {}
+    if rid is not None and not _is_batch(req.payload):
+        add["rid"] = rid
+    if ask_usage:
+        opts = req.payload.get("stream_options")
+        add["stream_options"] = {"include_usage": True}
+        if isinstance(opts, dict):
+            # Usage per chunk needs include_usage too: a caller who asked for it alone got none.
+            add["stream_options"] = {**opts, "include_usage": True} | (
+                {"continuous_usage_stats": False} if "continuous_usage_stats" in opts else {})
+    if not add:
         return raw
-    if req.body and "rid" not in req.payload:
+    if req.body and not add.keys() & req.payload.keys():
         i = raw.index(b"{") + 1  # splice: the caller's bytes stay as they were
-        return raw[:i] + b'"rid":' + json.dumps(rid).encode() + b"," + raw[i:]
-    return json.dumps({**req.payload, "rid": rid}, separators=(",", ":")).encode()
+        head = b"".join(json.dumps(k).encode() + b":" + json.dumps(v, separators=(",", ":")).encode() + b","
+                        for k, v in add.items())
+        return raw[:i] + head + raw[i:]
+    return json.dumps({**req.payload, **add}, separators=(",", ":")).encode()
+
+
+def wants_usage_hidden(req: GenerateRequest) -> bool:
+    """Whether this is an OpenAI stream whose caller did not ask for usage
+    (``stream_options.include_usage``, off in the openai SDK by default): the pipeline asks the
+    worker for it anyway (the token counters, the cache-hit numbers and routing learn from it) and
+    drops the usage chunk from what the caller receives (``sse.drop_usage_events``). A
+    ``stream_options`` that is not an object is the caller's error, forwarded as sent."""
+    if req.dialect is Dialect.SGLANG or not req.stream:
+        return False
+    opts = req.payload.get("stream_options")
+    if opts is None:
+        return True
+    return isinstance(opts, dict) and opts.get("include_usage") is not True
 
 
 def _is_batch(payload: dict[str, Any]) -> bool:

@@ -133,6 +133,14 @@ def _http_key(request: web.Request) -> str | None:
     return presented_key(request.headers.get("Authorization"), request.headers.get("x-api-key"))
 
 
+def http_authorized(keys: ApiKeys) -> Callable[[web.Request], bool] | None:
+    """Whether a request on the public HTTP port presents an accepted key; None when no keys are
+    checked. (For what runs before the middleware: aiohttp's ``Expect`` handler.)"""
+    if not keys:
+        return None
+    return lambda request: keys.accepts(_http_key(request))
+
+
 def guard_http_app(app: web.Application, *, keys: ApiKeys, limiter: RateLimiter | None, clock: Clock,
                    reject: Reject, frontend: str = "http") -> None:
     """Put the API-key check and the rate limit in front of ``app`` (before it starts); no-ops when off."""

@@ -236,6 +236,35 @@ def last_output_payload(data: bytes) -> bytes | None:
     return None
 
 
+def drop_usage_events(data: bytes) -> bytes:
+    """A run of complete OpenAI events without its usage-only chunks (``"choices": []`` and a
+    ``usage`` object: what a worker sends last when asked for ``include_usage``). For a caller who
+    did not ask for usage, which the pipeline asked the worker for on their behalf; the accountant
+    has read the chunk already. Runs without such a chunk come back as they are (no copy)."""
+    if b'"choices":[]' not in data and b'"choices": []' not in data:
+        return data
+    kept = []
+    for event in data.split(b"\n\n"):
+        if event and _is_usage_only(event):
+            continue
+        kept.append(event)
+    return b"\n\n".join(kept)
+
+
+def _is_usage_only(event: bytes) -> bool:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload == DONE or not payload.startswith(b"{"):
+                return False
+            try:
+                obj = safejson.loads(payload)
+            except ValueError:
+                return False
+            return (isinstance(obj, Mapping) and obj.get("choices") == [] and isinstance(obj.get("usage"), Mapping))
+    return False
+
+
 def token_ids(ids: Any) -> tuple[int, ...]:
     """A chunk's ``output_ids`` as ints; ``ValueError`` for anything else (1e999, "7", 1.5)."""
     if not all(type(i) is int for i in ids):

@@ -10,7 +10,7 @@ Services on ``server.grpc_port``:
   ready (at least one healthy worker, not draining) and NOT_SERVING otherwise; ``Watch`` streams
   each change. Readiness is re-evaluated whenever the worker registry publishes snapshots, so a
   change reaches watchers without polling.
-* ``grpc.reflection.v1alpha.ServerReflection`` — lists all of the above.
+* ``grpc.reflection.v1.ServerReflection`` and ``v1alpha`` — list all of the above (``grpc_reflection_v1.py``).
 
 Messages: one ``GenerateResponse`` per run of upstream events that arrived together (the relayed
 ``Exchange.chunks()``, read by ``grpc_deltas.RunReader``, which skips re-parsing what SGLang's
@@ -53,10 +53,10 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health as health_sync
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
 from proxy.errors import BadRequest, RadixgateError, from_upstream_status
+from proxy.frontends import grpc_reflection_v1
 from proxy.frontends.grpc_deltas import RunRead, RunReader
 from proxy.frontends.grpc_messages import final_message, to_generate_request, tokens_added, worker_state
 from proxy.frontends.tls import grpc_server_credentials
@@ -127,8 +127,7 @@ class GrpcFrontend:
         admin_pb2_grpc.add_AdminServicer_to_server(_Admin(self._app), server)  # type: ignore[no-untyped-call]
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (GENERATION_SERVICE, ADMIN_SERVICE, health_sync.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        grpc_reflection_v1.enable(server, (GENERATION_SERVICE, ADMIN_SERVICE, health_sync.SERVICE_NAME))
         address = _address(cfg.server.host, max(0, cfg.server.grpc_port))
         credentials = grpc_server_credentials(cfg.tls)
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)

@@ -1,9 +1,11 @@
 """The HTTP frontend (aiohttp): SGLang native and OpenAI endpoints, and the admin endpoints.
 
 Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and
-non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /health`` (the proxy is up),
-``GET /ready`` (at least one healthy worker, not draining).
-Admin port (loopback by default): ``GET /metrics``, ``GET /workers``; other admin routes (e.g.
+non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /v1/models/{id}``,
+``GET /health`` (the proxy is up), ``GET /ready`` (at least one healthy worker, not draining), and
+SGLang's own server endpoints (``frontends/sglang_server.py``: ``/health_generate``, model and server
+info, ``/flush_cache`` — with API keys only).
+Admin port (loopback by default): ``GET /metrics``, ``GET /workers``, ``/flush_cache``; other admin routes (e.g.
 ``/diagnosis``) are added by their owners through ``App.add_admin_route``.
 
 The body is parsed once into a ``GenerateRequest`` (the raw bytes ride along and are forwarded as
@@ -18,19 +20,30 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy import safejson
 from proxy.config import Config
-from proxy.errors import BadRequest, PayloadTooLarge, RadixgateError, UnsupportedEncoding, to_body
+from proxy.errors import (
+    BadRequest,
+    ModelNotFound,
+    PayloadTooLarge,
+    RadixgateError,
+    Unauthorized,
+    UnsupportedEncoding,
+    to_body,
+)
+from proxy.frontends import sglang_server
 from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
-from proxy.pipeline import Pipeline
+from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
+from proxy.security import KEY_HINT
 
 log = logging.getLogger("radixgate.http")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -191,7 +204,11 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         headers=fwd, body=raw)
 
 
-def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool]) -> web.Application:
+def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool], *,
+                     authorized: Callable[[web.Request], bool] | None = None) -> web.Application:
+    """The public port. ``authorized``: whether a request presents an accepted API key, None when the
+    port checks none (the key itself is checked by ``security.guard_http_app``'s middleware; this is
+    for the ``Expect`` handler, which runs before it, and ``/flush_cache``, served only with keys)."""
     app = web.Application(client_max_size=cfg.limits.max_body_bytes)
     clock = pipeline.clock
 
@@ -247,14 +264,61 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
             log.exception("internal error serving %s", request.path)
             return error_response(RadixgateError("internal error"), dialect)
 
+    def expect(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+        """``Expect: 100-continue``: a request without an accepted key (when keys are checked), or with
+        a body declared over the limit (or compressed), is refused with its final status at once, no
+        ``100 Continue`` first (RFC 9110 §10.1.1: the client need not send
+        a body it would send for nothing); the connection closes, the unsent body unread."""
+        async def handler(request: web.Request) -> web.StreamResponse | None:
+            value = request.headers.get("Expect", "")
+            if request.version != HttpVersion11:
+                return None
+            if value.lower() != "100-continue":
+                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {value[:40]}")
+            err: RadixgateError | None = None
+            encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+            if authorized is not None and not authorized(request):
+                err = Unauthorized(f"missing or invalid API key; {KEY_HINT}")
+            elif request.content_length is not None and request.content_length > cfg.limits.max_body_bytes:
+                err = PayloadTooLarge(f"body: {request.content_length} bytes is over the limit of "
+                                      f"{cfg.limits.max_body_bytes}")
+            elif encoding not in ("", "identity"):
+                err = UnsupportedEncoding(f"Content-Encoding: {encoding[:40]!r} is not accepted; "
+                                          "send the JSON body uncompressed (identity)")
+            if err is not None:
+                pipeline.reject(FRONTEND, dialect.value, err, clock.now())
+                resp = error_response(err, dialect)
+                if isinstance(err, Unauthorized):
+                    resp.headers["WWW-Authenticate"] = 'Bearer realm="radixgate"'
+                resp.force_close()
+                return resp
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # as aiohttp's own handler: the response proper starts next
+            return None
+        return handler
+
     def route(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(request: web.Request) -> web.StreamResponse:
             return await serve(request, dialect)
         return handler
 
+    # A model card's ``created`` (OpenAI: Unix seconds): when this proxy started serving, as SGLang
+    # stamps its own cards; one value for the process, so a client comparing listings sees no churn.
+    created = int(time.time())
+
+    def card(model: str) -> dict[str, object]:
+        return {"id": model, "object": "model", "created": created, "owned_by": "radixgate", "root": model}
+
     async def models(request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "owned_by": "radixgate"} for m in pipeline.models()]
-        return web.json_response({"object": "list", "data": data})
+        return web.json_response({"object": "list", "data": [card(m) for m in pipeline.models()]})
+
+    async def model(request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the openai SDK's ``models.retrieve``); ids may hold ``/``."""
+        name = request.match_info["model"]
+        served = pipeline.models()
+        if name not in served:
+            return error_response(ModelNotFound(not_served(name, served)), Dialect.CHAT)
+        return web.json_response(card(name))
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -263,13 +327,16 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool])
         ok = ready()
         return web.json_response({"ready": ok}, status=200 if ok else 503)
 
-    app.router.add_post("/generate", route(Dialect.SGLANG))
-    app.router.add_put("/generate", route(Dialect.SGLANG))
-    app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS))
-    app.router.add_post("/v1/chat/completions", route(Dialect.CHAT))
+    app.router.add_post("/generate", route(Dialect.SGLANG), expect_handler=expect(Dialect.SGLANG))
+    app.router.add_put("/generate", route(Dialect.SGLANG), expect_handler=expect(Dialect.SGLANG))
+    app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS), expect_handler=expect(Dialect.COMPLETIONS))
+    app.router.add_post("/v1/chat/completions", route(Dialect.CHAT), expect_handler=expect(Dialect.CHAT))
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", readiness)
+    sglang_server.add_public_routes(app, pipeline, keys_checked=authorized is not None,
+                                    respond=lambda err: error_response(err, None))
     return app
 
 
@@ -301,4 +368,5 @@ def build_admin_app(pipeline: Pipeline) -> web.Application:
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/workers", workers)
+    sglang_server.add_admin_routes(app, pipeline)
     return app

@@ -93,7 +93,7 @@ class StateCollector(Collector):
 # -- diagnosis gauges (owned by the diagnosis: proxy/diagnose) ---------------------------------
 # Read at scrape time from the Diagnoser (which reuses a result for diagnose.refresh_s), so the
 # gauges always describe the current window. Unknown values (no GPU, no cache reports) are omitted,
-# never exported as 0. Labels are bounded: kind / quantile / stage / rule / cause are fixed sets.
+# never exported as 0. Labels are bounded: kind / q / stage / rule / cause are fixed sets.
 
 
 def attach_diagnosis(registry: CollectorRegistry, current: Callable[[], Diagnosis]) -> None:
@@ -137,8 +137,10 @@ class _DiagnosisCollector(Collector):
         for name, dist, help_ in (("ttft", lat.ttft, "Time to first token"),
                                   ("worker_queue", lat.worker_queue, "Worker-reported queue time"),
                                   ("itl", lat.itl, "Inter-token latency")):
-            yield gauge(f"radixgate_diagnosis_{name}_seconds", f"{help_} over the window, by quantile.",
-                        [(["0.5"], dist.p50), (["0.95"], dist.p95)], ["quantile"])
+            # The label is q, not quantile: quantile is reserved for summaries (promtool check metrics
+            # refuses it on a gauge), and a windowed p95 has no cumulative _sum / _count to be one.
+            yield gauge(f"radixgate_diagnosis_{name}_seconds", f"{help_} over the window, by quantile (q).",
+                        [(["0.5"], dist.p50), (["0.95"], dist.p95)], ["q"])
         yield gauge("radixgate_diagnosis_gpu_idle_ratio", "Share of time the sampled GPUs were idle (NVML).",
                     [([], s.gpu.idle_share)])
         yield gauge("radixgate_diagnosis_proxy_overhead_ratio", "radixgate's own share of TTFT.",

@@ -86,7 +86,43 @@ async def test_reflection_lists_the_radixgate_health_and_reflection_services(
     listed = await reflect(channel, reflection_pb2.ServerReflectionRequest(list_services=""))
     names = {s.name for s in listed.list_services_response.service}
     assert names == {"radixgate.v1.Generation", "radixgate.v1.Admin", "grpc.health.v1.Health",
-                     "grpc.reflection.v1alpha.ServerReflection"}
+                     "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}
+
+
+async def reflect_v1(channel: grpc.aio.Channel, request: reflection_pb2.ServerReflectionRequest
+                     ) -> reflection_pb2.ServerReflectionResponse:
+    """A v1 client (grpcurl's first choice): the v1 method path; v1's messages are v1alpha's, field for field."""
+    info = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                 request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                 response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    call = info(timeout=5)
+    await call.write(request)
+    await call.done_writing()
+    reply = await call.read()
+    assert isinstance(reply, reflection_pb2.ServerReflectionResponse)
+    return reply
+
+
+async def test_reflection_v1_lists_the_services_and_serves_descriptors_and_its_own_schema(
+    proxied: tuple[Fleet, App, grpc.aio.Channel],
+) -> None:
+    _, _, channel = proxied
+    listed = await reflect_v1(channel, reflection_pb2.ServerReflectionRequest(list_services=""))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"radixgate.v1.Generation", "grpc.reflection.v1.ServerReflection"} <= names
+    reply = await reflect_v1(channel, reflection_pb2.ServerReflectionRequest(
+        file_containing_symbol="radixgate.v1.Generation"))
+    files = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+             for raw in reply.file_descriptor_response.file_descriptor_proto]
+    assert "radixgate.v1" in {f.package for f in files}
+    # grpcurl describe grpc.reflection.v1.ServerReflection: v1's own file, with v1's types.
+    reply = await reflect_v1(channel, reflection_pb2.ServerReflectionRequest(
+        file_containing_symbol="grpc.reflection.v1.ServerReflection"))
+    (v1,) = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+             for raw in reply.file_descriptor_response.file_descriptor_proto]
+    assert v1.name == "grpc/reflection/v1/reflection.proto" and v1.package == "grpc.reflection.v1"
+    (method,) = v1.service[0].method
+    assert method.input_type == ".grpc.reflection.v1.ServerReflectionRequest"
 
 
 async def test_reflection_serves_the_descriptors_a_generic_client_needs(

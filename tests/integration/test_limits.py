@@ -67,6 +67,61 @@ async def test_a_body_over_the_limit_is_413_with_or_without_a_content_length(
     assert (await status_of(client, base(app) + "/generate"))[0] == 200  # still serving
 
 
+async def _expect(port: int, extra: str, length: int) -> bytes:
+    """curl's way: the headers with ``Expect: 100-continue``, then wait for the server's word before
+    sending the body (never sent here); the first response it gets, head and body (Content-Length)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head("POST", "/generate", port, extra, length=length))
+        await writer.drain()
+        got = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        size = next((int(line.split(b":")[1]) for line in got.split(b"\r\n")
+                     if line.lower().startswith(b"content-length:")), 0)
+        return got + await asyncio.wait_for(reader.readexactly(size), 10)
+    finally:
+        writer.close()  # as curl: a final answer instead of 100 Continue, the body is not sent
+
+
+async def test_expect_100_continue_with_an_oversized_body_gets_the_413_and_no_100_continue(
+        harness: Harness) -> None:
+    app = await harness.proxy((await harness.fleet()).urls, **{"limits.max_body_bytes": 4096})
+    port = app.http_port
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head("POST", path, port, "Expect: 100-continue\r\n", length=10_000_000))
+            await writer.drain()
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+        assert first.startswith(b"HTTP/1.1 413 "), first[:80]
+        assert b"Connection: close" in first
+    reply = await _expect(port, "Expect: 100-continue\r\n", 10_000_000)
+    assert reply.startswith(b"HTTP/1.1 413 ") and b"over the limit" in reply
+    # Compressed: refused unread too.
+    reply = await _expect(port, "Expect: 100-continue\r\nContent-Encoding: gzip\r\n", 100)
+    assert reply.startswith(b"HTTP/1.1 415 ")
+    # Within the limit: 100 Continue, then the body, then the answer.
+    body = json.dumps(BODY).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head("POST", "/generate", port, "Expect: 100-continue\r\n", length=len(body)))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        writer.close()
+    # An unknown expectation: 417, as before.
+    reply = await raw_exchange(port, head("POST", "/generate", port, "Expect: tea\r\n", length=len(body)) + body)
+    assert reply.startswith(b"HTTP/1.1 417 ")
+    async with aiohttp.ClientSession() as session:
+        m = await scrape(session, admin(app))
+    assert total(m, "radixgate_errors_total", cause="payload_too_large") == 4
+    assert total(m, "radixgate_errors_total", cause="unsupported_encoding") == 1
+
+
 async def test_a_prompt_over_the_limit_is_413_naming_the_prompt(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     app = await harness.proxy((await harness.fleet()).urls, **{"limits.max_prompt_chars": 300})

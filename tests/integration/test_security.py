@@ -235,3 +235,26 @@ async def test_without_keys_of_its_own_radixgate_passes_the_callers_authorizatio
     app = await harness.proxy(urls, **{"security.api_keys_env": "", "security.upstream_api_key_env": UPSTREAM_ENV})
     assert (await post(client, base(app) + "/generate", {"Authorization": f"Bearer {WORKER_KEY}"}))[0] == 200
     assert (await post(client, base(app) + "/generate"))[0] != 200
+
+
+async def test_expect_100_continue_without_a_key_gets_the_401_before_any_body_is_sent(
+        harness: Harness, tmp_path: Path) -> None:
+    fleet = await harness.fleet()
+    app = await harness.proxy(fleet.urls, **{"security.api_keys_file": key_file(tmp_path, KEY),
+                                             "security.api_keys_env": ""})
+    body = json.dumps(BODY).encode()
+
+    async def first_answer(auth: str) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", app.http_port)
+        try:
+            writer.write((f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n{auth}\r\n").encode())
+            await writer.drain()
+            return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        finally:
+            writer.close()
+
+    refused = await first_answer("")
+    assert refused.startswith(b"HTTP/1.1 401 ") and b"WWW-Authenticate: Bearer" in refused
+    assert (await first_answer("Authorization: Bearer wrong\r\n")).startswith(b"HTTP/1.1 401 ")
+    assert await first_answer(f"Authorization: Bearer {KEY}\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"

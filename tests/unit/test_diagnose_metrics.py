@@ -26,7 +26,7 @@ def test_diagnosis_gauges_show_the_numbers_and_the_verdict_as_an_enum() -> None:
     assert m['radixgate_diagnosis_verdict{kind="healthy"}'] == 0.0
     assert m['radixgate_diagnosis_finding{cause="routing",rule="cache_routing"}'] == 1.0
     assert m["radixgate_diagnosis_window_requests"] == 120
-    assert m['radixgate_diagnosis_ttft_seconds{quantile="0.95"}'] > 0
+    assert m['radixgate_diagnosis_ttft_seconds{q="0.95"}'] > 0
     assert sum(v for k, v in m.items() if k.startswith("radixgate_diagnosis_stage_cost_share_ratio")) > 0.99
 
 

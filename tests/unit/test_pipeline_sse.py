@@ -6,12 +6,15 @@ import pytest
 
 from proxy.errors import UpstreamError
 from proxy.pipeline import body_with_rid, error_event
+from proxy.records import wants_usage_hidden
 from proxy.request import Dialect, GenerateRequest
 from proxy.sse import (
+    DONE_EVENT,
     ErrorEvent,
     EventDecoder,
     StreamAccountant,
     TextDelta,
+    drop_usage_events,
     first_token_counts,
     iter_payloads,
     last_output_payload,
@@ -185,3 +188,46 @@ def test_first_token_counts_of_odd_native_events_are_unknown(data: bytes) -> Non
 def test_output_ids_that_are_not_integers_are_a_value_error(ids: list[object]) -> None:
     with pytest.raises(ValueError, match="output_ids"):
         EventDecoder(Dialect.SGLANG).decode(sse({"text": "a", "output_ids": ids, "meta_info": {}}))
+
+
+def test_an_openai_stream_that_did_not_ask_for_usage_asks_the_worker_for_it() -> None:
+    body = b'{"model":"m","prompt":"hi","stream":true}'
+    req = GenerateRequest(dialect=Dialect.COMPLETIONS, payload=json.loads(body), body=body, stream=True)
+    assert wants_usage_hidden(req)
+    out = body_with_rid(req, "r", ask_usage=True)
+    assert out.endswith(body[1:])  # spliced: the caller's bytes stay as they were
+    assert json.loads(out) == {**json.loads(body), "rid": "r", "stream_options": {"include_usage": True}}
+
+
+def test_a_callers_own_stream_options_are_merged_not_duplicated() -> None:
+    body = b'{"prompt":"hi","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}'
+    req = GenerateRequest(dialect=Dialect.COMPLETIONS, payload=json.loads(body), body=body, stream=True)
+    assert wants_usage_hidden(req)
+    out = body_with_rid(req, None, ask_usage=True)
+    assert out.count(b"stream_options") == 1
+    # Per-chunk usage stays off: without include_usage the caller would have had none.
+    assert json.loads(out)["stream_options"] == {"include_usage": True, "continuous_usage_stats": False}
+
+
+@pytest.mark.parametrize(("dialect", "payload", "hidden"), [
+    (Dialect.CHAT, {"stream": True}, True),
+    (Dialect.CHAT, {"stream": True, "stream_options": {"include_usage": True}}, False),
+    (Dialect.CHAT, {"stream": False}, False),
+    (Dialect.SGLANG, {"stream": True}, False),
+    (Dialect.COMPLETIONS, {"stream": True, "stream_options": "bad"}, False),
+])
+def test_which_streams_get_usage_asked_for_and_hidden(dialect: Dialect, payload: dict[str, object],
+                                                       hidden: bool) -> None:
+    req = GenerateRequest(dialect=dialect, payload=payload, stream=bool(payload["stream"]))
+    assert wants_usage_hidden(req) is hidden
+
+
+def test_usage_only_chunks_are_dropped_and_everything_else_kept() -> None:
+    text = b'data: {"choices":[{"index":0,"text":"a","finish_reason":"length"}],"usage":null}\n\n'
+    usage = b'data: {"id":"x","choices": [],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    assert drop_usage_events(text + usage + DONE_EVENT) == text + DONE_EVENT
+    assert drop_usage_events(usage) == b""
+    assert drop_usage_events(text) is text
+    # A completion whose text says "choices":[] is output, not a usage chunk.
+    tricky = b'data: {"choices":[{"index":0,"text":"\\"choices\\":[]"}],"usage":null}\n\n'
+    assert drop_usage_events(tricky + DONE_EVENT) == tricky + DONE_EVENT

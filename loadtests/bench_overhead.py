@@ -110,6 +110,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def stop_processes(procs: list[asyncio.subprocess.Process], grace_s: float = 10.0) -> None:
+    """SIGTERM every process still running, then SIGKILL any that outlives ``grace_s``."""
+    for proc in procs:
+        if proc.returncode is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
 class Target:
     def __init__(self, name: str, cmd: list[str] | None, urls: list[str], cwd: Path | None = None, *,
                  grpc_address: str | None = None, process_of: Target | None = None) -> None:

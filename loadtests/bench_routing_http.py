@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import sys
 import time
 from collections import defaultdict
@@ -26,6 +25,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from loadtests.bench_overhead import free_port, stop_processes
 from loadtests.bench_summary import summarize
 from loadtests.simworker.fleet import Fleet
 from loadtests.workloads import RequestSpec
@@ -98,12 +98,6 @@ def _tokens_so_far(event: dict[str, Any], before: int, interval: int) -> int:
 
 # -- routers ------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Router:
     """One or more router processes in front of the fleet; ``bases`` are their URLs."""
 
@@ -163,15 +157,7 @@ class Router:
                 await asyncio.sleep(0.2)
 
     async def __aexit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_processes(self.procs)
 
     def groups_per_worker(self) -> dict[str, set[str]]:
         """rid -> worker from radixgate's request log: the workers each group touched."""

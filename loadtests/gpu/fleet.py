@@ -44,7 +44,7 @@ import yaml
 
 from loadtests import texts
 from loadtests.arrivals import poisson_times
-from loadtests.bench_overhead import free_port
+from loadtests.bench_overhead import free_port, stop_processes
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
@@ -210,14 +210,7 @@ class Routers:
         return self.bases[name]
 
     async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.terminate()
-        for proc in self.procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
+        await stop_processes(self.procs)
 
 
 # -- engines -------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ exactly what the fuzz test runs; it is a measurement, not a test: numbers, print
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import http.client
 import json
@@ -30,58 +29,40 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
-import uvloop
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.broken_worker import HANG, BrokenWorker, chunk, sse_head
 from tests.fixtures.broken_worker import http as answer
+from tests.fixtures.loop_thread import LoopThread, metrics_by_cause
 from tests.fixtures.worker_faults import SMALL_CAPS, Case, http_answers, scrape_answers, sse_answers
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
 
 
-class WorkerThread:
+class WorkerThread(LoopThread):
     """The broken worker on its own uvloop loop in a thread."""
 
     def __init__(self) -> None:
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        super().__init__("rss-worker")
         self.worker: BrokenWorker | None = None
-        self._cm: Any = None
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     async def _start(self) -> None:
-        self._cm = BrokenWorker.running()
-        self.worker = await self._cm.__aenter__()
+        self.worker = await self._stack.enter_async_context(BrokenWorker.running())
 
-    async def _stop(self) -> None:
-        await self._cm.__aexit__(None, None, None)
-
-    def __enter__(self) -> BrokenWorker:
-        self.thread.start()
-        self.call(self._start())
+    def __enter__(self) -> BrokenWorker:  # type: ignore[override]
+        super().__enter__()
         assert self.worker is not None
         return self.worker
-
-    def __exit__(self, *exc: object) -> None:
-        self.call(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @contextlib.contextmanager
@@ -128,18 +109,7 @@ def post(port: int, body: dict[str, Any]) -> tuple[int, bytes]:
 
 
 def metrics(port: int) -> dict[tuple[str, str], float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = (sample.name, sample.labels.get("cause", ""))
-            out[key] = out.get(key, 0.0) + sample.value
-    return out
+    return metrics_by_cause(port, 10.0)
 
 
 def heavy_cases() -> list[tuple[str, str, list[Any], bool]]:

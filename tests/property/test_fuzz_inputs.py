@@ -11,18 +11,14 @@ counted and printed at the end of the module (run with ``-s`` to see them).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import http.client
 import json
-import threading
 from collections import Counter
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
-import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -32,31 +28,20 @@ from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy.app import App
 from proxy.config import load
+from tests.fixtures.loop_thread import LoopThread
 
-T = TypeVar("T")
 EXAMPLES = 150
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True)
 TRIED: Counter[str] = Counter()
 
 
-class Stack:
+class Stack(LoopThread):
     """Two simulated workers and a proxy on a private event loop in a background thread."""
 
     def __init__(self) -> None:
-        self.loop = uvloop.new_event_loop()  # the loop `radixgate serve` runs on
-        self.thread = threading.Thread(target=self._run, name="fuzz-stack", daemon=True)
-        self._stack = contextlib.AsyncExitStack()
+        super().__init__("fuzz-stack", call_timeout_s=60.0)
         self.app: App | None = None
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.close()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     async def _start(self) -> None:
         fleet = await self._stack.enter_async_context(
@@ -67,16 +52,6 @@ class Stack:
             "telemetry.log_requests": False}), registry=CollectorRegistry())
         await self.app.start()
         self._stack.push_async_callback(self.app.stop, 2.0)
-
-    def __enter__(self) -> Stack:
-        self.thread.start()
-        self.call(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.call(self._stack.aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -16,27 +16,23 @@ module (``-s`` shows them); loadtests/fuzz_worker_rss.py runs the same cases aga
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import http.client
 import json
-import threading
 from collections import Counter
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-import uvloop
 from hypothesis import HealthCheck, given, settings
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import App
 from proxy.config import load
 from tests.fixtures.broken_worker import BrokenWorker
+from tests.fixtures.loop_thread import LoopThread, metrics_by_cause
 from tests.fixtures.worker_faults import SMALL_CAPS, Case, http_answers, scrape_answers, sse_answers
 
-T = TypeVar("T")
+
 def fuzz(examples: int) -> settings:
     return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -52,24 +48,13 @@ PROXY_SETTINGS: dict[str, Any] = {
 }
 
 
-class Stack:
+class Stack(LoopThread):
     """A broken worker and a proxy on a private uvloop loop in a background thread."""
 
     def __init__(self) -> None:
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="fuzz-workers", daemon=True)
-        self._stack = contextlib.AsyncExitStack()
+        super().__init__("fuzz-workers")
         self.app: App | None = None
         self.worker: BrokenWorker | None = None
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.close()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     async def _start(self) -> None:
         self.worker = await self._stack.enter_async_context(BrokenWorker.running())
@@ -84,16 +69,6 @@ class Stack:
 
     def script(self, path: str, case: Case) -> None:
         self.call(self._answer(path, case))
-
-    def __enter__(self) -> Stack:
-        self.thread.start()
-        self.call(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.call(self._stack.aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +108,7 @@ def request(s: Stack, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]
 
 def metrics(s: Stack) -> dict[tuple[str, str], float]:
     assert s.app is not None
-    conn = http.client.HTTPConnection("127.0.0.1", s.app.admin_port, timeout=CLIENT_TIMEOUT_S)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = (sample.name, sample.labels.get("cause", ""))
-            out[key] = out.get(key, 0.0) + sample.value
-    return out
+    return metrics_by_cause(s.app.admin_port, CLIENT_TIMEOUT_S)
 
 
 def check_http(status: int, ctype: str, body: bytes, case: Case) -> None:

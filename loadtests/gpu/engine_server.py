@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 from aiohttp import web
@@ -150,6 +151,18 @@ class Engine:
             bm._init_block_ids.clear()
             return freed
 
+    def total_blocks(self) -> int | None:
+        bm = getattr(self.cache, "_block_manager", None)
+        return getattr(bm, "num_blocks", None) if bm is not None else None
+
+    def free_blocks(self) -> tuple[int, int]:
+        """(never-used or flushed blocks, freed blocks still hashed for reuse): both can be
+        allocated; the second only by evicting a cached prefix. (-1, -1) before the first request."""
+        bm = getattr(self.cache, "_block_manager", None)
+        if bm is None:
+            return -1, -1
+        return len(getattr(bm, "_uninit_block_ids", ())), len(getattr(bm, "_init_block_ids", ()))
+
     def load(self) -> dict[str, Any]:
         with self.lock:
             return {
@@ -167,6 +180,11 @@ class Server:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.requests = 0
+        # For benchmarks (``GET /bench/trace``, read and cleared once per phase): every finished
+        # request's times on this engine, and a sampled timeline of its batch and free KV blocks,
+        # so a router's tail can be traced to what the engine did (waits for memory, a long queue).
+        self.trace: deque[dict[str, Any]] = deque(maxlen=20_000)
+        self.timeline: deque[list[float]] = deque(maxlen=20_000)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -185,6 +203,7 @@ class Server:
         r.add_get("/metrics", self.metrics)
         r.add_post("/abort_request", self.abort)
         r.add_get("/bench/stats", self.bench_stats)
+        r.add_get("/bench/trace", self.bench_trace)
         r.add_post("/bench/mode", self.bench_mode)
         r.add_post("/flush_cache", self.flush)
         return app
@@ -225,6 +244,22 @@ class Server:
             active = len(self.engine.queues)
         return web.json_response({"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                                   "requests": self.requests, "active": active})
+
+    async def bench_trace(self, _: web.Request) -> web.Response:
+        doc = {"requests": list(self.trace), "timeline": list(self.timeline),
+               "timeline_fields": ["t", "running", "waiting", "waiting_tokens", "free_blocks", "cached_blocks"],
+               "blocks": self.engine.total_blocks(), "block_size": self.args.block_size}
+        self.trace.clear()
+        self.timeline.clear()
+        return web.json_response(doc)
+
+    async def sample(self, every_s: float = 0.25) -> None:
+        while True:
+            load = self.engine.load()
+            free, cached = self.engine.free_blocks()
+            self.timeline.append([round(time.perf_counter(), 3), load["num_running_reqs"], load["num_waiting_reqs"],
+                                  load["num_waiting_uncached_tokens"], free, cached])
+            await asyncio.sleep(every_s)
 
     async def flush(self, _: web.Request) -> web.Response:
         freed = self.engine.flush_prefix_cache()
@@ -347,6 +382,10 @@ class Server:
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
         self.requests += 1
+        queued = out.lifespan[0] - out.created_time if out is not None and out.lifespan[0] > 0 else None
+        self.trace.append({"at": round(received, 4), "first": round(first_token_at, 4) if first_token_at else None,
+                           "done": round(time.perf_counter(), 4), "prompt": len(ids), "cached": cached,
+                           "queued": round(queued, 4) if queued is not None else None})
         if resp is not None:
             if include_usage and dialect != "generate":
                 chunk = {"id": rid, "object": self._object(dialect, True), "model": SERVED_MODEL, "choices": [],
@@ -414,12 +453,13 @@ async def warm_up(engine: Engine) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     engine = await asyncio.to_thread(Engine, args)
     await warm_up(engine)
-    runner = web.AppRunner(Server(engine, args).app(), access_log=None)
+    server = Server(engine, args)
+    runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     print(f"READY http://{args.host}:{args.port} params={engine.params / 1e9:.2f}B", flush=True)
-    await asyncio.Event().wait()
+    await server.sample()  # forever: the timeline of /bench/trace
 
 
 def main() -> None:

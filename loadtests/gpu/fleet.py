@@ -21,6 +21,7 @@ run in an order rotated by one per rate, after a warm-up phase. A request still 
 
 The engines' ``GET /bench/stats`` (true prompt and cached tokens, which no router reads) gives the
 prefix reuse captured per phase. Output: ``DIR/requests.jsonl`` (one line per request),
+``DIR/engines.jsonl`` (GPU engines: each phase's per-request engine times and free-KV timeline),
 ``DIR/summary.json`` and the printed table (TTFT p50/p95, ITL p50, e2e p50, reuse, failures).
 """
 
@@ -76,6 +77,7 @@ class Record:
     prompt_tokens: int = 0
     ok: bool = False
     status: int = 0
+    sent: float = 0.0  # perf_counter when sent (the engines' /bench/trace uses the same clock)
 
 
 # -- one request ---------------------------------------------------------------------------------
@@ -94,7 +96,7 @@ def request_body(prompts: str, system: str, question: str, output_tokens: int, e
 
 
 async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[str, Any], rec: Record) -> None:
-    sent = time.perf_counter()
+    sent = rec.sent = time.perf_counter()
     last = sent
     gaps: list[float] = []
     try:
@@ -220,6 +222,20 @@ async def engine_stats(session: aiohttp.ClientSession, workers: list[str]) -> li
     for url in workers:
         async with session.get(f"{url}/bench/stats") as resp:
             out.append(await resp.json())
+    return out
+
+
+async def engine_traces(session: aiohttp.ClientSession, workers: list[str]) -> list[dict[str, Any]]:
+    """Each engine's per-request times and batch / free-KV timeline since the last call (GPU
+    engines only; a worker without ``/bench/trace`` gives an empty one)."""
+    out: list[dict[str, Any]] = []
+    for url in workers:
+        doc: dict[str, Any] = {}
+        with contextlib.suppress(aiohttp.ClientError, ValueError):
+            async with session.get(f"{url}/bench/trace") as resp:
+                if resp.status == 200:
+                    doc = await resp.json()
+        out.append({"worker": url, **doc})
     return out
 
 
@@ -387,10 +403,17 @@ async def main_async(args: argparse.Namespace) -> None:
                         phase += 1
                         await wait_idle(session, workers, 30)
                         before = await engine_stats(session, workers)
+                        await engine_traces(session, workers)  # drop what the last phase left
                         records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
                                                   args.prompts, args.drain_s, encode)
                         await wait_idle(session, workers, 30)
                         after = await engine_stats(session, workers)
+                        traces = await engine_traces(session, workers)
+                        if any(t.get("requests") for t in traces):
+                            with (out / "engines.jsonl").open("a") as f:
+                                f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
+                                                    "prompts": args.prompts, "reports": args.reports,
+                                                    "engines": traces}) + "\n")
                         prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
                         cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
                         s = summarize(records, cached / prompt if prompt else None)

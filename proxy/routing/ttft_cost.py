@@ -10,7 +10,8 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
                  uncached size of our requests); counts other proxies' traffic too
     running_w  = its decode batch (scraped ``running``, else our in-flight count)
     ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w)
-                 c0..c4 fitted fleet-wide, f_w per worker, from every observed TTFT
+                 c0..c4 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
+                 ``factor_alpha`` > 0: a fleet of unequal GPUs)
     score_w    = ttft_w + ``work_weight`` x c1 x f_w x uncached_w
 The second term charges the prefill this request adds to the worker, which delays every later
 request there: greedy TTFT alone would send a follow-up of a prefix still being prefilled on its
@@ -106,8 +107,12 @@ class TtftParams:
     prior_decode_s_per_running: float = 0.0003
     # Forgetting factor of the fleet fit (effective memory ~ 1 / (1 - f) requests).
     forgetting: float = 0.995
-    # EWMA weight of one observation in a worker's speed factor.
-    factor_alpha: float = 0.05
+    # EWMA weight of one observation in a worker's speed factor; 0 = off (the default). On the GPU
+    # fleet (4 engines on one H200, text, minimal reports, 4.5 req/s) 0.05 starved workers: one
+    # drew a high factor early, was then avoided, and never got the traffic that would correct it
+    # (2 of 112 requests to one engine, 47 to another; 0 and 5 with work_weight 10). Off, the
+    # same trace spread 30/24/30/28 at the same p95. Turn it on only for a fleet of unequal GPUs.
+    factor_alpha: float = 0.0
     # Weight of the prefill this request adds to the chosen worker (0 = greedy TTFT).
     work_weight: float = 3.0
     # Score per request already running there: the decode slowdown a TTFT fit cannot see.

@@ -34,6 +34,7 @@ import json
 import math
 import random
 import re
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -354,7 +355,10 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], rou
     for name in routers:
         cells = []
         for rate in rates:
-            s = summary[name][f"{rate:g}"]
+            s = summary[name].get(f"{rate:g}")
+            if s is None:
+                cells.append("not run")
+                continue
             reuse = "-" if s["reuse"] is None else f"{s['reuse']:.0%}"
             fail = f" ({s['failed']} failed)" if s["failed"] else ""
             cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}")
@@ -378,6 +382,9 @@ async def main_async(args: argparse.Namespace) -> None:
         def encode(text: str) -> list[int]:
             return list(bpe.encode(text, add_special_tokens=True).ids)
 
+    task = asyncio.current_task()
+    if task is not None:  # a time limit's SIGTERM ends the run through the finally below
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     names = [n for n in args.routers.split(",") if n]
     routers = Routers(names, workers, out, Path(args.tokenizer))
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
@@ -429,11 +436,14 @@ async def main_async(args: argparse.Namespace) -> None:
             for proc in sims:
                 proc.terminate()
                 await proc.wait()
-    cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape), "seed": args.seed,
-            "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
-            "engine": "sim:" + args.sim_profile if args.sim else "gpu"}
-    with (out / "summary.jsonl").open("a") as f:
-        f.write(json.dumps(cell) + "\n")
+            # Even when cut short (SIGTERM from a time limit): the phases measured so far count.
+            complete = all(f"{r:g}" in summary[n] for n in names for r in rates)
+            cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape),
+                    "seed": args.seed, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
+                    "engine": "sim:" + args.sim_profile if args.sim else "gpu", "complete": complete}
+            if any(summary.values()):
+                with (out / "summary.jsonl").open("a") as f:
+                    f.write(json.dumps(cell) + "\n")
     print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
           f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")
     print(table(summary, rates, names))
@@ -449,10 +459,11 @@ def report(paths: list[Path]) -> str:
                 continue
             cell = json.loads(line)
             rates, names, summary = cell["rates"], cell["routers"], cell["summary"]
+            cut = "" if cell.get("complete", True) else " (cut short by its time limit)"
             out.append(f"\n{path.parent.name}: {cell['engine']}, {cell['workers']} workers, prompts={cell['prompts']}, "
-                       f"reports={cell['reports']}, workload={cell['shape']['workload']}, seed {cell['seed']}")
+                       f"reports={cell['reports']}, workload={cell['shape']['workload']}, seed {cell['seed']}{cut}")
             out.append(table(summary, rates, names))
-            for ref in ("oracle", "smg"):
+            for ref in ("oracle", "smg", "sglang-router"):
                 if ref not in names or len(names) < 2:
                     continue
                 ratios = []
@@ -461,7 +472,9 @@ def report(paths: list[Path]) -> str:
                         continue
                     cells = []
                     for rate in rates:
-                        a, b = summary[name][f"{rate:g}"]["ttft_p95"], summary[ref][f"{rate:g}"]["ttft_p95"]
+                        nan = {"ttft_p95": math.nan}
+                        a = summary[name].get(f"{rate:g}", nan)["ttft_p95"]
+                        b = summary[ref].get(f"{rate:g}", nan)["ttft_p95"]
                         cells.append(f"{a / b:.2f}x @{rate:g}" if math.isfinite(a) and math.isfinite(b) and b else f"- @{rate:g}")
                     ratios.append(f"{name} {', '.join(cells)}")
                 out.append(f"p95 / {ref}: " + "; ".join(ratios))
@@ -522,9 +535,13 @@ def main() -> None:
     try:
         import uvloop
 
-        uvloop.run(main_async(args))
+        runner: Any = uvloop.run
     except ImportError:
-        asyncio.run(main_async(args))
+        runner = asyncio.run
+    try:
+        runner(main_async(args))
+    except asyncio.CancelledError:
+        sys.exit("cut short (SIGTERM): the phases measured so far are in summary.jsonl, marked incomplete")
 
 
 if __name__ == "__main__":

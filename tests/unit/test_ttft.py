@@ -144,8 +144,8 @@ def test_the_prefill_rate_is_learned_from_observed_ttft() -> None:
     assert policy.model.coefficients()[1] == pytest.approx(1e-3, rel=0.2)
 
 
-def test_a_slower_worker_gets_less_unique_work() -> None:
-    policy = TtftCost(TtftParams())
+def test_with_the_speed_factor_on_a_slower_worker_gets_less_unique_work() -> None:
+    policy = TtftCost(TtftParams(factor_alpha=0.05))  # a fleet of unequal GPUs
     for i in range(200):
         r = prompt(1000 + i, 100)
         d = policy.select(r, fleet())
@@ -159,6 +159,25 @@ def test_a_slower_worker_gets_less_unique_work() -> None:
         picks.append(policy.select(r, fleet()).worker)
         finish(policy, r, picks[-1], ttft=r.prompt_tokens / 12_000, cached=0)
     assert "http://a" not in picks
+
+
+def test_by_default_early_slow_answers_do_not_starve_a_worker() -> None:
+    # The GPU fleet's failure with the factor on: a worker slow in its first answers was avoided
+    # and never got the traffic that would have shown it recovered. Off (the default), the fit is
+    # fleet-wide and every worker keeps its share.
+    policy = TtftCost(TtftParams())
+    for i in range(60):
+        r = prompt(1000 + i, 100)
+        d = policy.select(r, fleet())
+        slow = 10 if d.worker == "http://a" and i < 30 else 1
+        finish(policy, r, d.worker, ttft=slow * r.prompt_tokens / 12_000, cached=0)
+    picks = []
+    for i in range(40):
+        r = prompt(i, 100)
+        picks.append(policy.select(r, fleet()).worker)
+        finish(policy, r, picks[-1], ttft=r.prompt_tokens / 12_000, cached=0)
+    assert picks.count("http://a") >= 40 // len(URLS) // 2
+    assert policy.model.factor("http://a") == 1.0
 
 
 def test_completion_confirms_the_prompt_in_the_index() -> None:

@@ -118,10 +118,14 @@ def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[st
     cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
     out = []
     for cell in cells:
+        if cell.get("prompts", "text") != "text":
+            continue  # the replay renders text prompts only
         for router in cell["routers"]:
             if router not in ("oracle", "direct0"):
                 continue
             for rate in cell["rates"]:
+                if f"{rate:g}" not in cell["summary"].get(router, {}):
+                    continue  # not run (a cell cut short by its time limit)
                 rows = [r for r in recs if r["router"] == router and r["rate"] == rate
                         and r["workload"] == cell["shape"]["workload"]
                         and _phase_of(cell, router, rate) == r["phase"]]
@@ -238,24 +242,46 @@ def fit(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base:
     return shared
 
 
+def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base: perf.Profile,
+          encoder: Encoder) -> None:
+    """Print the fleet error (these points' oracle phases) and the one-engine error (run 1's
+    ``direct0`` phases) over a grid of the constants that shape a loaded fleet, best first."""
+    cache: dict[Any, Any] = {}
+    fleet = [p for p in points if p[1] == "oracle"]
+    alone = [p for p in real_points(RESULTS) if p[1] == "direct0"]
+    rows = []
+    for seq, ctx, excl, step in itertools.product((0.003, 0.0035, 0.004), (0.0, 5e-7, 1e-6), (0.0, 0.03, 0.07),
+                                                  (0.045, 0.05)):
+        cand = dataclasses.replace(base, seq_overhead_s=seq, ctx_overhead_s=ctx, gpu_exclusive_host=excl,
+                                   step_overhead_s=step)
+        rows.append((error(simulate(fleet, cand, encoder, cache)), error(simulate(alone, cand, encoder, cache)),
+                     f"seq_overhead_s={seq} ctx_overhead_s={ctx} gpu_exclusive_host={excl} step_overhead_s={step}"))
+    for fleet_err, alone_err, label in sorted(rows):
+        print(f"fleet {fleet_err:.3f} one-engine {alone_err:.3f}: {label}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--results", type=Path, nargs="+", default=[RESULTS])
     p.add_argument("--profile", default="h200-transformers-7b")
     p.add_argument("--fit", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="grid of the loaded-fleet constants, best first")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
-    points = real_points(a.results)
+    points = [pt for results in a.results for pt in real_points(results)]
     profile = perf.PROFILES[a.profile]
     for item in a.set:
         key, value = item.split("=", 1)
         profile = dataclasses.replace(profile, **{key: type(getattr(profile, key))(value == "True" if value in ("True", "False") else float(value))})
+    if a.sweep:
+        sweep(points, profile, encoder)
+        return
     if a.fit:
         profile = fit(points, profile, encoder)
         print("best:", profile)
     sims = simulate(points, profile, encoder, {})
-    print(f"profile {profile.name}; real: {a.results}; error {error(sims):.3f}")
+    print(f"profile {profile.name}; real: {' '.join(map(str, a.results))}; error {error(sims):.3f}")
     print(report(sims))
 
 

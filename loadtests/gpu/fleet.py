@@ -481,6 +481,30 @@ def report(paths: list[Path]) -> str:
     return "\n".join(out)
 
 
+def engines_report(path: Path) -> str:
+    """Per phase and engine (``engines.jsonl``): requests it served, its worst and 90th-percentile
+    TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +
+    freed but still cached) it fell to: where a router's tail came from."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        out.append(f"{row['router']} @ {row['rate']:g}/s, {row['prompts']}, {row['reports']} reports")
+        for e in row["engines"]:
+            reqs = e.get("requests") or []
+            if not reqs:
+                out.append(f"  {e['worker']}: no requests")
+                continue
+            ttft = sorted(r["first"] - r["at"] for r in reqs if r.get("first"))
+            prompt = sum(r["prompt"] for r in reqs)
+            free = min((t[4] + t[5] for t in e.get("timeline") or []), default=-1)
+            out.append(f"  {e['worker']}: {len(reqs)} requests, TTFT max {ttft[-1]:.2f} s p90 "
+                       f"{pct(ttft, 0.9):.2f} s, reuse {sum(r['cached'] for r in reqs) / max(1, prompt):.0%}, "
+                       f"least free KV {free}/{e.get('blocks')} blocks" if ttft else f"  {e['worker']}: no first tokens")
+    return "\n".join(out)
+
+
 def knee(path: Path, slo_s: float) -> str:
     """The highest rate of the last cell with an oracle ladder whose oracle p95 TTFT is under
     ``slo_s``, and the next rate of that ladder (or 1.5x the knee if it was the last)."""
@@ -521,6 +545,7 @@ def main() -> None:
     p.add_argument("--knee", metavar="SUMMARY", help="print 'knee,past' from the last oracle ladder in SUMMARY and exit")
     p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
     p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
+    p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
     args = p.parse_args()
     args.argv = sys.argv[1:]
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -529,6 +554,9 @@ def main() -> None:
         return
     if args.report:
         print(report([Path(p) for p in args.report]))
+        return
+    if args.engines:
+        print(engines_report(Path(args.engines)))
         return
     if not args.workers and not args.sim:
         p.error("give --workers URL... or --sim N")

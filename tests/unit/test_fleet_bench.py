@@ -55,3 +55,34 @@ def test_a_policy_variant_names_routing_settings_and_policy_params() -> None:
     assert routing_section("ttft") == {"policy": "ttft", "params": {}}
     assert routing_section("ttft/hold_max_s=0/work_weight=10") == {
         "policy": "ttft", "hold_max_s": 0, "params": {"work_weight": 10}}
+
+
+def test_a_cell_cut_short_reports_its_measured_phases_and_marks_the_rest_not_run(tmp_path: Path) -> None:
+    from loadtests.gpu.fleet import report
+
+    done = summarize([Record("ttft", 3, 1, i, 0, 0.0, ttft=0.2, e2e=1.0, ok=True) for i in range(20)], 0.6)
+    cell = {"argv": [], "prompts": "text", "reports": "minimal", "shape": {"workload": "shared"}, "seed": 1,
+            "workers": 4, "rates": [3.0, 6.0], "routers": ["oracle", "ttft"], "engine": "gpu", "complete": False,
+            "summary": {"oracle": {"3": done}, "ttft": {"3": done}}}
+    path = tmp_path / "summary.jsonl"
+    path.write_text(json.dumps(cell) + "\n")
+    text = report([path])
+    assert "cut short" in text
+    assert "| ttft | 200 / **200** / -, 60% | not run |" in text
+    assert "ttft 1.00x @3, - @6" in text
+
+
+def test_the_engine_view_names_each_engines_load_reuse_and_least_free_kv(tmp_path: Path) -> None:
+    from loadtests.gpu.fleet import engines_report
+
+    reqs = [{"at": 10.0, "first": 10.0 + 0.1 * k, "done": 12.0, "prompt": 1000, "cached": 600, "queued": 0.01}
+            for k in range(1, 11)]
+    row = {"router": "ttft", "rate": 4.5, "phase": 501, "prompts": "text", "reports": "minimal", "engines": [
+        {"worker": "http://a", "requests": reqs, "timeline": [[1.0, 3, 0, 0, 900, 100], [1.25, 5, 1, 700, 200, 50]],
+         "blocks": 1500},
+        {"worker": "http://b", "requests": [], "timeline": []}]}
+    path = tmp_path / "engines.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    text = engines_report(path)
+    assert "http://a: 10 requests, TTFT max 1.00 s p90 0.90 s, reuse 60%, least free KV 250/1500 blocks" in text
+    assert "http://b: no requests" in text

@@ -55,6 +55,9 @@ class EventLimits:
     max_tokens_per_event: int = 1 << 20
 
 
+DEFAULT_LIMITS = EventLimits()
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     hashes: tuple[BlockHash, ...]
@@ -96,7 +99,7 @@ def decode_seq(raw: bytes, *, signed: bool = False) -> int:
     return int.from_bytes(raw, "big", signed=signed)
 
 
-def decode_batch(payload: bytes, limits: EventLimits = EventLimits()) -> Batch:
+def decode_batch(payload: bytes, limits: EventLimits = DEFAULT_LIMITS) -> Batch:
     if len(payload) > limits.max_payload_bytes:
         raise EventError(f"payload of {len(payload)} bytes over the {limits.max_payload_bytes}-byte cap")
     try:

@@ -284,6 +284,23 @@ class DiagnoseConfig:
 
 
 @dataclass(frozen=True)
+class KvEventsConfig:
+    # Each worker's KV cache event stream (SGLang and vLLM ``--kv-events-config
+    # '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'``), so
+    # routing knows what every engine holds instead of guessing (proxy/workers/kv_subscriber.py).
+    # "" = off. "{host}" is the worker URL's host: "tcp://{host}:5557".
+    endpoint: str = ""
+    # Its replay socket, which fills gaps and a late join; "" = none (a gap then clears the table).
+    replay_endpoint: str = ""
+    topic: str = ""
+    replay_timeout_s: float = 2.0
+    # One message (one batch) at most this big; the transport drops larger ones.
+    max_payload_bytes: int = 16 * 1024 * 1024
+    # Blocks remembered per worker (a pool of N tokens in pages of P holds N / P).
+    max_blocks_per_worker: int = 1 << 21
+
+
+@dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -298,6 +315,7 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
+    kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -461,6 +479,7 @@ def validate(cfg: Config) -> None:
     _validate_discovery(cfg)
     _validate_tls(cfg.tls)
     _validate_diagnose(cfg.diagnose)
+    _validate_kv_events(cfg.kv_events)
     for i, w in enumerate(cfg.workers.static):
         if not w.url.startswith(("http://", "https://")):
             raise ConfigError(f"workers.static[{i}].url: must start with http:// or https://, got {w.url!r}")
@@ -488,6 +507,22 @@ def _validate_discovery(cfg: Config) -> None:
          "discovery.kubernetes.api_server: must start with http:// or https://"),
         (d.kubernetes.watch_timeout_s >= 1, "discovery.kubernetes.watch_timeout_s: must be >= 1"),
         (d.kubernetes.backoff_max_s > 0, "discovery.kubernetes.backoff_max_s: must be > 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def _validate_kv_events(k: KvEventsConfig) -> None:
+    schemes = ("tcp://", "ipc://")
+    checks: list[tuple[bool, str]] = [
+        (not k.endpoint or k.endpoint.startswith(schemes), "kv_events.endpoint: must start with tcp:// or ipc://"),
+        (not k.replay_endpoint or k.replay_endpoint.startswith(schemes),
+         "kv_events.replay_endpoint: must start with tcp:// or ipc://"),
+        (not k.replay_endpoint or bool(k.endpoint), "kv_events.replay_endpoint: needs kv_events.endpoint"),
+        (k.replay_timeout_s > 0, "kv_events.replay_timeout_s: must be > 0"),
+        (k.max_payload_bytes >= 1024, "kv_events.max_payload_bytes: must be >= 1024"),
+        (k.max_blocks_per_worker >= 1, "kv_events.max_blocks_per_worker: must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:

@@ -13,6 +13,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class KvView(Protocol):
+    """What a worker's KV cache events say it holds (``proxy.workers.kv_fleet``)."""
+
+    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
+        """Leading tokens of this token-id prompt the engine holds, or None while its event
+        stream cannot be trusted (then use the approximate index)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSnapshot:
     """What the proxy knows of one worker at decision time."""
@@ -35,6 +44,8 @@ class WorkerSnapshot:
     # Bumped when the worker restarts or flushes its cache (prefix index resets on change).
     generation: int = 0
     models: tuple[str, ...] = ()
+    # The engine's own account of its cache, where it publishes KV events (else None).
+    kv: KvView | None = None
 
     @property
     def occupancy(self) -> float | None:

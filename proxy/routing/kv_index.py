@@ -90,7 +90,7 @@ class EngineBlocks:
         else:
             self.orphans += len(event.hashes)
             return
-        ids = array("I", event.token_ids)
+        ids = event.token_ids if isinstance(event.token_ids, array) else array("I", event.token_ids)
         view = memoryview(ids).cast("B")
         step = event.block_size * ids.itemsize
         for i, h in enumerate(event.hashes):

@@ -94,7 +94,7 @@ from proxy.routing.base import (
 )
 from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, PrefixIndex
-from proxy.routing.prefix_key import uncached_tokens
+from proxy.routing.prefix_key import blocks_within, uncached_tokens
 from proxy.routing.registry import PolicySpec
 from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 
@@ -319,6 +319,15 @@ class TtftCost:
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = self.index.held(worker.url, request.block_hashes)
+        if worker.kv is not None and request.prompt_ids:
+            # The engine's own events, where it publishes them: exact, evictions included.
+            exact = worker.kv.matched_tokens(request.prompt_ids)
+            if exact is not None:
+                blocks = blocks_within(exact, request.block_tokens, len(request.block_hashes))
+                # Our own prompts sent there and still prefilling are in no event yet: past what
+                # the engine confirmed, the index's match stands until they are.
+                pending = matched > self.index.confirmed(worker.url, request.block_hashes, matched)
+                matched = max(matched, blocks) if pending else blocks
         unseen, queued = self.pending_prefill(worker)
         x = Features(uncached_tokens(request, matched), unseen, queued, self.running(worker))
         ttft = self.model.predict(worker.url, x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import msgpack
 import pytest
 
@@ -16,6 +18,10 @@ from proxy.workers.kv_events import (
     decode_seq,
 )
 from tests.fixtures import kv_event_layouts as layouts
+
+
+def ids(*tokens: int) -> array[int]:
+    return array("I", tokens)
 
 # The bytes each engine publishes for the batches of tests/fixtures/kv_event_layouts.py (msgspec
 # encodes its Structs so; the first test re-encodes them and compares).
@@ -53,8 +59,8 @@ def test_sglang_array_layout_decodes_every_event_type() -> None:
     batch = decode_batch(SGLANG)
     assert batch.ts == 1764590000.5 and batch.dp_rank == 0
     assert batch.events == (
-        Stored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4),
-        Stored((13,), 12, (9, 10, 11, 12), 4),
+        Stored((11, 12), None, ids(1, 2, 3, 4, 5, 6, 7, 8), 4),
+        Stored((13,), 12, ids(9, 10, 11, 12), 4),
         Removed((13,)),
         Cleared(),
     )
@@ -63,7 +69,7 @@ def test_sglang_array_layout_decodes_every_event_type() -> None:
 def test_vllm_array_layout_with_medium_and_negative_hashes() -> None:
     batch = decode_batch(VLLM_OLD)
     assert batch.dp_rank is None
-    assert batch.events == (Stored((-5, 7), None, (1, 2, 3, 4, 5, 6, 7, 8), 4, "GPU"), Removed((7,), "GPU"))
+    assert batch.events == (Stored((-5, 7), None, ids(1, 2, 3, 4, 5, 6, 7, 8), 4, "GPU"), Removed((7,), "GPU"))
 
 
 def test_vllm_map_layout_with_bytes_hashes_and_tiers() -> None:
@@ -71,8 +77,8 @@ def test_vllm_map_layout_with_bytes_hashes_and_tiers() -> None:
     h1, h2 = bytes(range(32)), bytes(range(1, 33))
     assert batch.dp_rank == 1
     assert batch.events == (
-        Stored((h1, h2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4, "GPU"),
-        Stored((bytes(32),), h2, (9, 10, 11, 12), 4, "CPU"),
+        Stored((h1, h2), None, ids(1, 2, 3, 4, 5, 6, 7, 8), 4, "GPU"),
+        Stored((bytes(32),), h2, ids(9, 10, 11, 12), 4, "CPU"),
         Removed((h2,), "GPU"),
         Cleared(),
     )
@@ -151,7 +157,7 @@ def test_lower_tiers_do_not_count_and_bytes_hashes_work() -> None:
 
 def test_a_block_whose_parent_was_never_seen_is_left_out() -> None:
     table = EngineBlocks()
-    table.apply(Stored((13,), 12, (9, 10, 11, 12), 4))
+    table.apply(Stored((13,), 12, ids(9, 10, 11, 12), 4))
     assert len(table) == 0 and table.orphans == 1
 
 

@@ -1,0 +1,102 @@
+"""One KV event subscriber and block table per worker, following the worker set.
+
+``KvFleet.sync(urls)`` starts a subscriber for each new worker (its endpoints from the
+``kv_events`` templates, ``{host}`` = the worker URL's host) and stops those of workers gone.
+``view(url)`` is what routing reads (``proxy.routing.base.KvView``): the exact match of a token-id
+prompt while that worker's stream is usable, else None, and routing falls back to its
+approximate index (``/workers`` and ``radixgate_kv_events_state`` say which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import zmq.asyncio
+
+from proxy.clock import Clock
+from proxy.config import KvEventsConfig
+from proxy.routing.kv_index import EngineBlocks
+from proxy.workers.kv_events import EventLimits
+from proxy.workers.kv_subscriber import KvSubscriber, stop
+
+
+def endpoint_for(template: str, worker_url: str) -> str:
+    host = urlsplit(worker_url).hostname or "127.0.0.1"
+    return template.replace("{host}", f"[{host}]" if ":" in host else host)
+
+
+class WorkerKv:
+    """One worker's table as routing sees it: made on first ask (a snapshot may be published
+    before ``sync`` subscribes), answering None until its stream is usable."""
+
+    def __init__(self) -> None:
+        self.subscriber: KvSubscriber | None = None
+
+    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
+        sub = self.subscriber
+        if sub is None or not sub.usable:
+            return None
+        return sub.table.matched_tokens(token_ids)
+
+
+class KvFleet:
+    def __init__(self, cfg: KvEventsConfig, clock: Clock, wall_clock: Clock | None = None) -> None:
+        self.cfg, self.clock, self.wall_clock = cfg, clock, wall_clock
+        self._views: dict[str, WorkerKv] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cfg.endpoint)
+
+    def sync(self, urls: Iterable[str]) -> None:
+        """Subscribe to new workers, unsubscribe from departed ones (call from the event loop)."""
+        if not self.enabled:
+            return
+        wanted = set(urls)
+        for url in [u for u in self._tasks if u not in wanted]:
+            self._views.pop(url, None)
+            self._tasks.pop(url).cancel()
+        for url in wanted - set(self._tasks):
+            if self._ctx is None:
+                self._ctx = zmq.asyncio.Context()
+            sub = KvSubscriber(
+                url, endpoint_for(self.cfg.endpoint, url), EngineBlocks(self.cfg.max_blocks_per_worker), self.clock,
+                replay_endpoint=endpoint_for(self.cfg.replay_endpoint, url) if self.cfg.replay_endpoint else None,
+                topic=self.cfg.topic, limits=EventLimits(max_payload_bytes=self.cfg.max_payload_bytes),
+                replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock)
+            self._views.setdefault(url, WorkerKv()).subscriber = sub
+            self._tasks[url] = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events {url}")
+
+    def view(self, url: str) -> WorkerKv | None:
+        if not self.enabled:
+            return None
+        return self._views.setdefault(url, WorkerKv())
+
+    def subscribers(self) -> list[KvSubscriber]:
+        return [v.subscriber for v in self._views.values() if v.subscriber is not None]
+
+    def status(self, url: str) -> dict[str, Any] | None:
+        """For ``/workers``: where routing's picture of this worker's cache comes from."""
+        view = self._views.get(url)
+        if view is None or view.subscriber is None:
+            return None
+        sub, s = view.subscriber, view.subscriber.stats
+        return {"state": sub.state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
+                "blocks": len(sub.table), "block_size": sub.table.block_size, "batches": s.batches,
+                "gaps": s.gaps, "resyncs": s.resyncs, "restarts": s.restarts, "errors": s.errors,
+                "lag_s": s.lag_s, "notes": s.notes[-3:]}
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        self._views.clear()
+        for task in tasks:
+            await stop(task)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None

@@ -1,5 +1,5 @@
-"""Kept for existing imports: the helpers now live in loadtests.simworker.testing."""
+"""Kept for existing imports: the helpers now live in tests.fixtures.sim_client."""
 
-from loadtests.simworker.testing import json_events, load, poll, sse_events
+from tests.fixtures.sim_client import json_events, load, poll, sse_events
 
 __all__ = ["json_events", "load", "poll", "sse_events"]

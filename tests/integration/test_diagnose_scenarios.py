@@ -14,11 +14,12 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.simworker import Fleet, SimConfig
 from proxy import config
 from proxy.app import App
 from proxy.diagnose.report import main as report_main
 from proxy.diagnose.report import render_text
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 from .simworker_helpers import poll
 

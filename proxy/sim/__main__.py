@@ -1,4 +1,4 @@
-"""CLI: ``python -m loadtests.simworker --port PORT [SGLang-style flags]`` serves one simulated worker.
+"""CLI: ``python -m proxy.sim --port PORT [SGLang-style flags]`` serves one simulated worker.
 
 Prints ``READY http://HOST:PORT`` as its first stdout line once listening (useful with --port 0).
 ``--count N --shared-gpu`` serves N workers from this one process on one simulated GPU (as N
@@ -16,9 +16,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .config import SimConfig
-from .perf import PROFILES, SharedGpu
-from .server import SimWorker
+from proxy.sim.config import SimConfig
+from proxy.sim.perf import PROFILES, SharedGpu
+from proxy.sim.server import SimWorker
 
 DIED_EXIT_CODE = 3
 
@@ -30,7 +30,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
 
 def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     """(config, workers to serve, whether they share one GPU)."""
-    p = argparse.ArgumentParser(prog="python -m loadtests.simworker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m proxy.sim", description=__doc__)
     d = SimConfig()
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=30000)

@@ -145,7 +145,7 @@ def test_the_prefill_rate_is_learned_from_observed_ttft() -> None:
 
 
 def test_a_slower_worker_gets_less_unique_work() -> None:
-    policy = TtftCost(TtftParams())
+    policy = TtftCost(TtftParams(factor_alpha=0.05))  # the speed factor is off by default
     for i in range(200):
         r = prompt(1000 + i, 100)
         d = policy.select(r, fleet())

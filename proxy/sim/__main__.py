@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
@@ -68,6 +69,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     count, shared = ns.pop("count"), ns.pop("shared_gpu")
     if count < 1:
         p.error("--count must be >= 1")
+    if ns["tokenizer"] and importlib.util.find_spec("tokenizers") is None:
+        p.error("--tokenizer needs the tokenizers package: pip install 'radixgate[bpe]'")
     config = SimConfig(**ns)
     config.validate()
     return config, count, shared

@@ -25,8 +25,8 @@ import time
 
 import psutil
 
-from loadtests.workloads import words
 from proxy.gctune import settle_after_startup
+from proxy.loadgen.workloads import words
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, WorkerSnapshot
 from proxy.routing.prefix_index import WorkerIndex

@@ -26,7 +26,7 @@ from proxy.workers.http1 import Http1Pool
 
 async def start_worker() -> tuple[str, asyncio.subprocess.Process]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtests.simworker", "--port", "0", "--profile", "zero",
+        sys.executable, "-m", "proxy.sim", "--port", "0", "--profile", "zero",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()

@@ -52,10 +52,10 @@ import aiohttp
 import grpc
 import psutil
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 TOKENS = 64
 PROMPT = "Benchmark prompt: the quick brown fox jumps over the lazy dog. " * 4

@@ -47,10 +47,10 @@ import grpc
 import psutil
 
 from loadtests.bench_grpc_floor import SINGLE_THREADED, cpu_seconds, transport_floor
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 PROMPT = " ".join(f"w{i}" for i in range(64))
 FRONTEND = {"http": "http", "grpc": "grpc", "grpc-st": "grpc"}  # path → radixgate's frontend label

@@ -31,8 +31,8 @@ import psutil
 import uvloop
 
 from loadtests.bench_overhead import free_port
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 PROMPT = " ".join(f"w{i}" for i in range(256))
 

@@ -3,7 +3,7 @@
     python -m loadtests.bench_routing --workload shared_prefix --rates 64,128,160
     python -m loadtests.bench_routing --mode http --routers ttft,cache_aware,sglang-router ...
 
-Same workload (``loadtests.workloads``), same seed, same Poisson arrival times (open loop) for
+Same workload (``proxy.loadgen.workloads``), same seed, same Poisson arrival times (open loop) for
 every router; 4 Llama-3.1-8B-on-H100 simulated workers by default. Two modes:
 
 * ``sim`` (default): ``loadtests.routing_sim`` -- radixgate's real routing code in front of the
@@ -36,15 +36,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from loadtests.arrivals import poisson_times
-from loadtests.bench_routing_http import Sample, send  # re-exported: proxy/demo.py streams with send()
 from loadtests.bench_summary import available_ratio, print_table, summarize
 from loadtests.routing_sim import simulate
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.perf import PROFILES
-from loadtests.workloads import WORKLOADS, RequestSpec
-
-__all__ = ["Sample", "main", "send"]
+from proxy.loadgen.arrivals import poisson_times
+from proxy.loadgen.workloads import WORKLOADS, RequestSpec
+from proxy.sim.config import SimConfig
+from proxy.sim.perf import PROFILES
 
 RADIXGATE_POLICIES = ("ttft", "least_load", "round_robin", "consistent_hash", "cache_aware")
 
@@ -75,7 +72,7 @@ def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arr
 
 async def run_http_rate(args: argparse.Namespace, specs: list[RequestSpec], arrivals: list[float]) -> list[dict[str, Any]]:
     from loadtests.bench_routing_http import run_one
-    from loadtests.simworker.fleet import Fleet
+    from proxy.sim.fleet import Fleet
 
     sim = SimConfig(profile=args.profile, time_scale=args.time_scale, enable_metrics=True, enable_cache_report=True,
                     stream_interval=args.stream_interval, max_total_tokens=args.kv_tokens)

@@ -18,7 +18,6 @@ import re
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,74 +26,9 @@ import yaml
 
 from loadtests.bench_overhead import free_port, stop_processes
 from loadtests.bench_summary import summarize
-from loadtests.simworker.fleet import Fleet
-from loadtests.workloads import RequestSpec
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-@dataclass
-class Sample:
-    group: str
-    sent: float
-    first: float | None = None
-    done: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    ok: bool = False
-
-
-# -- one request --------------------------------------------------------------------------------
-
-async def send(session: aiohttp.ClientSession, base: str, spec: RequestSpec, rid: str, interval: int) -> Sample:
-    s = Sample(spec.group, time.perf_counter())
-    if spec.messages is not None:
-        url, body = f"{base}/v1/chat/completions", {
-            "model": MODEL, "messages": spec.messages, "max_tokens": spec.max_new_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True, "rid": rid}
-    else:
-        url, body = f"{base}/generate", {
-            "text": spec.text, "stream": True, "rid": rid,
-            "sampling_params": {"max_new_tokens": spec.max_new_tokens, "ignore_eos": True}}
-    last_at, last_tokens = 0.0, 0
-    try:
-        async with session.post(url, json=body) as resp:
-            if resp.status != 200:
-                await resp.read()
-                return s
-            async for line in resp.content:
-                if not line.startswith(b"data:") or line.startswith(b"data: [DONE]"):
-                    continue
-                now = time.perf_counter()
-                event = json.loads(line[5:])
-                tokens = _tokens_so_far(event, last_tokens, interval)
-                if tokens > last_tokens:
-                    if s.first is None:
-                        s.first = now
-                    else:
-                        s.gaps.append((now - last_at) / (tokens - last_tokens))
-                    last_at, last_tokens = now, tokens
-                usage = event.get("usage") or event.get("meta_info") or {}
-                if usage.get("prompt_tokens"):
-                    s.prompt_tokens = usage["prompt_tokens"]
-                    details = usage.get("prompt_tokens_details") or {}
-                    s.cached_tokens = usage.get("cached_tokens", details.get("cached_tokens", 0)) or 0
-        s.done, s.ok = time.perf_counter(), s.first is not None
-    except (aiohttp.ClientError, TimeoutError):
-        pass
-    return s
-
-
-def _tokens_so_far(event: dict[str, Any], before: int, interval: int) -> int:
-    meta = event.get("meta_info")
-    if meta is not None:
-        return int(meta.get("completion_tokens", before))
-    choices = event.get("choices") or []
-    if choices and (choices[0].get("delta") or {}).get("content"):
-        return before + interval  # chat chunks carry no count: the worker's stream interval
-    return before
-
+from proxy.loadgen.client import flush, send
+from proxy.loadgen.workloads import RequestSpec
+from proxy.sim.fleet import Fleet
 
 # -- routers ------------------------------------------------------------------------------------
 
@@ -184,16 +118,6 @@ async def worker_requests(session: aiohttp.ClientSession, urls: list[str]) -> li
             text = await resp.text()
         counts.append(sum(float(m) for m in re.findall(r"^sglang:num_requests_total\{[^}]*\} ([\d.e+]+)$", text, re.M)))
     return counts
-
-
-async def flush(session: aiohttp.ClientSession, urls: list[str]) -> None:
-    for url in urls:
-        for _ in range(100):
-            async with session.post(f"{url}/flush_cache") as resp:
-                await resp.read()
-                if resp.status == 200:
-                    break
-            await asyncio.sleep(0.1)
 
 
 # -- one run --------------------------------------------------------------------------------------

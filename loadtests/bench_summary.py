@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loadtests.workloads import RequestSpec
+from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.prefix_index import FleetCache
 from proxy.routing.prefix_key import build_route_request

@@ -2,13 +2,13 @@
 
     .venv/bin/python -m loadtests.calibrate_sim
 
-Each case runs the simulated worker's own scheduler and roofline model (loadtests/simworker) on a
+Each case runs the simulated worker's own scheduler and roofline model (proxy/sim) on a
 virtual clock: same prompt lengths, same concurrency, no real sleeping, so it takes a second.
 Part 1 replays every measurement of shared/reference/gpu-calibration.md (a real continuous-batching
 engine on one H200, driven one request at a time) against the `h200-transformers-7b-engine-only`
 profile; the target is within 20%. (Under load the served engine is slower: `loadtests/fidelity.py`.)
 Part 2 compares the SGLang profiles with published SGLang figures for Llama-3 8B (sources in
-loadtests/simworker/README.md). Exit status 1 if a Part 1 case is off by more than 20%.
+proxy/sim/README.md). Exit status 1 if a Part 1 case is off by more than 20%.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.engine import Engine
-from loadtests.simworker.perf import step_seconds
-from loadtests.simworker.scheduler import SimRequest
+from proxy.sim.config import SimConfig
+from proxy.sim.engine import Engine
+from proxy.sim.perf import step_seconds
+from proxy.sim.scheduler import SimRequest
 
 TOLERANCE = 0.20
 

@@ -8,7 +8,7 @@ cell whose placement is fixed by the trace alone is replayed: ``direct0`` (one e
 GPU) and ``oracle`` (group g on engine g mod N, N engine processes sharing the GPU). For each
 phase the replay rebuilds the very prompts the real run sent (same seed, same text generator,
 same BPE tokenizer, so the same token ids) and the same arrival times, and runs N simulated
-engines (``loadtests.simworker`` scheduler and step model) on a virtual clock with one
+engines (``proxy.sim`` scheduler and step model) on a virtual clock with one
 ``SharedGpu`` between them: no sockets, no sleeping, seconds of CPU for minutes of traffic, on any
 machine. Printed per (cell, rate): real and simulated TTFT p50/p95, ITL p50, e2e p50, and the
 ratio; points where the real engine is overloaded (TTFT p50 > 3 s) are checked for being
@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
-from loadtests.simworker import perf
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.engine import Engine
-from loadtests.simworker.scheduler import SimRequest
-from loadtests.simworker.tokenizer import Encoder
+from proxy.sim import perf
+from proxy.sim.config import SimConfig
+from proxy.sim.engine import Engine
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.tokenizer import Encoder
 
 RESULTS = Path(__file__).parent / "results" / "gpu-fleet"
 OVERLOAD_S = 3.0

@@ -4,7 +4,7 @@ Why: wall-clock load tests on a small shared box measure the box (a starved proc
 scheduling delay to every TTFT). Here time is virtual, so a run is exact and repeatable and costs
 only CPU. What is real: the routing code (``prefix_key.build_route_request``, the policies, their
 ``on_first_token`` / ``on_complete`` learning), and each worker's scheduler, radix prefix cache and roofline step times
-(``loadtests.simworker``: the same classes the HTTP simulated worker runs). What is left out: HTTP
+(``proxy.sim``: the same classes the HTTP simulated worker runs). What is left out: HTTP
 and proxy overhead (see bench_overhead), the proxy's admission queue (its default per-worker limit
 is the worker's max_running_requests, which these loads never reach).
 
@@ -32,18 +32,18 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from loadtests.simworker import protocol, tokenizer
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.engine import Engine
-from loadtests.simworker.perf import SharedGpu, step_parts
-from loadtests.simworker.scheduler import SimRequest, Step
-from loadtests.workloads import RequestSpec
 from proxy.clock import ManualClock
+from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import build_route_request, uncached_tokens
 from proxy.routing.registry import build_named
 from proxy.routing.token_estimate import TokenEstimate
+from proxy.sim import protocol, tokenizer
+from proxy.sim.config import SimConfig
+from proxy.sim.engine import Engine
+from proxy.sim.perf import SharedGpu, step_parts
+from proxy.sim.scheduler import SimRequest, Step
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

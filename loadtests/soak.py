@@ -42,10 +42,10 @@ import psutil
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet, SubprocessWorker
 from proxy.app import App
 from proxy.config import load
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet, SubprocessWorker
 
 PREFIXES = [f"You are assistant #{i}. Answer briefly and precisely. " * 8 for i in range(6)]
 CLEAN = {"error_rate": 0.0, "die_after_tokens": None, "hang_before_first_token": False, "slow_start": 0.0}

@@ -1,4 +1,4 @@
-"""``radixgate`` command line: ``serve`` (the proxy), and pass-through subcommands (``demo``, ``report``).
+"""``radixgate`` command line: ``serve`` (the proxy), and pass-through subcommands (``demo``, ``report``, ``sim``).
 
 ``radixgate serve [--config FILE] [--host H] [--port P] [--admin-port A] [--worker URL]...
 [--policy NAME] [--grpc-port G] [--log-level L]`` loads the config (YAML → ``RADIXGATE_*`` env →
@@ -24,6 +24,7 @@ from proxy.config import Config, ConfigError, load
 PASS_THROUGH: dict[str, tuple[str, str]] = {
     "demo": ("proxy.demo", "radixgate in front of simulated workers under a workload; stage breakdown + verdict"),
     "report": ("proxy.diagnose.report", "diagnosis report from a running proxy or saved results"),
+    "sim": ("proxy.sim.__main__", "one simulated SGLang worker process (flags as `python -m proxy.sim`)"),
 }
 
 

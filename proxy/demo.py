@@ -31,6 +31,11 @@ import aiohttp
 from proxy import config as config_mod
 from proxy.app import App
 from proxy.diagnose.report import render_text
+from proxy.loadgen.arrivals import poisson_times
+from proxy.loadgen.client import Sample, flush, send
+from proxy.loadgen.workloads import RequestSpec, shared_prefix
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 
 @dataclass(frozen=True)
@@ -56,15 +61,13 @@ def _ms(v: float | None) -> str:
     return "   n/a" if v is None else f"{v * 1000:7.0f} ms"
 
 
-async def _drive(base_url: str, specs: Sequence[Any], times: Sequence[float], policy: str,
+async def _drive(base_url: str, specs: Sequence[RequestSpec], times: Sequence[float], policy: str,
                  stream_interval: int) -> RunSummary:
-    from loadtests.bench_routing import send  # the benchmark's streaming client, reused
-
     start = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def one(i: int) -> Any:
+        async def one(i: int) -> Sample:
             delay = start + times[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -82,7 +85,7 @@ async def _drive(base_url: str, specs: Sequence[Any], times: Sequence[float], po
     )
 
 
-async def _run_policy(policy: str, urls: list[str], specs: Sequence[Any], times: Sequence[float],
+async def _run_policy(policy: str, urls: list[str], specs: Sequence[RequestSpec], times: Sequence[float],
                       args: argparse.Namespace) -> tuple[RunSummary, dict[str, Any] | None]:
     cfg = config_mod.load(env={}, overrides={
         "server.port": 0, "server.admin_port": 0, "routing.policy": policy,
@@ -125,10 +128,6 @@ def _print_summary(s: RunSummary) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from loadtests.arrivals import poisson_times
-    from loadtests.simworker.config import SimConfig
-    from loadtests.simworker.fleet import Fleet
-
     specs = make_specs(args, seed=args.seed)
     times = poisson_times(args.rate, len(specs), random.Random(args.seed))
     sim = SimConfig(profile=args.profile, time_scale=args.time_scale, enable_metrics=True,
@@ -186,9 +185,7 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0 if lost == 0 else 1
 
 
-def make_specs(args: argparse.Namespace, *, seed: int) -> list[Any]:
-    from loadtests.workloads import shared_prefix
-
+def make_specs(args: argparse.Namespace, *, seed: int) -> list[RequestSpec]:
     return shared_prefix(groups=args.groups, prompts_per_group=args.prompts_per_group,
                          system_tokens=args.system_tokens, question_tokens=args.question_tokens,
                          output_tokens=args.output_tokens, seed=seed)
@@ -208,8 +205,6 @@ def _save(folder: str, policy: str, summary: RunSummary, doc: dict[str, Any] | N
 
 
 async def _flush(urls: Sequence[str]) -> None:
-    from loadtests.bench_routing_http import flush  # the benchmark's cache flush, reused
-
     async with aiohttp.ClientSession() as session:
         await flush(session, list(urls))
 

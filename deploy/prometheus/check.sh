@@ -29,7 +29,7 @@ ready_url() {  # wait (bounded) for the "READY ..." line a process prints, then 
 
 workers=()
 for i in 0 1; do
-  $PY -m loadtests.simworker --port 0 --profile zero --enable-metrics --enable-cache-report >"$work/w$i" 2>&1 &
+  $PY -m proxy.sim --port 0 --profile zero --enable-metrics --enable-cache-report >"$work/w$i" 2>&1 &
   pids+=($!)
   workers+=(--worker "$(ready_url "$work/w$i" | awk '{print $2}')")
 done

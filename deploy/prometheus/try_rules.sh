@@ -12,7 +12,7 @@ trap cleanup EXIT
 ready() { for _ in $(seq 1 200); do grep -m1 '^READY' "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 ws=()
 for i in 0 1; do
-  .venv/bin/python -m loadtests.simworker --port 0 --profile llama-3.1-8b-h100 --time-scale 20 --max-total-tokens 40000 --enable-metrics --enable-cache-report > $W/w$i.log 2>&1 & pids+=($!)
+  .venv/bin/python -m proxy.sim --port 0 --profile llama-3.1-8b-h100 --time-scale 20 --max-total-tokens 40000 --enable-metrics --enable-cache-report > $W/w$i.log 2>&1 & pids+=($!)
   ws+=(--worker "$(ready $W/w$i.log | awk '{print $2}')")
 done
 .venv/bin/python -m proxy serve --port 0 --admin-port 0 --policy ${POLICY:-round_robin} "${ws[@]}" > $W/proxy.log 2>&1 & pids+=($!)

@@ -1,4 +1,4 @@
-"""Build the benchmark's BPE tokenizer: byte-level BPE trained offline on ``loadtests.texts``.
+"""Build the benchmark's BPE tokenizer: byte-level BPE trained offline on ``proxy.loadgen.texts``.
 
 No network reaches the GPU machine, and a real model's tokenizer is not needed for timing (the
 engine runs random weights); what routing needs is a real BPE whose characters per token differ
@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from loadtests import texts
+from proxy.loadgen import texts
 
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 # Llama-3 style: every message is header + content + end-of-turn, so turn n+1 extends turn n.

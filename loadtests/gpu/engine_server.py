@@ -17,7 +17,7 @@ uses the BPE under ``loadtests/gpu/tokenizer``), else the simulated worker's det
 working set. ``--minimal-reports`` answers as a deployment without ``--enable-cache-report`` /
 ``--enable-metrics``: no ``cached_tokens``, no ``/v1/loads`` and no ``/metrics`` (404).
 OpenAI ``/v1/completions`` and ``/v1/chat/completions`` render chat turns as the simulated worker
-does (``loadtests.simworker.protocol.render_chat``).
+does (``proxy.sim.protocol.render_chat``).
 
 Eviction is the engine's own: a finished request's complete blocks stay hashed for reuse and are
 taken back when free blocks run out, most recently freed first (``BlockManager``'s
@@ -40,8 +40,8 @@ from typing import Any
 
 from aiohttp import web
 
-from loadtests.simworker import tokenizer as tok
-from loadtests.simworker.protocol import BadRequest, render_chat
+from proxy.sim import tokenizer as tok
+from proxy.sim.protocol import BadRequest, render_chat
 
 SERVED_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

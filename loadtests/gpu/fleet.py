@@ -44,9 +44,9 @@ from typing import Any
 import aiohttp
 import yaml
 
-from loadtests import texts
-from loadtests.arrivals import poisson_times
 from loadtests.bench_overhead import free_port, stop_processes
+from proxy.loadgen import texts
+from proxy.loadgen.arrivals import poisson_times
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
@@ -264,7 +264,7 @@ async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s:
 async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[str], list[asyncio.subprocess.Process]]:
     """N simulated workers in one process sharing one simulated GPU (as the GPU fleet runs N
     engine processes on one H200); ``--sim-own-gpus`` gives each its own."""
-    cmd = [sys.executable, "-m", "loadtests.simworker", "--port", "0", "--count", str(n),
+    cmd = [sys.executable, "-m", "proxy.sim", "--port", "0", "--count", str(n),
            *([] if args.sim_own_gpus else ["--shared-gpu"]), "--profile", args.sim_profile,
            "--tokenizer", str(args.tokenizer), "--max-total-tokens", str(args.kv_tokens),
            "--page-size", "32", "--max-running-requests", "64", "--enable-metrics", "--enable-cache-report",

@@ -21,10 +21,10 @@ import yaml
 
 from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.tokenizer import Encoder
-from loadtests.workloads import RequestSpec
+from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, RouteRequest, WorkerSnapshot
+from proxy.sim.config import SimConfig
+from proxy.sim.tokenizer import Encoder
 
 
 class Oracle(IgnoresFeedback):

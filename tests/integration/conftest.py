@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy.app import App
 from proxy.config import load
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 
 FAST = 50.0  # simulated workers run 50x faster than real time
 

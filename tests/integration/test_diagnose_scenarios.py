@@ -14,13 +14,13 @@ from typing import Any
 
 import aiohttp
 
-from loadtests.simworker import Fleet, SimConfig
 from proxy import config
 from proxy.app import App
 from proxy.diagnose.report import main as report_main
 from proxy.diagnose.report import render_text
-
-from .simworker_helpers import poll
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
+from tests.fixtures.sim_client import poll
 
 # TTFT p95 target: 1 s of simulated time at the workers' time_scale of 4.
 SLO_S = 0.25

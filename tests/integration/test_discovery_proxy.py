@@ -11,8 +11,8 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from loadtests.simworker.config import SimConfig
 from proxy.app import App
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually, status_of
 from tests.integration.k8s_standin import StandinApi, endpoint_slice, serve
 from tests.integration.test_discovery_dns import SRV_NAME, Zone, dns_server

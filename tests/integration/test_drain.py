@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import Harness
 from tests.integration.reliability import ProxyProcess, StreamResult, proxy_process, stream
 

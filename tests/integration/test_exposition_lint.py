@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.test_usage_accounting import MODEL
 

@@ -11,9 +11,9 @@ import contextlib
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.testing import load
 from proxy.app import App
+from proxy.sim.config import SimConfig
+from tests.fixtures.sim_client import load
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import StreamResult, accounting, scrape, scripted_worker, stream, total
 

@@ -10,12 +10,12 @@ import aiohttp
 import grpc
 import pytest
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 from tests.integration.conftest import FAST, Harness, admin, eventually
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

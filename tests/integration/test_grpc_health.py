@@ -11,11 +11,11 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 from tests.integration.conftest import FAST, Harness, eventually
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

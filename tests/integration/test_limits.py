@@ -14,11 +14,11 @@ import grpc
 import psutil
 import pytest
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.testing import load
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
+from proxy.sim.config import SimConfig
+from tests.fixtures.sim_client import load
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import accounting, proxy_process, scrape, scripted_worker, stream, total
 

@@ -15,8 +15,8 @@ import aiohttp
 import openai
 import pytest
 
-from loadtests.simworker.config import SimConfig
 from proxy.app import App
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.test_usage_accounting import MODEL, _samples
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 
 from loadtests.bench_overhead import free_port
-from loadtests.simworker.config import SimConfig
-from loadtests.workloads import shared_prefix
+from proxy.loadgen.workloads import shared_prefix
 from proxy.peers import PATH
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import scrape, total
 

@@ -18,15 +18,15 @@ import grpc
 import pytest
 
 from loadtests.bench_overhead import free_port
-from loadtests.simworker.config import SimConfig
-from loadtests.workloads import words
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
+from proxy.loadgen.workloads import words
 from proxy.peers import PATH
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.prefix_key import build_route_request
 from proxy.routing.ttft_cost import TtftCost
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.reliability import StreamResult, accounting, scrape, stream, total
 

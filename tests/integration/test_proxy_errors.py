@@ -7,7 +7,7 @@ import json
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, base
 
 PROMPT = "Summarise the following document. " * 10

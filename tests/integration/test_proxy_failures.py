@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.simworker.config import SimConfig
 from proxy.app import App
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 
 PROMPT = "Translate the following paragraph into French. " * 8

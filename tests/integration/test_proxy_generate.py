@@ -6,7 +6,7 @@ import json
 
 import aiohttp
 
-from loadtests.simworker.config import DEFAULT_MODEL_NAME, SimConfig
+from proxy.sim.config import DEFAULT_MODEL_NAME, SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually, status_of
 
 PROMPT = "You are a careful assistant. " * 20

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from proxy.telemetry.metrics import BUCKETS
 from tests.integration.conftest import FAST, Harness, admin, base
 

@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import Harness, base
 
 ROUNDS = 25

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import scrape, total
 

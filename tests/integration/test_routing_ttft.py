@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
-from loadtests.workloads import shared_prefix
+from proxy.loadgen.workloads import shared_prefix
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import scrape, total
 

@@ -11,7 +11,7 @@ import asyncio
 
 import aiohttp
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, eventually
 
 

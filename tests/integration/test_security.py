@@ -13,11 +13,11 @@ import grpc
 import psutil
 import pytest
 
-from loadtests.simworker.config import SimConfig
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.config import Config
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import accounting, decoy_server, proxy_process, scrape, total
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from loadtests.simworker.config import SimConfig
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 
 KEY = "rg-flush-key-5d1c7e"

@@ -10,8 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadtests.simworker import Fleet, SimConfig
-from loadtests.simworker.testing import json_events, load, poll, sse_events
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
+from tests.fixtures.sim_client import json_events, load, poll, sse_events
 
 LONG_PROMPT = " ".join(f"w{i % 97}x{i}" for i in range(3000))  # ~4.3k tokens
 

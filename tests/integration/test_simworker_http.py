@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from loadtests.simworker import Fleet, SimConfig
-from loadtests.simworker.testing import json_events, sse_events
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
+from tests.fixtures.sim_client import json_events, sse_events
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -14,9 +14,9 @@ import aiohttp
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.simworker.config import SimConfig
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
+from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 
 MODEL = SimConfig().served_model_name

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from loadtests.simworker.config import SimConfig
-from loadtests.simworker.fleet import Fleet
 from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy.app import App
 from proxy.config import load
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
 from tests.fixtures.loop_thread import LoopThread
 
 EXAMPLES = 150

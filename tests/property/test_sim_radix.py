@@ -11,7 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from loadtests.simworker.radix import Node, PoolExhausted, RadixCache
+from proxy.sim.radix import Node, PoolExhausted, RadixCache
 
 sequences = st.lists(st.integers(0, 3), min_size=1, max_size=24)
 

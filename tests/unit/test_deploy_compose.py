@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.simworker.__main__ import parse_args as simworker_args
 from proxy.config import Config, load
+from proxy.sim.__main__ import parse_args as simworker_args
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 REPO = DEPLOY.parent
@@ -84,7 +84,7 @@ def test_the_simulated_workers_parse_with_the_real_simworker_cli_and_are_found_o
     compose: dict[str, Any],
 ) -> None:
     worker = compose["services"]["worker"]
-    assert worker["entrypoint"] == ["python", "-m", "loadtests.simworker"]
+    assert worker["entrypoint"] == ["python", "-m", "proxy.sim"]
     sim = simworker_args(worker["command"])  # raises on an unknown flag or a bad value
     assert sim.host == "0.0.0.0" and sim.enable_metrics and sim.enable_cache_report
     cfg = radixgate_config(compose)

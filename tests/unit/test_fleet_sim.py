@@ -6,8 +6,8 @@ import pytest
 
 from loadtests.gpu import fleet_sim
 from loadtests.gpu.fleet import TOKENIZER, Shape
-from loadtests.simworker.tokenizer import Encoder
 from proxy.config import ConfigError
+from proxy.sim.tokenizer import Encoder
 
 pytest.importorskip("tokenizers")
 

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from loadtests import fidelity
-from loadtests.simworker import perf
-from loadtests.simworker.tokenizer import Encoder
+from proxy.sim import perf
+from proxy.sim.tokenizer import Encoder
 
 pytest.importorskip("tokenizers")
 

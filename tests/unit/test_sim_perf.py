@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.simworker.perf import PROFILES, PrefillChunk, StepWork, step_seconds
+from proxy.sim.perf import PROFILES, PrefillChunk, StepWork, step_seconds
 
 PHYSICAL = [name for name in PROFILES if name != "zero"]
 

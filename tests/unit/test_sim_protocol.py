@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.simworker import tokenizer
-from loadtests.simworker.protocol import BadRequest, parse_generate, parse_openai, render_chat
+from proxy.sim import tokenizer
+from proxy.sim.protocol import BadRequest, parse_generate, parse_openai, render_chat
 
 
 def test_tokenization_is_deterministic_and_counts_four_character_pieces() -> None:
@@ -74,9 +74,9 @@ def test_openai_defaults_and_usage_options() -> None:
 
 
 def test_a_sim_config_round_trips_through_the_command_line() -> None:
-    from loadtests.simworker.__main__ import parse_args, parse_cli
-    from loadtests.simworker.config import SimConfig
-    from loadtests.simworker.fleet import cli_args
+    from proxy.sim.__main__ import parse_args, parse_cli
+    from proxy.sim.config import SimConfig
+    from proxy.sim.fleet import cli_args
 
     config = SimConfig(port=0, profile="zero", time_scale=7.5, enable_metrics=True, max_running_requests=3,
                        page_size=16, schedule_policy="lpm", chunked_prefill_size=-1, max_queued_requests=9,

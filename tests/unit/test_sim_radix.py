@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.simworker.radix import PoolExhausted, RadixCache
+from proxy.sim.radix import PoolExhausted, RadixCache
 
 
 def cached(cache: RadixCache, ids: list[int]) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.simworker.radix import RadixCache
-from loadtests.simworker.scheduler import (
+from proxy.sim.radix import RadixCache
+from proxy.sim.scheduler import (
     QUEUE_FULL_MESSAGE,
     InvalidRequest,
     QueueFull,

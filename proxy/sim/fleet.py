@@ -8,7 +8,7 @@
         await fleet.workers[1].kill(); await fleet.workers[1].start()
 
 ``in_process`` runs every worker on the caller's event loop; ``subprocesses`` runs one
-``python -m loadtests.simworker`` per worker and reads its ``READY http://...`` line. A restart
+``python -m proxy.sim`` per worker and reads its ``READY http://...`` line. A restart
 reuses the port and starts with an empty cache. Readiness is polled (GET /get_model_info answers
 200 even during a simulated slow start, so slow-start tests still see the 503 health phase).
 """
@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from .config import SimConfig, base_url, fault_updates
-from .engine import Engine
-from .server import SimWorker
+from proxy.sim.config import SimConfig, base_url, fault_updates
+from proxy.sim.engine import Engine
+from proxy.sim.server import SimWorker
 
 READY_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.02
@@ -137,7 +137,7 @@ class SubprocessWorker:
     async def start(self) -> None:
         if self.process is not None and self.process.returncode is None:
             return
-        cmd = [sys.executable, "-m", "loadtests.simworker", *cli_args(dataclasses.replace(self.config, port=self._port))]
+        cmd = [sys.executable, "-m", "proxy.sim", *cli_args(dataclasses.replace(self.config, port=self._port))]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env)

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tokenizer
-from .perf import PrefillChunk, StepWork
-from .radix import Node, RadixCache
+from proxy.sim import tokenizer
+from proxy.sim.perf import PrefillChunk, StepWork
+from proxy.sim.radix import Node, RadixCache
 
 LPM_MAX_WAITING = 128
 QUEUE_FULL_MESSAGE = "The request queue is full."

@@ -72,7 +72,7 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1")
-        from .perf import PROFILES
+        from proxy.sim.perf import PROFILES
 
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")

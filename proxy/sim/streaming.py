@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from . import protocol
-from .protocol import BadRequest
-from .scheduler import SimRequest
-
-if TYPE_CHECKING:
-    from .server import SimWorker
+from proxy.sim import protocol
+from proxy.sim.protocol import BadRequest
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.server import SimWorker, error_response, read_json
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -83,8 +81,6 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
 
 
 async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.StreamResponse:
-    from .server import error_response, read_json
-
     openai = dialect != "generate"
     worker.track(request)
     submitted: SimRequest | None = None

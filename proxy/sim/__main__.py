@@ -1,4 +1,4 @@
-"""CLI: ``python -m loadtests.simworker --port PORT [SGLang-style flags]`` serves one simulated worker.
+"""CLI: ``python -m proxy.sim --port PORT [SGLang-style flags]`` serves one simulated worker.
 
 Prints ``READY http://HOST:PORT`` as its first stdout line once listening (useful with --port 0).
 ``--count N --shared-gpu`` serves N workers from this one process on one simulated GPU (as N
@@ -12,13 +12,14 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
 
-from .config import SimConfig
-from .perf import PROFILES, SharedGpu
-from .server import SimWorker
+from proxy.sim.config import SimConfig
+from proxy.sim.perf import PROFILES, SharedGpu
+from proxy.sim.server import SimWorker
 
 DIED_EXIT_CODE = 3
 
@@ -30,7 +31,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimConfig:
 
 def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     """(config, workers to serve, whether they share one GPU)."""
-    p = argparse.ArgumentParser(prog="python -m loadtests.simworker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m proxy.sim", description=__doc__)
     d = SimConfig()
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=30000)
@@ -68,6 +69,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     count, shared = ns.pop("count"), ns.pop("shared_gpu")
     if count < 1:
         p.error("--count must be >= 1")
+    if ns["tokenizer"] and importlib.util.find_spec("tokenizers") is None:
+        p.error("--tokenizer needs the tokenizers package: pip install 'radixgate[bpe]'")
     config = SimConfig(**ns)
     config.validate()
     return config, count, shared

@@ -15,7 +15,7 @@ weights once per step (the input embedding is a row gather, not a full read), pl
 context the step reads (decode and prefill alike), plus the KV it writes. Long prefill is
 compute-bound, decode memory-bound; a mixed step sums the work and pays one roofline. Every term
 grows with tokens and batch, so step time is monotonic in both. Constants and sources:
-loadtests/simworker/README.md.
+proxy/sim/README.md.
 """
 
 from __future__ import annotations

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from .metrics import SimMetrics
-
-if TYPE_CHECKING:
-    from .server import SimWorker
+from proxy.sim.metrics import SimMetrics
+from proxy.sim.server import SimWorker, error_response
 
 SGLANG_VERSION = "0.5.23"
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -83,8 +81,6 @@ def load_snapshot(worker: SimWorker, include: set[str] | None) -> dict[str, Any]
 
 
 def add_routes(app: web.Application, worker: SimWorker) -> None:
-    from .server import error_response
-
     async def health(request: web.Request) -> web.Response:
         cfg = worker.config
         if worker.starting() or cfg.fault_fail_health:
@@ -112,7 +108,7 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
             "world_size": 1,
         }]
         info["version"] = SGLANG_VERSION
-        info["launch_command"] = "python -m loadtests.simworker"
+        info["launch_command"] = "python -m proxy.sim"
         info["simworker"] = {"worker_id": worker.worker_id, "profile": worker.config.profile,
                              "time_scale": worker.config.time_scale, "gpu": eng.profile.gpu.name,
                              "simulated_busy_seconds": eng.busy_seconds, "lag_seconds": eng.lag_seconds}

@@ -24,15 +24,13 @@ from typing import Any
 from aiohttp import web
 
 from proxy.clock import Clock, MonotonicClock
-
-from . import admin, streaming
-from .config import SimConfig, base_url, fault_updates
-from .engine import Engine
-from .metrics import SimMetrics
-from .perf import SharedGpu
-from .protocol import BadRequest, openai_error, parse_generate, parse_openai
-from .scheduler import InvalidRequest, QueueFull, SimRequest
-from .tokenizer import Encoder
+from proxy.sim.config import SimConfig, base_url, fault_updates
+from proxy.sim.engine import Engine
+from proxy.sim.metrics import SimMetrics
+from proxy.sim.perf import SharedGpu
+from proxy.sim.protocol import BadRequest, openai_error, parse_generate, parse_openai
+from proxy.sim.scheduler import InvalidRequest, QueueFull, SimRequest
+from proxy.sim.tokenizer import Encoder
 
 SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine has aborted their requests
 
@@ -84,6 +82,10 @@ class SimWorker:
         middlewares = [self._require_api_key] if self.config.api_key else []
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         app.on_response_prepare.append(self._stamp_header)
+        # The handler modules depend on this one (the worker they serve, its error bodies), so the
+        # worker loads them when it starts rather than at import: imports run one way only.
+        from proxy.sim import admin, streaming
+
         streaming.add_routes(app, self)
         admin.add_routes(app, self)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,

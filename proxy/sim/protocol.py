@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import tokenizer
-from .scheduler import SimRequest
+from proxy.sim import tokenizer
+from proxy.sim.scheduler import SimRequest
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang sampling_params default
 OPENAI_DEFAULT_MAX_TOKENS = 16  # SGLang CompletionRequest default

@@ -17,11 +17,10 @@ from collections import deque
 from collections.abc import Callable
 
 from proxy.clock import Clock, MonotonicClock
-
-from .config import SimConfig
-from .perf import PROFILES, Profile, SharedGpu, step_parts
-from .radix import RadixCache
-from .scheduler import Scheduler, SchedulerLimits, SimRequest
+from proxy.sim.config import SimConfig
+from proxy.sim.perf import PROFILES, Profile, SharedGpu, step_parts
+from proxy.sim.radix import RadixCache
+from proxy.sim.scheduler import Scheduler, SchedulerLimits, SimRequest
 
 MAX_CATCH_UP_S = 0.02
 THROUGHPUT_WINDOW_S = 5.0

@@ -83,7 +83,11 @@ class Encoder:
         if path:
             import os
 
-            from tokenizers import Tokenizer
+            try:
+                from tokenizers import Tokenizer
+            except ImportError as e:  # an optional dependency: the default tokenizer needs none
+                raise RuntimeError("a tokenizer.json needs the tokenizers package: "
+                                   "pip install 'radixgate[bpe]'") from e
 
             file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
             self._bpe = Tokenizer.from_file(file)

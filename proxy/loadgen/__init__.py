@@ -1,0 +1,1 @@
+"""Load generation: request shapes (workloads, texts), open-loop arrivals, and the client that replays them."""

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from proxy.sim.config import SimConfig
+from proxy.sim.kv_publish import offset_config
 from proxy.sim.perf import PROFILES, SharedGpu
 from proxy.sim.server import SimWorker
 
@@ -48,6 +49,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--max-total-tokens", type=int)
     p.add_argument("--page-size", type=int, default=d.page_size)
+    p.add_argument("--kv-events-config", default=None,
+                   help='as SGLang: \'{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'')
     p.add_argument("--schedule-policy", default=d.schedule_policy, choices=("fcfs", "lpm"))
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)
@@ -89,7 +92,9 @@ async def serve(config: SimConfig, count: int = 1, shared_gpu: bool = False) -> 
     workers = []
     for i in range(count):
         port = config.port + i if config.port else 0
-        worker = SimWorker(dataclasses.replace(config, port=port, seed=config.seed + i), on_die=on_die, gpu=gpu)
+        kv = offset_config(config.kv_events_config, i) if config.kv_events_config else None
+        worker = SimWorker(dataclasses.replace(config, port=port, seed=config.seed + i, kv_events_config=kv),
+                           on_die=on_die, gpu=gpu)
         await worker.start()
         workers.append(worker)
         print(f"READY {worker.url}", flush=True)

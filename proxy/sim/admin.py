@@ -112,6 +112,9 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         info["simworker"] = {"worker_id": worker.worker_id, "profile": worker.config.profile,
                              "time_scale": worker.config.time_scale, "gpu": eng.profile.gpu.name,
                              "simulated_busy_seconds": eng.busy_seconds, "lag_seconds": eng.lag_seconds}
+        if worker.kv_publisher is not None:  # where its KV events are (ports picked at start)
+            info["simworker"]["kv_events"] = {"endpoint": worker.kv_publisher.endpoint,
+                                              "replay_endpoint": worker.kv_publisher.replay_endpoint}
         return web.json_response(info)
 
     async def model_info(request: web.Request) -> web.Response:

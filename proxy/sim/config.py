@@ -40,6 +40,10 @@ class SimConfig:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None  # KV pool in tokens
     page_size: int = 1
+    # As SGLang's --kv-events-config: publish KV cache events (proxy/sim/kv_publish.py), e.g.
+    # '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
+    # (port 0 = any free one: GET /get_server_info names the ones taken). None = off.
+    kv_events_config: str | None = None
     schedule_policy: str = "fcfs"
     chunked_prefill_size: int | None = None  # -1 turns chunking off
     max_prefill_tokens: int = 16384
@@ -66,6 +70,13 @@ class SimConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
         if self.stream_interval < 1:
             raise ValueError("stream_interval must be >= 1")
+        if self.kv_events_config:
+            from proxy.sim.kv_publish import KvEventsSettings
+
+            try:
+                KvEventsSettings.parse(self.kv_events_config)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"kv_events_config: {e}") from None
         if not 0.0 <= self.fault_error_rate <= 1.0:
             raise ValueError("fault_error_rate must be within [0, 1]")
         for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "prefill_max_requests"):

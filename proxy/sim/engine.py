@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig
+from proxy.sim.kv_publish import KvPublisher
 from proxy.sim.perf import PROFILES, Profile, SharedGpu, step_parts
 from proxy.sim.radix import RadixCache
 from proxy.sim.scheduler import Scheduler, SchedulerLimits, SimRequest
@@ -48,6 +49,10 @@ class Engine:
             context_length=self.context_length,
         )
         self.cache = RadixCache(self.max_total_tokens, config.page_size, self.profile.evict_most_recent)
+        # Where the cache's events go after each step (SimWorker sets it when publishing).
+        self.kv_publisher: KvPublisher | None = None
+        if config.kv_events_config:
+            self.cache.events = []
         self.scheduler = Scheduler(self.cache, self.limits)
         self.by_rid: dict[str, SimRequest] = {}
         self.on_tokens: Callable[[int], None] | None = None  # total generated so far, after each step
@@ -102,7 +107,10 @@ class Engine:
             req.listener(req)
 
     def flush_cache(self) -> bool:
-        return self.scheduler.flush_cache()
+        flushed = self.scheduler.flush_cache()
+        if flushed and self.cache.events:
+            self._wake.set()  # the loop publishes the AllBlocksCleared
+        return flushed
 
     # -- figures ---------------------------------------------------------------------------------
     def gen_throughput(self) -> float:
@@ -112,9 +120,17 @@ class Engine:
         return sum(n for _, n in self._throughput) / THROUGHPUT_WINDOW_S
 
     # -- the loop --------------------------------------------------------------------------------
+    async def _publish_cache_events(self) -> None:
+        events = self.cache.events
+        if events and self.kv_publisher is not None:
+            batch = events[:]
+            events.clear()
+            await self.kv_publisher.publish_events(batch)
+
     async def _loop(self) -> None:
         deadline: float | None = None
         while True:
+            await self._publish_cache_events()  # a flush between steps
             now = self.clock.now()
             step = self.scheduler.next_step(now)
             if step is None:
@@ -136,6 +152,7 @@ class Engine:
             done_at = self.clock.now()
             before = self.scheduler.generated_tokens
             touched = self.scheduler.finish_step(step, done_at)
+            await self._publish_cache_events()  # what the step stored and evicted, as SGLang does
             for req in touched:
                 if req.finished:
                     self._finished(req)

@@ -19,11 +19,15 @@ Costs: match and insert are O(len(ids)); eviction is O(nodes log nodes) per call
 from __future__ import annotations
 
 import heapq
+from array import array
 from dataclasses import dataclass
+from typing import Any
+
+import xxhash
 
 
 class Node:
-    __slots__ = ("children", "key", "last_access", "lock_ref", "parent")
+    __slots__ = ("children", "hashes", "key", "last_access", "lock_ref", "parent")
 
     def __init__(self, key: tuple[int, ...], parent: Node | None) -> None:
         self.key = key
@@ -31,6 +35,8 @@ class Node:
         self.children: dict[tuple[int, ...], Node] = {}
         self.lock_ref = 0
         self.last_access = 0
+        # One hash per page of ``key``, chained from the parent's last (only with ``events`` on).
+        self.hashes: list[int] = []
 
 
 @dataclass(frozen=True)
@@ -51,10 +57,15 @@ class RadixCache:
         self._sign = -1 if most_recent_first else 1
         self.page_size = page_size
         self.private_tokens = 0
+        # KV cache events as SGLang publishes them (``proxy/sim/kv_publish.py``), collected here
+        # until the engine sends them after its step; None = off (no cost).
+        self.events: list[list[Any]] | None = None
         self.reset()
 
     def reset(self) -> None:
         """Empty the tree (flush_cache); private allocations are kept."""
+        if self.events is not None:
+            self.events.append(["AllBlocksCleared"])
         self.root = Node((), None)
         self.root.lock_ref = 1  # the root is never evicted
         self.tree_tokens = 0
@@ -127,6 +138,8 @@ class RadixCache:
         parent = child.parent
         assert parent is not None and 0 < at < len(child.key)
         upper = Node(child.key[:at], parent)
+        pages = at // self.page_size  # matches stop on page boundaries
+        upper.hashes, child.hashes = child.hashes[:pages], child.hashes[pages:]
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
         parent.children[child.key[: self.page_size]] = upper
@@ -151,6 +164,8 @@ class RadixCache:
             leaf.last_access = self._stamp()
             match.node.children[leaf.key[: self.page_size]] = leaf
             self.tree_tokens += added
+            if self.events is not None:
+                self._stored(leaf)
         self.private_tokens -= held_private
         return added
 
@@ -184,10 +199,23 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[: self.page_size]]
             self.tree_tokens -= len(leaf.key)
+            if self.events is not None and leaf.hashes:
+                self.events.append(["BlockRemoved", leaf.hashes])
             freed += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (sign * parent.last_access, id(parent), parent))
         return freed
+
+    def _stored(self, leaf: Node) -> None:
+        """One BlockStored for the new leaf's pages, each hash chained over the page's tokens
+        from its parent page's (an engine's hashes are its own; any stable chain will do)."""
+        assert self.events is not None and leaf.parent is not None
+        parent = leaf.parent.hashes[-1] if leaf.parent.hashes else None
+        h, ps = parent if parent is not None else 0, self.page_size
+        for start in range(0, len(leaf.key), ps):
+            h = xxhash.xxh3_64_intdigest(array("I", leaf.key[start:start + ps]).tobytes(), seed=h)
+            leaf.hashes.append(h)
+        self.events.append(["BlockStored", list(leaf.hashes), parent, list(leaf.key), ps, None])
 
     def _leaves(self) -> list[Node]:
         leaves, stack = [], list(self.root.children.values())

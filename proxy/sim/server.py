@@ -26,6 +26,7 @@ from aiohttp import web
 from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig, base_url, fault_updates
 from proxy.sim.engine import Engine
+from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 from proxy.sim.metrics import SimMetrics
 from proxy.sim.perf import SharedGpu
 from proxy.sim.protocol import BadRequest, openai_error, parse_generate, parse_openai
@@ -56,6 +57,7 @@ class SimWorker:
         self.started_at = 0.0
         self.wall_offset = time.time() - self.clock.now()
         self.dead = False
+        self.kv_publisher: KvPublisher | None = None
         self._runner: web.AppRunner | None = None
         self._active: set[asyncio.Transport] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -95,10 +97,17 @@ class SimWorker:
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         self.started_at = self.clock.now()
+        if self.config.kv_events_config:
+            self.kv_publisher = KvPublisher(KvEventsSettings.parse(self.config.kv_events_config))
+            self.kv_publisher.start()
+            self.engine.kv_publisher = self.kv_publisher
         self.engine.start()
 
     async def stop(self) -> None:
         await self.engine.stop()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
+            self.kv_publisher = None
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

@@ -15,9 +15,13 @@ from proxy.clock import MonotonicClock
 from proxy.routing.kv_index import EngineBlocks
 from proxy.workers.kv_events import EventLimits
 from proxy.workers.kv_subscriber import KvSubscriber, stop
-from tests.fixtures.kv_publisher import Publisher
+from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 
 pytestmark = pytest.mark.asyncio
+
+def Publisher(*, replay: bool = True) -> KvPublisher:  # noqa: N802 (reads as the class it makes)
+    return KvPublisher(KvEventsSettings("tcp://127.0.0.1:0", "tcp://127.0.0.1:0" if replay else None))
+
 
 CLEARED = msgpack.packb([1.0, [["AllBlocksCleared"]]])
 
@@ -37,7 +41,7 @@ async def until(check: Callable[[], bool], seconds: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def joined(pub: Publisher, sub: KvSubscriber) -> None:
+async def joined(pub: KvPublisher, sub: KvSubscriber) -> None:
     """PUB drops what it sends before the subscription reaches it: send clears until one lands."""
     deadline = time.monotonic() + 5
     while sub.stats.batches == 0:
@@ -46,7 +50,7 @@ async def joined(pub: Publisher, sub: KvSubscriber) -> None:
         await asyncio.sleep(0.02)
 
 
-def subscriber(pub: Publisher, table: EngineBlocks, **kw: object) -> KvSubscriber:
+def subscriber(pub: KvPublisher, table: EngineBlocks, **kw: object) -> KvSubscriber:
     return KvSubscriber("http://w", pub.endpoint, table, MonotonicClock(), replay_endpoint=pub.replay_endpoint,
                         wall_clock=WallClock(), **kw)  # type: ignore[arg-type]
 
@@ -157,7 +161,7 @@ async def test_what_is_not_a_kv_event_stream_is_counted_and_never_applied() -> N
             await joined(pub, sub)
             await pub.publish(stored([1, 2], None, list(range(8))))
             await until(lambda: len(table) == 2)
-            await pub.send_raw([b"", b"\x00" * 8])  # two frames
+            await pub.pub.send_multipart([b"", b"\x00" * 8])  # two frames
             await until(lambda: sub.stats.errors == 1)
             assert sub.state == "failed" and not sub.usable and len(table) == 0
             await pub.publish(b"\x93garbage")
@@ -173,7 +177,7 @@ async def test_what_is_not_a_kv_event_stream_is_counted_and_never_applied() -> N
             await stop(task)
 
 
-def _published_until_seen(pub: Publisher, sub: KvSubscriber) -> bool:
+def _published_until_seen(pub: KvPublisher, sub: KvSubscriber) -> bool:
     if sub.usable:
         return True
     asyncio.get_running_loop().create_task(pub.publish(CLEARED))

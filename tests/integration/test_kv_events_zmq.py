@@ -13,13 +13,13 @@ import pytest
 
 from proxy.clock import MonotonicClock
 from proxy.routing.kv_index import EngineBlocks
+from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 from proxy.workers.kv_events import EventLimits
 from proxy.workers.kv_subscriber import KvSubscriber, stop
-from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 
 pytestmark = pytest.mark.asyncio
 
-def Publisher(*, replay: bool = True) -> KvPublisher:  # noqa: N802 (reads as the class it makes)
+def publisher(*, replay: bool = True) -> KvPublisher:
     return KvPublisher(KvEventsSettings("tcp://127.0.0.1:0", "tcp://127.0.0.1:0" if replay else None))
 
 
@@ -61,7 +61,7 @@ class WallClock:
 
 
 async def test_blocks_stored_and_removed_on_the_engine_show_in_the_table() -> None:
-    async with Publisher() as pub:
+    async with publisher() as pub:
         table = EngineBlocks()
         sub = subscriber(pub, table)
         task = asyncio.create_task(sub.run())
@@ -81,7 +81,7 @@ async def test_blocks_stored_and_removed_on_the_engine_show_in_the_table() -> No
 
 
 async def test_a_late_joiner_replays_the_engines_history() -> None:
-    async with Publisher() as pub:
+    async with publisher() as pub:
         # Sent before anyone subscribed: PUB drops them, the replay buffer keeps them.
         await pub.publish(stored([1, 2], None, list(range(8))))
         await pub.publish(stored([3], 2, [8, 9, 10, 11]))
@@ -99,7 +99,7 @@ async def test_a_late_joiner_replays_the_engines_history() -> None:
 
 
 async def test_a_gap_is_filled_from_the_replay_socket() -> None:
-    async with Publisher() as pub:
+    async with publisher() as pub:
         table = EngineBlocks()
         sub = subscriber(pub, table)
         task = asyncio.create_task(sub.run())
@@ -118,7 +118,7 @@ async def test_a_gap_is_filled_from_the_replay_socket() -> None:
 
 
 async def test_a_gap_without_replay_clears_the_table_and_it_refills() -> None:
-    async with Publisher(replay=False) as pub:
+    async with publisher(replay=False) as pub:
         table = EngineBlocks()
         sub = subscriber(pub, table)
         task = asyncio.create_task(sub.run())
@@ -137,7 +137,7 @@ async def test_a_gap_without_replay_clears_the_table_and_it_refills() -> None:
 
 
 async def test_an_engine_restart_is_seen_by_its_sequence_going_back() -> None:
-    async with Publisher(replay=False) as pub:
+    async with publisher(replay=False) as pub:
         table = EngineBlocks()
         sub = subscriber(pub, table)
         task = asyncio.create_task(sub.run())
@@ -153,7 +153,7 @@ async def test_an_engine_restart_is_seen_by_its_sequence_going_back() -> None:
 
 
 async def test_what_is_not_a_kv_event_stream_is_counted_and_never_applied() -> None:
-    async with Publisher() as pub:
+    async with publisher() as pub:
         table = EngineBlocks()
         sub = subscriber(pub, table, limits=EventLimits(max_payload_bytes=4096))
         task = asyncio.create_task(sub.run())

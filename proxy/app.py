@@ -172,7 +172,7 @@ class App:
         w.on_leave.append(self.upstream.forget)
         w.on_leave.append(m.forget_worker)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
-        m.attach_state(_State(self))
+        m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate
         m.attach_prompt_bytes_per_token(lambda: {k: v.bytes_per_token for k, v in estimate.snapshot().items()})
 
@@ -309,23 +309,23 @@ def _peer_key(routing: RoutingConfig, environ: Mapping[str, str]) -> str | None:
 class _State:
     """What the scrape-time metric collector reads (``metrics.StateProvider``)."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, workers: WorkerRegistry, admission: Admission) -> None:
+        self._workers, self._admission = workers, admission
 
     def worker_snapshots(self) -> Sequence[WorkerSnapshot]:
-        return self._app.workers.snapshots()
+        return self._workers.snapshots()
 
     def worker_ejected(self, url: str) -> bool:
-        return self._app.workers.ejected(url)
+        return self._workers.ejected(url)
 
     def worker_snapshot_age(self, url: str) -> float | None:
-        return self._app.workers.snapshot_age(url)
+        return self._workers.snapshot_age(url)
 
     def admission_queue_depth(self) -> int:
-        return self._app.admission.core.snapshot().queue_depth
+        return self._admission.core.snapshot().queue_depth
 
     def admission_limits(self) -> dict[str, int]:
-        return self._app.admission.limits()
+        return self._admission.limits()
 
 
 def _fit_file_descriptors(config: Config) -> int:

@@ -1,7 +1,7 @@
-"""Available reuse: the prefix hits one fleet-wide cache would have had. One model, two readers.
+"""Available reuse: the prefix hits one fleet-wide cache would have had. One model, its readers.
 
-The model: one LRU of block hashes bounded by the whole fleet's KV capacity in tokens (Σ
-``max_total_tokens``), keyed by the chained block hashes routing computed. A request's hit is its
+The model (``routing/prefix_index.FleetCache``): one LRU of block hashes bounded by the whole
+fleet's KV capacity in tokens (Σ ``max_total_tokens``), keyed by the chained block hashes routing computed. A request's hit is its
 longest prefix of blocks already in that cache; then its blocks are touched last-to-first, so
 parents are more recent than children and evicted after them — a radix tree evicts leaves first,
 and the cached set stays prefix-closed. Blocks grow with position as ``routing/prefix_key.py``
@@ -14,17 +14,17 @@ reported — a hit that happened was by definition available.
 Readers: ``signals.cache_signal`` replays a diagnosis window through it (in dispatch order, at
 capacity and unbounded); ``AvailableReuse`` feeds it every finished request as it finishes and
 counts ``radixgate_routing_available_cached_tokens_total`` (App passes it to the pipeline as an
-observer; the metrics module only holds the counter).
+observer; the metrics module only holds the counter); the benchmarks' summary
+(``loadtests/bench_summary.py``) feeds it a trace.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS
-from proxy.routing.prefix_key import block_sizes, prefix_tokens
+from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
+from proxy.routing.prefix_key import prefix_tokens
 
 if TYPE_CHECKING:
     from proxy.records import CompletedRequest
@@ -37,49 +37,6 @@ def fleet_kv_tokens(snapshots: Sequence[WorkerSnapshot]) -> int:
     return sum(s.max_total_tokens or DEFAULT_CAPACITY_TOKENS for s in snapshots) or DEFAULT_CAPACITY_TOKENS
 
 
-class SharedCache:
-    """LRU of block hashes bounded by tokens (each block weighs its block size); None = unbounded."""
-
-    def __init__(self, capacity_tokens: int | None) -> None:
-        self.capacity = capacity_tokens
-        self.blocks: OrderedDict[int, int] = OrderedDict()
-        self.used = 0
-
-    def matched(self, hashes: Sequence[int]) -> int:
-        """Blocks of this prompt's prefix the cache holds."""
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def touch(self, hashes: Sequence[int], sizes: Sequence[int]) -> None:
-        for h, size in zip(reversed(hashes), reversed(sizes), strict=True):
-            if h in self.blocks:
-                self.blocks.move_to_end(h)
-            else:
-                self.blocks[h] = size
-                self.used += size
-        self._evict()
-
-    def resize(self, capacity_tokens: int | None) -> None:
-        self.capacity = capacity_tokens
-        self._evict()
-
-    def observe(self, hashes: Sequence[int], block_tokens: int) -> int:
-        """Blocks this prompt would have found; then it joins the cache."""
-        found = self.matched(hashes)
-        self.touch(hashes, block_sizes(block_tokens, len(hashes)))
-        return found
-
-    def _evict(self) -> None:
-        if self.capacity is not None:
-            while self.used > self.capacity and self.blocks:
-                _, weight = self.blocks.popitem(last=False)
-                self.used -= weight
-
-
 def available_tokens(matched_blocks: int, *, block_tokens: int, n_blocks: int, estimated_prompt: int,
                      reported_prompt: int, reported_cached: int) -> float:
     """A hit of ``matched_blocks`` in the worker's tokens (see the module docstring)."""
@@ -90,11 +47,12 @@ def available_tokens(matched_blocks: int, *, block_tokens: int, n_blocks: int, e
 
 class AvailableReuse:
     """Every finished request with a cache report, in finishing order, through one ``SharedCache`` of
-    the fleet's current capacity; ``count(policy, tokens)`` gets its available hit."""
+    the fleet's current capacity; ``count(policy, tokens)`` gets its available hit. O(blocks) per
+    request on the loop, as the routing decision itself."""
 
     def __init__(self, capacity_tokens: Callable[[], int], count: Callable[[str, int], None]) -> None:
         self._capacity, self._count = capacity_tokens, count
-        self._cache: SharedCache | None = None
+        self._cache: FleetCache | None = None
 
     def observe(self, done: CompletedRequest) -> None:
         route, t = done.route, done.timing
@@ -104,10 +62,10 @@ class AvailableReuse:
         capacity = self._capacity()
         cache = self._cache
         if cache is None:
-            cache = self._cache = SharedCache(capacity)
+            cache = self._cache = FleetCache(capacity)
         elif capacity != cache.capacity:
             cache.resize(capacity)
-        found = cache.observe(route.block_hashes, route.block_tokens)
+        found = cache.add(route.block_hashes, route.block_tokens)
         self._count(done.policy, round(available_tokens(
             found, block_tokens=route.block_tokens, n_blocks=len(route.block_hashes),
             estimated_prompt=route.prompt_tokens, reported_prompt=t.prompt_tokens,

@@ -13,8 +13,9 @@ happened was by definition available (a cache warm from before the window, or a 
 shared LRU, cannot make available fall below captured). Estimated tokens are converted to the
 worker's count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per
 computation. The LRU always holds the most recent blocks that fit, so available grows with
-capacity and never exceeds the ceiling. The cache model and the conversion are ``reuse.py``'s, which
-the live counter ``radixgate_routing_available_cached_tokens_total`` shares.
+capacity and never exceeds the ceiling. The cache model (``routing/prefix_index.FleetCache``) and the conversion
+(``reuse.available_tokens``) are shared with the live counter
+``radixgate_routing_available_cached_tokens_total``.
 
 **Occupancy**: running / max_running_requests and KV token usage per worker, averaged over the
 snapshot samples (stale snapshots skipped). **Latency split**: TTFT, worker queue time, admission
@@ -29,8 +30,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.diagnose.reuse import SharedCache, available_tokens
+from proxy.diagnose.reuse import available_tokens
 from proxy.diagnose.window import RequestRecord, SnapshotSample
+from proxy.routing.prefix_index import FleetCache
 from proxy.telemetry.gpu import GpuReport
 from proxy.timing import RequestTiming
 
@@ -82,8 +84,8 @@ class CacheSignal:
 
 def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
     """Blocks each record (in the given order) would find in one shared LRU of that capacity."""
-    cache = SharedCache(capacity_tokens)
-    return [cache.observe(r.block_hashes, r.block_tokens) for r in records]
+    cache = FleetCache(capacity_tokens)
+    return [cache.add(r.block_hashes, r.block_tokens) for r in records]
 
 
 def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:

@@ -145,7 +145,8 @@ def test_the_prefill_rate_is_learned_from_observed_ttft() -> None:
 
 
 def test_a_slower_worker_gets_less_unique_work() -> None:
-    policy = TtftCost(TtftParams())
+    # The per-worker speed factor is off by default (factor_alpha 0, c7ffe61); this is what it does when on.
+    policy = TtftCost(TtftParams(factor_alpha=0.05))
     for i in range(200):
         r = prompt(1000 + i, 100)
         d = policy.select(r, fleet())

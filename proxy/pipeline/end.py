@@ -71,11 +71,11 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
             parts.holds.release(id(route))
     exc = e.exc
     status = exc.status if isinstance(exc, RadixgateError) else (499 if result == "cancelled" else e.status)
-    admitted = lease is not None and lease.outcome is not None
+    admission = lease.outcome if lease is not None else None  # None: refused before admission was asked
     parts.record(CompletedRequest(
         rid=rid, frontend=req.frontend, dialect=req.dialect.value, stream=req.stream,
         worker=worker, status=status, outcome=result, cause=cause, retries=retries,
         policy=parts.policy.name, decision=decision, route=route,
-        admission=lease.outcome.value if admitted and lease is not None and lease.outcome else None,
-        admission_wait=lease.wait_s if admitted and lease is not None else None,
+        admission=admission.value if admission is not None else None,
+        admission_wait=lease.wait_s if admission is not None and lease is not None else None,
         timing=t, finish_reason=m.finish_reason))

@@ -8,6 +8,10 @@ retry, a hold or a client leaving mid-stream is tested without sockets (``tests/
 test_exchange_states.py``). Every integration test still runs the real client against real
 servers.
 
+The transport's own socket-level timeouts (``upstream.connect_timeout_s``, ``idle_timeout_s``)
+stay inside it, on the loop's time; every wait the pipeline itself imposes (first byte, the
+request's deadline, health checks) is on the injected clock.
+
 Failures a transport raises are the real client's: ``CONNECT_ERRORS`` (refused, reset) before or
 after the head, ``UpstreamClosed`` / ``UpstreamProtocolError`` / ``ResponseTooLarge`` while
 reading, ``UpstreamIdle`` after ``upstream.idle_timeout_s`` of silence once the answer began.

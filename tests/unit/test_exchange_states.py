@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admission import Admission
 from proxy.clock import ManualClock
 from proxy.config import Config, load
-from proxy.errors import NoHealthyWorker
+from proxy.errors import NoHealthyWorker, ShuttingDown
 from proxy.frontends.http import parse_request
 from proxy.pipeline import CompletedRequest, Exchange, Phase, Pipeline
 from proxy.request import Dialect
@@ -175,6 +175,8 @@ async def test_a_refused_connection_retries_on_the_other_worker() -> None:
         assert ex.phase is Phase.ANSWERED and ex.status == 200 and b"from the second" in ex.body
     assert transport.posts[0] != transport.posts[1] and ex.worker == transport.posts[1]
     assert [(d.outcome, d.retries) for d in done] == [("ok", 1)]
+    assert pipeline.metrics.registry.get_sample_value(
+        "radixgate_upstream_failures_total", {"worker": transport.posts[0], "cause": "connect_error"}) == 1
 
 
 async def test_every_worker_refusing_is_a_503_after_the_retries() -> None:
@@ -269,3 +271,21 @@ async def test_a_client_leaving_mid_stream_closes_the_answer_and_aborts_the_gene
     assert transport.aborts == [(ex.worker, ex.rid)]
     assert (done[0].outcome, done[0].cause, done[0].status) == ("cancelled", "client_disconnect", 499)
     assert pipeline.active == 0 and pipeline.admission.core.snapshot().outstanding == {}
+
+
+async def test_the_drain_cuts_a_relaying_stream_with_its_own_error_not_the_workers() -> None:
+    stream = ScriptedAnswer()
+    stream.push(event("one"))
+    transport = ScriptedTransport(answer(stream))
+    pipeline, done = build(transport, ManualClock())
+    async with request(pipeline, stream=True) as ex:
+        chunks = ex.chunks()
+        await anext(chunks)
+        assert pipeline.cut_streams(ShuttingDown("radixgate is shutting down")) == 1
+        last = await anext(chunks)
+        assert b"shutting down" in last and ex.last_chunk
+    assert (done[0].outcome, done[0].cause) == ("error", "shutting_down")
+    failures = pipeline.metrics.registry.get_sample_value(
+        "radixgate_upstream_failures_total", {"worker": ex.worker or "", "cause": "stream_broken"})
+    assert failures is None  # the proxy ended it: not the worker's failure
+    assert pipeline.cut_streams(ShuttingDown("again")) == 0

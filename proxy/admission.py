@@ -264,7 +264,9 @@ class Lease:
             fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
             adm._waiters[ticket] = fut
             try:
-                result = await asyncio.wait_for(fut, max(0.0, ticket.deadline - adm.clock.now()))
+                # The queue's deadline is the clock's (a manual clock in a test drives it).
+                async with adm.clock.timeout_at(ticket.deadline):
+                    result = await fut
             except TimeoutError:
                 if ticket.admitted_at is None:  # not granted in the same instant
                     adm._release(ticket)

@@ -10,10 +10,16 @@ first request is routed on real state) → background loops (membership, probes,
 port → public port → gRPC port. Stop order is the reverse, after draining for
 ``server.drain_grace_s``.
 
+This is the one wiring point: every part receives the narrow things it uses in its constructor
+(the pipeline its observers, route listeners and upstream authorization; the gRPC frontend the
+pipeline, the worker snapshots, readiness, its guard and the diagnosis; peer sync the holds it
+releases), and only this module subscribes parts to the worker registry's events. No part takes
+``App``.
+
 Extension points: ``add_admin_route`` (before ``start``) for admin endpoints such as
-``/diagnosis``; ``pipeline.observers`` for anything that wants every finished request; the gRPC
-frontend is ``proxy.frontends.grpc.GrpcFrontend(app)`` with ``async start() -> port`` and
-``async stop(grace_s)``, started when ``server.grpc_port`` is set.
+``/diagnosis``; observers of every finished request are passed to ``Pipeline(observers=...)``
+here; the gRPC frontend is ``proxy.frontends.grpc.GrpcFrontend`` with ``async start() -> port``
+and ``async stop(grace_s)``, started when ``server.grpc_port`` is set.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admission import Admission
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import Config, ConfigError, RoutingConfig
+from proxy.diagnose.reuse import AvailableReuse, fleet_kv_tokens
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
@@ -47,9 +54,10 @@ from proxy.limits import (
 from proxy.peers import PATH as PEER_PATH
 from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
+from proxy.pipeline.holds import Holds
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
-from proxy.security import guard_http_app, http_authorized, load_api_keys, upstream_authorization
+from proxy.security import GrpcGuard, guard_http_app, http_authorized, load_api_keys, upstream_authorization
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics, attach_diagnosis
 from proxy.workers.health import HealthChecker
@@ -68,6 +76,8 @@ CLOSE_AFTER_DRAIN_S = 0.5
 
 class _Frontend(Protocol):
     async def start(self) -> int: ...
+
+    def on_publish(self, snapshots: Sequence[WorkerSnapshot]) -> None: ...
 
     def begin_drain(self) -> None: ...
 
@@ -105,34 +115,40 @@ class App:
             on_failure=self._on_scrape_failure)
         self.health = HealthChecker(config.health, probe=self.upstream.probe, report=self._on_probe,
                                     urls=self.workers.urls)
+        # API keys and the per-client rate limit guard both public ports (proxy/security.py).
+        self.api_keys = load_api_keys(config.security, os.environ)
+        upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
+        # Requests held for a prefill in progress: released by our own first tokens and by peers'.
+        holds = Holds(self.clock)
+        self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ),
+                              prefill_ended=holds.release)
+        # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
+        self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
+        # radixgate_routing_available_cached_tokens_total: the diagnosis's fleet-wide cache model, live.
+        reuse = AvailableReuse(lambda: fleet_kv_tokens(self.workers.snapshots()), self.metrics.count_available)
         self.pipeline = Pipeline(
             config=config, clock=self.clock, registry=self.workers, admission=self.admission,
             policy=self.policy, upstream=self.upstream, metrics=self.metrics,
             request_log=RequestLogger(enabled=config.telemetry.log_requests,
-                                      log_prompts=config.telemetry.log_prompts))
+                                      log_prompts=config.telemetry.log_prompts),
+            observers=[self.diagnosis.observe, reuse.observe],
+            # a proxy that names no peers takes no routing state from outside
+            route_listeners=[self.peers] if self.peers.enabled else [],
+            upstream_authorization=functools.partial(
+                upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys)),
+            holds=holds)
         self._wire()
-        # API keys and the per-client rate limit guard both public ports (proxy/security.py).
-        self.api_keys = load_api_keys(config.security, os.environ)
-        self.public_app = build_public_app(config, self.pipeline, self.ready,
+        self.public_app = build_public_app(config, self.pipeline, self.upstream, self.ready,
                                            authorized=http_authorized(self.api_keys))
-        upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
-        self.pipeline.upstream_authorization = functools.partial(
-            upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys))
         lim = config.limits
         self.rate_limiter = (RateLimiter(lim.rate_limit_rps, lim.rate_limit_burst, lim.rate_limit_clients)
                              if lim.rate_limit_rps > 0 else None)
         self.connections = ConnectionGate(_fit_file_descriptors(config))
         guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                        reject=self.pipeline.reject)
-        self.admin_app = build_admin_app(self.pipeline)
-        self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ))
-        if self.peers.enabled:  # a proxy that names no peers takes no routing state from outside
-            self.pipeline.route_listeners.append(self.peers)
-            self.peers.prefill_ended = self.pipeline.prefilled
+        self.admin_app = build_admin_app(self.pipeline, self.upstream)
+        if self.peers.enabled:
             self.add_admin_route("GET", PEER_PATH, self.peers.handle)
-        # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
-        self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
-        self.pipeline.observers.append(self.diagnosis.observe)
         self.workers.on_publish.append(self.diagnosis.windows.observe)
         self.add_admin_route("GET", "/diagnosis", self.diagnosis.handle)
         attach_diagnosis(self.metrics.registry, self.diagnosis.current)
@@ -156,7 +172,7 @@ class App:
         w.on_leave.append(self.upstream.forget)
         w.on_leave.append(m.forget_worker)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
-        m.attach_state(_State(self))
+        m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate
         m.attach_prompt_bytes_per_token(lambda: {k: v.bytes_per_token for k, v in estimate.snapshot().items()})
 
@@ -204,8 +220,13 @@ class App:
         if cfg.server.grpc_port:
             from proxy.frontends.grpc import GrpcFrontend
 
-            self._grpc = GrpcFrontend(self)
-            self.grpc_port = await self._grpc.start()
+            # API key, per-client rate limit and unparseable messages → INVALID_ARGUMENT (proxy/security.py).
+            guard = GrpcGuard(keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
+                              reject=self.pipeline.reject)
+            grpc = self._grpc = GrpcFrontend(cfg, self.pipeline, snapshots=self.workers.snapshots, ready=self.ready,
+                                             guard=guard, diagnosis=self.diagnosis.current)
+            self.workers.on_publish.append(grpc.on_publish)  # readiness may have changed
+            self.grpc_port = await grpc.start()
         log.info("radixgate serving http=%s admin=%s grpc=%s policy=%s workers=%s", self.http_port,
                  self.admin_port, self.grpc_port or "-", self.policy.name, self.workers.urls())
 
@@ -255,6 +276,8 @@ class App:
                 await self.pipeline.drained(1.0)
         if self._grpc is not None:
             # What is left of the grace lets drained calls send their last message and status.
+            with contextlib.suppress(ValueError):
+                self.workers.on_publish.remove(self._grpc.on_publish)
             await self._grpc.stop(max(0.0, grace - (self.clock.now() - drain_started)))
         await self.peers.stop()  # its WebSockets would hold the admin server's shutdown
         for listener in self._listeners:
@@ -286,23 +309,23 @@ def _peer_key(routing: RoutingConfig, environ: Mapping[str, str]) -> str | None:
 class _State:
     """What the scrape-time metric collector reads (``metrics.StateProvider``)."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, workers: WorkerRegistry, admission: Admission) -> None:
+        self._workers, self._admission = workers, admission
 
     def worker_snapshots(self) -> Sequence[WorkerSnapshot]:
-        return self._app.workers.snapshots()
+        return self._workers.snapshots()
 
     def worker_ejected(self, url: str) -> bool:
-        return self._app.workers.ejected(url)
+        return self._workers.ejected(url)
 
     def worker_snapshot_age(self, url: str) -> float | None:
-        return self._app.workers.snapshot_age(url)
+        return self._workers.snapshot_age(url)
 
     def admission_queue_depth(self) -> int:
-        return self._app.admission.core.snapshot().queue_depth
+        return self._admission.core.snapshot().queue_depth
 
     def admission_limits(self) -> dict[str, int]:
-        return self._app.admission.limits()
+        return self._admission.limits()
 
 
 def _fit_file_descriptors(config: Config) -> int:

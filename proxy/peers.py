@@ -193,13 +193,14 @@ class PeerSync:
     """Sends this proxy's decisions to its peers (``pipeline.RouteListener``) and applies theirs."""
 
     def __init__(self, config: RoutingConfig, policy: Policy, metrics: Metrics,
-                 key: str | None = None, instance: str | None = None) -> None:
+                 key: str | None = None, instance: str | None = None,
+                 prefill_ended: Callable[[Hashable], None] = lambda key: None) -> None:
         self.config = config
         self.instance = instance or uuid.uuid4().hex
         self.policy, self.metrics, self._key = policy, metrics, key
-        # Told when a peer's request has its first token (App: Pipeline.prefilled, which releases
+        # Told when a peer's request has its first token (App: the pipeline's holds, which release
         # requests held for that prefix).
-        self.prefill_ended: Callable[[Hashable], None] = lambda key: None
+        self.prefill_ended = prefill_ended
         self._accepted = ApiKeys([key] if key else [])
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()

@@ -13,7 +13,9 @@ happened was by definition available (a cache warm from before the window, or a 
 shared LRU, cannot make available fall below captured). Estimated tokens are converted to the
 worker's count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per
 computation. The LRU always holds the most recent blocks that fit, so available grows with
-capacity and never exceeds the ceiling.
+capacity and never exceeds the ceiling. The cache model (``routing/prefix_index.FleetCache``) and the conversion
+(``reuse.available_tokens``) are shared with the live counter
+``radixgate_routing_available_cached_tokens_total``.
 
 **Occupancy**: running / max_running_requests and KV token usage per worker, averaged over the
 snapshot samples (stale snapshots skipped). **Latency split**: TTFT, worker queue time, admission
@@ -25,12 +27,12 @@ through from ``telemetry.gpu`` and stays ``None`` when unknown.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from proxy.diagnose.reuse import available_tokens
 from proxy.diagnose.window import RequestRecord, SnapshotSample
-from proxy.routing.prefix_key import block_sizes, prefix_tokens
+from proxy.routing.prefix_index import FleetCache
 from proxy.telemetry.gpu import GpuReport
 from proxy.timing import RequestTiming
 
@@ -80,43 +82,10 @@ class CacheSignal:
     prompt_tokens: int = 0
 
 
-class _BlockLru:
-    """LRU of block hashes bounded by tokens (each block weighs its block size)."""
-
-    def __init__(self, capacity_tokens: int | None) -> None:
-        self.capacity = capacity_tokens
-        self.blocks: OrderedDict[int, int] = OrderedDict()
-        self.used = 0
-
-    def matched(self, hashes: Sequence[int]) -> int:
-        n = 0
-        for h in hashes:
-            if h not in self.blocks:
-                break
-            n += 1
-        return n
-
-    def touch(self, hashes: Sequence[int], sizes: Sequence[int]) -> None:
-        for h, size in zip(reversed(hashes), reversed(sizes), strict=True):
-            if h in self.blocks:
-                self.blocks.move_to_end(h)
-            else:
-                self.blocks[h] = size
-                self.used += size
-        if self.capacity is not None:
-            while self.used > self.capacity and self.blocks:
-                _, weight = self.blocks.popitem(last=False)
-                self.used -= weight
-
-
 def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
     """Blocks each record (in the given order) would find in one shared LRU of that capacity."""
-    lru = _BlockLru(capacity_tokens)
-    out = []
-    for r in records:
-        out.append(lru.matched(r.block_hashes))
-        lru.touch(r.block_hashes, block_sizes(r.block_tokens, len(r.block_hashes)))
-    return out
+    cache = FleetCache(capacity_tokens)
+    return [cache.add(r.block_hashes, r.block_tokens) for r in records]
 
 
 def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:
@@ -129,12 +98,12 @@ def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) 
         if r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
             continue
         prompt = r.prompt_tokens
-        estimated = max(r.estimated_prompt_tokens, prefix_tokens(len(r.block_hashes), r.block_tokens), 1)
-        to_reported = prompt / estimated
-        hit = float(min(prompt, max(0, r.cached_tokens)))
-        captured += hit
-        available += max(hit, min(prompt, prefix_tokens(m_cap, r.block_tokens) * to_reported))
-        ceiling += max(hit, min(prompt, prefix_tokens(m_all, r.block_tokens) * to_reported))
+        units = {"block_tokens": r.block_tokens, "n_blocks": len(r.block_hashes),
+                 "estimated_prompt": r.estimated_prompt_tokens, "reported_prompt": prompt,
+                 "reported_cached": r.cached_tokens}
+        captured += float(min(prompt, max(0, r.cached_tokens)))
+        available += available_tokens(m_cap, **units)
+        ceiling += available_tokens(m_all, **units)
         prompt_total += prompt
         reporting += 1
     if not reporting:

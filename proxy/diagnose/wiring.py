@@ -1,8 +1,10 @@
 """The diagnosis inside a running proxy: fed by the pipeline and the worker registry, served on the
 admin port (GET /diagnosis), exported as /metrics gauges, and refreshed off the event loop. The
-service takes the narrow things it uses; ``App`` (the composition root) plugs its ``observe``,
-``windows.observe``, ``handle`` and ``current`` into the pipeline, the registry, the admin port and
-the metrics registry.
+service takes the narrow things it uses and wires nothing itself: ``App`` (the composition root)
+passes its ``observe`` to the pipeline's constructor as an observer, subscribes ``windows.observe``
+to the registry's published snapshots, and hands ``handle`` and ``current`` to the admin port, the
+metrics registry and the gRPC admin service. The live available-reuse counter shares the
+diagnosis's cache model (``reuse.py``).
 
 * every finished request that reached a worker → ``DiagnosisWindows.record`` (pipeline observer);
 * every published worker-snapshot set → ``DiagnosisWindows.observe`` (thinned to one sample per

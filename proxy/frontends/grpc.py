@@ -46,7 +46,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -55,6 +55,7 @@ from grpc_health.v1 import health as health_sync
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proxy._proto.radixgate.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
+from proxy.clock import wait_until
 from proxy.errors import BadRequest, RadixgateError, from_upstream_status
 from proxy.frontends import grpc_reflection_v1
 from proxy.frontends.grpc_deltas import RunRead, RunReader
@@ -67,7 +68,9 @@ from proxy.security import GrpcGuard
 from proxy.sse import ErrorEvent, TextDelta
 
 if TYPE_CHECKING:
-    from proxy.app import App
+    from proxy.config import Config
+    from proxy.diagnose.service import Diagnosis
+    from proxy.pipeline import Pipeline
 
 log = logging.getLogger("radixgate.grpc")
 
@@ -97,10 +100,18 @@ class _Outcome:
 
 
 class GrpcFrontend:
-    """Built by ``App.start`` when ``server.grpc_port`` is set; ``start`` returns the bound port."""
+    """Built by ``App.start`` when ``server.grpc_port`` is set; ``start`` returns the bound port.
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    Takes what it uses: the pipeline (exchanges, rejects, the clock), the worker snapshots (admin
+    ListWorkers), readiness, the guard (API keys, rate limit) and, when there is one, the current
+    diagnosis. ``App`` tells it of each published snapshot set (``on_publish``): readiness may have
+    changed."""
+
+    def __init__(self, config: Config, pipeline: Pipeline, *, snapshots: Callable[[], Sequence[WorkerSnapshot]],
+                 ready: Callable[[], bool], guard: GrpcGuard,
+                 diagnosis: Callable[[], Diagnosis] | None = None) -> None:
+        self._config, self._pipeline, self._ready, self._guard = config, pipeline, ready, guard
+        self._snapshots, self._diagnosis = snapshots, diagnosis
         self._server: grpc.aio.Server | None = None
         self._health: Any = None  # grpc_health's aio HealthServicer (untyped upstream)
         self._readiness_changed = asyncio.Event()
@@ -113,18 +124,16 @@ class GrpcFrontend:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> int:
-        cfg = self._app.config
+        cfg = self._config
         limit = cfg.limits.max_body_bytes
         # API key, per-client rate limit and unparseable messages → INVALID_ARGUMENT (proxy/security.py).
-        guard = GrpcGuard(keys=self._app.api_keys, limiter=self._app.rate_limiter, clock=self._app.clock,
-                          reject=self._app.pipeline.reject)
-        server = grpc.aio.server(interceptors=[guard], options=[
+        server = grpc.aio.server(interceptors=[self._guard], options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.so_reuseport", 0),
         ])
         # The generated adders carry no annotations (grpcio-tools writes no .pyi for services).
         generate_pb2_grpc.add_GenerationServicer_to_server(_Generation(self), server)  # type: ignore[no-untyped-call]
-        admin_pb2_grpc.add_AdminServicer_to_server(_Admin(self._app), server)  # type: ignore[no-untyped-call]
+        admin_pb2_grpc.add_AdminServicer_to_server(_Admin(self._snapshots, self._diagnosis), server)  # type: ignore[no-untyped-call]
         self._health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         grpc_reflection_v1.enable(server, (GENERATION_SERVICE, ADMIN_SERVICE, health_sync.SERVICE_NAME))
@@ -133,7 +142,6 @@ class GrpcFrontend:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
         await self._health.set(ADMIN_SERVICE, SERVING)
         await self._publish_readiness(None)
-        self._app.workers.on_publish.append(self._on_publish)
         self._follower = asyncio.get_running_loop().create_task(self._follow_readiness(), name="grpc-health")
         await server.start()
         self._server = server
@@ -147,8 +155,6 @@ class GrpcFrontend:
             self._draining = asyncio.get_running_loop().create_task(self._health.enter_graceful_shutdown())
 
     async def stop(self, grace_s: float) -> None:
-        with contextlib.suppress(ValueError):
-            self._app.workers.on_publish.remove(self._on_publish)
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -159,26 +165,25 @@ class GrpcFrontend:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if grace_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace_s)
+            await wait_until(self._pipeline.clock, self._idle, grace_s)
         if self._server is not None:
             # Health Watch streams never end on their own: whatever is left now is cancelled.
             await self._server.stop(0)
             self._server = None
 
     # -- readiness → health --------------------------------------------------------------------
-    def _on_publish(self, snapshots: Sequence[WorkerSnapshot]) -> None:
+    def on_publish(self, snapshots: Sequence[WorkerSnapshot]) -> None:
         self._readiness_changed.set()
 
     async def _follow_readiness(self) -> None:
-        last: bool | None = self._app.ready()
+        last: bool | None = self._ready()
         while True:
             await self._readiness_changed.wait()
             self._readiness_changed.clear()
             last = await self._publish_readiness(last)
 
     async def _publish_readiness(self, last: bool | None) -> bool:
-        ready = self._app.ready()
+        ready = self._ready()
         if ready != last:
             for service in READINESS_SERVICES:
                 await self._health.set(service, SERVING if ready else NOT_SERVING)
@@ -188,12 +193,12 @@ class GrpcFrontend:
     # -- one generation call ---------------------------------------------------------------------
     async def run(self, msg: generate_pb2.GenerateRequest, context: Any, *, stream: bool) -> _Outcome:
         """Parse, run through the pipeline, write chunks when ``stream``; never raises a RadixgateError."""
-        pipeline = self._app.pipeline
+        pipeline = self._pipeline
         received = pipeline.clock.now()
         remaining = context.time_remaining()
         try:
             req = to_generate_request(msg, timeout_s=remaining, stream=stream,
-                                      max_prompt_chars=self._app.config.limits.max_prompt_chars)
+                                      max_prompt_chars=self._config.limits.max_prompt_chars)
         except BadRequest as e:
             dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG
             pipeline.reject(FRONTEND, dialect.value, e, received)
@@ -217,7 +222,7 @@ class GrpcFrontend:
         self._idle.clear()
         out: _Outcome
         try:
-            async with self._app.pipeline.exchange(req, received=received) as ex:
+            async with self._pipeline.exchange(req, received=received) as ex:
                 out = await self._consume(ex, context, stream=stream)
                 if out.error is None and not answered.done():
                     answered.set_result(out)
@@ -314,7 +319,7 @@ class GrpcFrontend:
     def _final(self, done: Finished) -> generate_pb2.Final:
         m = done.meta
         # The exchange marks `done` only when it closes; the caller wants e2e up to this message.
-        timing = dataclasses.replace(done.timing, done=self._app.pipeline.clock.now(),
+        timing = dataclasses.replace(done.timing, done=self._pipeline.clock.now(),
                                      token_gaps=list(done.timing.token_gaps), worker_queue_time=m.queue_time)
         return final_message(
             finish_reason=m.finish_reason or "", prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens,
@@ -347,22 +352,22 @@ class _Generation(generate_pb2_grpc.GenerationServicer):
 
 
 class _Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, snapshots: Callable[[], Sequence[WorkerSnapshot]],
+                 diagnosis: Callable[[], Diagnosis] | None) -> None:
+        self._snapshots, self._diagnosis = snapshots, diagnosis
 
     async def ListWorkers(
         self, request: admin_pb2.ListWorkersRequest, context: Any
     ) -> admin_pb2.ListWorkersResponse:
-        return admin_pb2.ListWorkersResponse(workers=[worker_state(s) for s in self._app.workers.snapshots()])
+        return admin_pb2.ListWorkersResponse(workers=[worker_state(s) for s in self._snapshots()])
 
     async def GetDiagnosis(
         self, request: admin_pb2.GetDiagnosisRequest, context: Any
     ) -> admin_pb2.GetDiagnosisResponse:
-        service = getattr(self._app, "diagnosis", None)
-        if service is None:
+        if self._diagnosis is None:
             doc: dict[str, Any] = {"available": False, "reason": "the diagnosis is not enabled in this build"}
         else:
             from proxy.diagnose.report import to_json
 
-            doc = to_json(service.current())
+            doc = to_json(self._diagnosis())
         return admin_pb2.GetDiagnosisResponse(json=json.dumps(doc))

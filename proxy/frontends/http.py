@@ -15,7 +15,6 @@ Errors answer in the caller's dialect (``errors.to_body``), with ``Retry-After``
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -44,6 +43,7 @@ from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
 from proxy.security import KEY_HINT
+from proxy.workers.upstream import UpstreamPool
 
 log = logging.getLogger("radixgate.http")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -204,7 +204,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         headers=fwd, body=raw)
 
 
-def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool], *,
+def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, ready: Callable[[], bool], *,
                      authorized: Callable[[web.Request], bool] | None = None) -> web.Application:
     """The public port. ``authorized``: whether a request presents an accepted API key, None when the
     port checks none (the key itself is checked by ``security.guard_http_app``'s middleware; this is
@@ -228,7 +228,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
                 if request.content.is_eof():  # the whole body already arrived: no timer to arm
                     raw = await request.read()
                 else:
-                    async with asyncio.timeout(cfg.limits.body_timeout_s):
+                    async with clock.timeout_at(clock.now() + cfg.limits.body_timeout_s):
                         raw = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise PayloadTooLarge(f"body: over the limit of {cfg.limits.max_body_bytes} bytes") from None
@@ -335,12 +335,12 @@ def build_public_app(cfg: Config, pipeline: Pipeline, ready: Callable[[], bool],
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", readiness)
-    sglang_server.add_public_routes(app, pipeline, keys_checked=authorized is not None,
+    sglang_server.add_public_routes(app, pipeline, upstream, keys_checked=authorized is not None,
                                     respond=lambda err: error_response(err, None))
     return app
 
 
-def build_admin_app(pipeline: Pipeline) -> web.Application:
+def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool) -> web.Application:
     app = web.Application()
 
     async def metrics(request: web.Request) -> web.Response:
@@ -368,5 +368,5 @@ def build_admin_app(pipeline: Pipeline) -> web.Application:
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/workers", workers)
-    sglang_server.add_admin_routes(app, pipeline)
+    sglang_server.add_admin_routes(app, pipeline, upstream)
     return app

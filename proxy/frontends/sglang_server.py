@@ -33,7 +33,7 @@ from aiohttp import web
 
 from proxy.errors import Forbidden, NoHealthyWorker, RadixgateError, UpstreamError, UpstreamTimeout
 from proxy.pipeline import Pipeline
-from proxy.workers.upstream import read_capped
+from proxy.workers.upstream import UpstreamPool, read_capped
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INFO_PATHS = ("/get_model_info", "/model_info", "/get_server_info", "/server_info", "/health_generate")
@@ -42,7 +42,7 @@ FLUSH_PATH = "/flush_cache"
 _HEALTH_GENERATE_MIN_S = 20.0
 
 
-async def _forward(pipeline: Pipeline, url: str, method: str, path: str, request: web.Request,
+async def _forward(pipeline: Pipeline, upstream: UpstreamPool, url: str, method: str, path: str, request: web.Request,
                    timeout_s: float) -> tuple[int, bytes, str]:
     """One small request to one worker: (status, body, content type); ``UpstreamError`` /
     ``UpstreamTimeout`` when the worker cannot be reached or does not answer in time."""
@@ -50,9 +50,9 @@ async def _forward(pipeline: Pipeline, url: str, method: str, path: str, request
     auth = pipeline.upstream_authorization(request.headers.get("Authorization"))
     if auth:
         headers["Authorization"] = auth
-    cfg = pipeline.upstream.cfg
+    cfg = upstream.cfg
     try:
-        async with pipeline.upstream.session(url).request(
+        async with upstream.session(url).request(
                 method, url + path, headers=headers, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             body = await read_capped(resp, cfg.max_scrape_bytes, f"{method} {path}")
@@ -70,7 +70,7 @@ def _healthy(pipeline: Pipeline) -> list[str]:
     return urls
 
 
-def info_handler(pipeline: Pipeline, path: str, respond: Callable[[RadixgateError], web.Response]) -> Handler:
+def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond: Callable[[RadixgateError], web.Response]) -> Handler:
     """``path`` answered by a healthy worker (the next one if the first cannot be reached)."""
     timeout_s = pipeline.config.scrape.timeout_s + pipeline.config.upstream.connect_timeout_s
     if path == "/health_generate":
@@ -81,7 +81,7 @@ def info_handler(pipeline: Pipeline, path: str, respond: Callable[[RadixgateErro
             last: RadixgateError | None = None
             for url in _healthy(pipeline):
                 try:
-                    status, body, ctype = await _forward(pipeline, url, "GET", path, request, timeout_s)
+                    status, body, ctype = await _forward(pipeline, upstream, url, "GET", path, request, timeout_s)
                 except RadixgateError as e:
                     last = e
                     continue
@@ -98,13 +98,13 @@ def info_handler(pipeline: Pipeline, path: str, respond: Callable[[RadixgateErro
     return handler
 
 
-def flush_handler(pipeline: Pipeline) -> Handler:
+def flush_handler(pipeline: Pipeline, upstream: UpstreamPool) -> Handler:
     """``/flush_cache`` on every worker at once; per-worker results."""
     timeout_s = pipeline.config.scrape.timeout_s + pipeline.config.upstream.connect_timeout_s + 10.0
 
     async def one(url: str, request: web.Request) -> dict[str, Any]:
         try:
-            status, body, _ = await _forward(pipeline, url, request.method, FLUSH_PATH, request, timeout_s)
+            status, body, _ = await _forward(pipeline, upstream, url, request.method, FLUSH_PATH, request, timeout_s)
         except RadixgateError as e:
             return {"worker": url, "status": e.status, "flushed": False, "message": e.message}
         return {"worker": url, "status": status, "flushed": status == 200,
@@ -125,12 +125,12 @@ def flush_handler(pipeline: Pipeline) -> Handler:
     return handler
 
 
-def add_public_routes(app: web.Application, pipeline: Pipeline, *, keys_checked: bool,
+def add_public_routes(app: web.Application, pipeline: Pipeline, upstream: UpstreamPool, *, keys_checked: bool,
                       respond: Callable[[RadixgateError], web.Response]) -> None:
     """The info endpoints, and ``/flush_cache`` — served only when the port checks API keys."""
     for path in INFO_PATHS:
-        app.router.add_get(path, info_handler(pipeline, path, respond))
-    flush = flush_handler(pipeline)
+        app.router.add_get(path, info_handler(pipeline, upstream, path, respond))
+    flush = flush_handler(pipeline, upstream)
 
     async def guarded_flush(request: web.Request) -> web.StreamResponse:
         if not keys_checked:
@@ -144,7 +144,7 @@ def add_public_routes(app: web.Application, pipeline: Pipeline, *, keys_checked:
     app.router.add_post(FLUSH_PATH, guarded_flush)
 
 
-def add_admin_routes(app: web.Application, pipeline: Pipeline) -> None:
-    flush = flush_handler(pipeline)
+def add_admin_routes(app: web.Application, pipeline: Pipeline, upstream: UpstreamPool) -> None:
+    flush = flush_handler(pipeline, upstream)
     app.router.add_get(FLUSH_PATH, flush)
     app.router.add_post(FLUSH_PATH, flush)

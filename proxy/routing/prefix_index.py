@@ -255,23 +255,50 @@ class PrefixIndex:
 class FleetCache:
     """One LRU of the whole fleet's KV capacity: the prefix hits a perfect router could capture.
 
-    "Available" hit tokens of a request = what this single cache, fed every request in order,
-    already holds of its prompt; comparing it with what workers report (captured) tells routing
-    losses apart from workload limits.
+    The one model of "available reuse" (``diagnose/reuse.py`` says how its readers use it): block
+    hashes bounded by tokens, each block weighing its own length; a prompt's hit is its longest
+    prefix of blocks held; then its blocks are touched last-to-first, so parents are more recent
+    than children and evicted after them (a radix tree evicts leaves first; the held set stays
+    prefix-closed). ``capacity_tokens`` None = unbounded (the reuse ceiling). O(blocks) per prompt.
     """
 
-    def __init__(self, capacity_tokens: int) -> None:
-        self._index = WorkerIndex(capacity_tokens)
+    def __init__(self, capacity_tokens: int | None) -> None:
+        self.capacity = capacity_tokens
+        self._blocks: OrderedDict[int, int] = OrderedDict()
+        self._used = 0
 
-    @property
-    def capacity(self) -> int:
-        return self._index.kv_tokens
+    def resize(self, capacity_tokens: int | None) -> None:
+        self.capacity = capacity_tokens
+        self._evict()
 
-    def resize(self, capacity_tokens: int) -> None:
-        self._index.resize(capacity_tokens)
+    def matched(self, hashes: Sequence[int]) -> int:
+        """Blocks of this prompt's prefix the cache holds."""
+        n = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
+            n += 1
+        return n
+
+    def add(self, hashes: Sequence[int], block_tokens: int) -> int:
+        """Blocks this prompt finds held; then it joins the cache."""
+        found = self.matched(hashes)
+        blocks = self._blocks
+        for h, size in zip(reversed(hashes), reversed(block_sizes(block_tokens, len(hashes))), strict=True):
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = size
+                self._used += size
+        self._evict()
+        return found
 
     def observe(self, hashes: Sequence[int], block_tokens: int, prompt_tokens: int) -> int:
-        """Available cached tokens for this prompt; then the prompt joins the cache."""
-        held = self._index.match(hashes).blocks
-        self._index.record(hashes, block_tokens, held=held)
-        return min(prefix_tokens(held, block_tokens), prompt_tokens)
+        """Available cached tokens for this prompt (at most the prompt); then the prompt joins the cache."""
+        return min(prefix_tokens(self.add(hashes, block_tokens), block_tokens), prompt_tokens)
+
+    def _evict(self) -> None:
+        if self.capacity is not None:
+            while self._used > self.capacity and self._blocks:
+                _, weight = self._blocks.popitem(last=False)
+                self._used -= weight

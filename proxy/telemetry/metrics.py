@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
 from proxy.telemetry.gauges import StateCollector, StateProvider, attach_diagnosis
@@ -289,16 +288,13 @@ class Metrics:
     def attach_state(self, provider: StateProvider) -> None:
         """Register the scrape-time collector for worker and admission gauges."""
         self.registry.register(StateCollector(provider))
-        self._attach_routing_state(provider)
 
 
     # == routing decision quality (owned by the routing helper; keep additions inside this block) ==
     # Tokens are counted in the worker's units: our own estimates (predicted, available) are
     # rescaled by reported prompt tokens / estimated prompt tokens of the same request.
     def _init_routing(self, r: CollectorRegistry) -> None:
-        self._routing_state: StateProvider | None = None
-        self._fleet_cache: FleetCache | None = None
-        # policy -> children of the predicted, reported, prompt and available counters.
+        # policy -> children of the predicted, reported and prompt counters.
         self._routing_rates: dict[str, tuple[CounterChild, ...]] = {}
         self.routing_predicted_cached = FastCounter(
             "radixgate_routing_predicted_cached_tokens_total",
@@ -325,9 +321,6 @@ class Metrics:
             "Prefix match length the policy saw on the worker it chose, in (estimated) tokens.",
             ["policy"], buckets=BUCKETS["match_tokens"], registry=r)
 
-    def _attach_routing_state(self, provider: StateProvider) -> None:
-        self._routing_state = provider
-
     def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
         """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at
         scrape time: the learned estimate per model (``routing/token_estimate.py``)."""
@@ -348,25 +341,17 @@ class Metrics:
         rates = self._routing_rates.get(policy)
         if rates is None:  # created on a policy's first counted request, as the counters' children were
             rates = self._routing_rates[policy] = tuple(self.child(m, policy) for m in (
-                self.routing_predicted_cached, self.routing_reported_cached, self.routing_prompt_tokens,
-                self.routing_available_cached))
-        predicted_c, reported_c, prompt_c, available_c = rates
+                self.routing_predicted_cached, self.routing_reported_cached, self.routing_prompt_tokens))
+        predicted_c, reported_c, prompt_c = rates
         predicted_c.inc(predicted_reported)
         reported_c.inc(t.cached_tokens)
         self.child(self.routing_prediction_error, policy, "over" if error > 0 else "under").inc(abs(error))
         prompt_c.inc(t.prompt_tokens)
-        fleet = self._fleet_kv_tokens()
-        if self._fleet_cache is None:
-            self._fleet_cache = FleetCache(fleet)
-        elif fleet != self._fleet_cache.capacity:
-            self._fleet_cache.resize(fleet)
-        available = self._fleet_cache.observe(route.block_hashes, route.block_tokens, route.prompt_tokens)
-        available_c.inc(round(available * scale))
 
-    def _fleet_kv_tokens(self) -> int:
-        state = self._routing_state
-        snaps = state.worker_snapshots() if state is not None else ()
-        return sum(s.max_total_tokens or DEFAULT_CAPACITY_TOKENS for s in snaps) or DEFAULT_CAPACITY_TOKENS
+    def count_available(self, policy: str, tokens: int) -> None:
+        """One request's available hit (computed by ``diagnose/reuse.py``'s fleet-wide cache model,
+        which the diagnosis shares; this module only counts it)."""
+        self.child(self.routing_available_cached, policy).inc(tokens)
     # == end of routing block ==
 
 

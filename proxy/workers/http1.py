@@ -373,6 +373,13 @@ class Http1Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed and self._exc is None and not self._cbuf
 
+    def release(self) -> None:
+        """Done with this response: back to its pool if read to the end (the pool decides), else closed."""
+        if self.pool is not None:
+            self.pool.release(self)
+        else:
+            self.close()
+
     def close(self) -> None:
         self._stop_timer()
         self.keep_alive = False

@@ -100,10 +100,7 @@ class UpstreamPool:
     @staticmethod
     def release(resp: Http1Connection) -> None:
         """Done with a response: its connection is reused if it was read to the end, else closed."""
-        if resp.pool is not None:
-            resp.pool.release(resp)
-        else:
-            resp.close()
+        resp.release()
 
     async def get(self, url: str, path: str, timeout_s: float) -> tuple[int, str]:
         """A small GET (scrape): status and text (UTF-8, undecodable bytes replaced); aiohttp errors

@@ -154,13 +154,21 @@ async def test_lease_waits_for_a_slot_and_records_admitted() -> None:
     assert adm.core.snapshot().outstanding == {}
 
 
-async def test_lease_times_out_into_overloaded() -> None:
-    adm = shell(queue_timeout_s=0.01)
+async def test_lease_times_out_into_overloaded_when_the_clock_passes_its_deadline() -> None:
+    clock = ManualClock()
+    adm = Admission(AdmissionConfig(queue_timeout_s=5.0), clock)
+    adm.update_workers([WorkerSnapshot("a", max_running_requests=1)])
     holder = adm.lease()
     await holder.__aenter__()
     late = adm.lease()
+    waiter = asyncio.ensure_future(late.__aenter__())
+    await asyncio.sleep(0)
+    clock.advance(4.9)
+    await asyncio.sleep(0)
+    assert not waiter.done()  # no real time passes: only the clock ends the wait
+    clock.advance(0.2)
     with pytest.raises(Overloaded):
-        await late.__aenter__()
+        await waiter
     assert late.outcome is Outcome.TIMED_OUT
     assert adm.core.snapshot().queue_depth == 0
 

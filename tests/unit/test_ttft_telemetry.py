@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from proxy.diagnose.reuse import AvailableReuse
 from proxy.pipeline import CompletedRequest
 from proxy.routing.base import Decision, RouteRequest
 from proxy.routing.prefix_key import prefix_tokens
@@ -48,10 +49,12 @@ def test_match_lengths_are_observed_in_tokens() -> None:
 def test_available_hits_count_what_one_fleet_wide_cache_would_have_held() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
+    reuse = AvailableReuse(lambda: 10**6, metrics.count_available)  # as App wires it: a pipeline observer
     first = RouteRequest(model="m", block_hashes=(1, 2, 3, 4), block_tokens=16, prompt_tokens=64)
     again = RouteRequest(model="m", block_hashes=(1, 2, 3, 4, 5), block_tokens=16, prompt_tokens=80)
-    metrics.record(done(first, 0, prompt=64, cached=0))
-    metrics.record(done(again, 0, prompt=80, cached=0))  # routed badly: the worker had none of it
+    for finished in (done(first, 0, prompt=64, cached=0), done(again, 0, prompt=80, cached=0)):
+        metrics.record(finished)  # the second routed badly: the worker had none of it
+        reuse.observe(finished)
     assert value(registry, "radixgate_routing_available_cached_tokens_total", policy="ttft") == 64
     assert value(registry, "radixgate_routing_reported_cached_tokens_total", policy="ttft") == 0
 

@@ -30,6 +30,7 @@ import functools
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -61,7 +62,8 @@ from proxy.security import GrpcGuard, guard_http_app, http_authorized, load_api_
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics, attach_diagnosis
 from proxy.workers.health import HealthChecker
-from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource
+from proxy.workers.kv_fleet import KvFleet
+from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource, normalise_url
 from proxy.workers.scrape import Scraper
 from proxy.workers.upstream import UpstreamPool
 
@@ -106,9 +108,12 @@ class App:
         self.source = source if source is not None else source_for(config)
         self.upstream = UpstreamPool(config.upstream)
         self.admission = Admission(config.admission, self.clock)
+        # Each worker's KV cache events (kv_events.endpoint; off by default): snapshots carry them.
+        self.kv = KvFleet(config.kv_events, self.clock, wall_clock=time.time, per_worker={
+            normalise_url(w.url): (w.kv_events, w.kv_events_replay) for w in config.workers.static})
         self.workers = WorkerRegistry(
             health=config.health, scrape=config.scrape, clock=self.clock,
-            static_models={w.url: w.model for w in config.workers.static if w.model})
+            static_models={w.url: w.model for w in config.workers.static if w.model}, kv=self.kv)
         self.scraper = Scraper(
             interval_s=config.scrape.interval_s, timeout_s=config.scrape.timeout_s, fetch=self.upstream.get,
             publish=self.workers.report_scrape,
@@ -171,6 +176,10 @@ class App:
         w.on_leave.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
         w.on_leave.append(self.upstream.forget)
         w.on_leave.append(m.forget_worker)
+        if self.kv.enabled:
+            w.on_join.append(lambda url: self.kv.sync(w.urls()))
+            w.on_leave.append(lambda url: self.kv.sync(w.urls()))
+            m.attach_kv_events(self.kv.subscribers)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate
@@ -293,6 +302,7 @@ class App:
                 await task
         self._tasks.clear()
         await self.diagnosis.stop()
+        await self.kv.close()
         await self.upstream.close()
 
 

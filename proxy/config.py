@@ -45,6 +45,9 @@ class WorkerEntry:
     url: str
     # Optional model served; empty = learned from /v1/models.
     model: str = ""
+    # This worker's KV event endpoints, where they differ from the kv_events templates.
+    kv_events: str = ""
+    kv_events_replay: str = ""
 
 
 @dataclass(frozen=True)
@@ -483,6 +486,9 @@ def validate(cfg: Config) -> None:
     for i, w in enumerate(cfg.workers.static):
         if not w.url.startswith(("http://", "https://")):
             raise ConfigError(f"workers.static[{i}].url: must start with http:// or https://, got {w.url!r}")
+        for name in ("kv_events", "kv_events_replay"):
+            if getattr(w, name) and not getattr(w, name).startswith(("tcp://", "ipc://")):
+                raise ConfigError(f"workers.static[{i}].{name}: must start with tcp:// or ipc://")
     for i, peer in enumerate(cfg.routing.peers):
         if not peer.startswith(("http://", "https://")):
             raise ConfigError(f"routing.peers[{i}]: must start with http:// or https://, got {peer!r}")
@@ -519,7 +525,6 @@ def _validate_kv_events(k: KvEventsConfig) -> None:
         (not k.endpoint or k.endpoint.startswith(schemes), "kv_events.endpoint: must start with tcp:// or ipc://"),
         (not k.replay_endpoint or k.replay_endpoint.startswith(schemes),
          "kv_events.replay_endpoint: must start with tcp:// or ipc://"),
-        (not k.replay_endpoint or bool(k.endpoint), "kv_events.replay_endpoint: needs kv_events.endpoint"),
         (k.replay_timeout_s > 0, "kv_events.replay_timeout_s: must be > 0"),
         (k.max_payload_bytes >= 1024, "kv_events.max_payload_bytes: must be >= 1024"),
         (k.max_blocks_per_worker >= 1, "kv_events.max_blocks_per_worker: must be >= 1"),

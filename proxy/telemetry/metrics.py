@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.routing.prefix_key import prefix_tokens
@@ -35,6 +35,7 @@ __all__ = ["BUCKETS", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis
 
 if TYPE_CHECKING:
     from proxy.records import CompletedRequest
+    from proxy.workers.kv_subscriber import KvSubscriber
 
 # -- named bucket sets (seconds) ----------------------------------------------------------------
 BUCKETS: dict[str, tuple[float, ...]] = {
@@ -321,6 +322,11 @@ class Metrics:
             "Prefix match length the policy saw on the worker it chose, in (estimated) tokens.",
             ["policy"], buckets=BUCKETS["match_tokens"], registry=r)
 
+    def attach_kv_events(self, subscribers: Callable[[], Iterable[KvSubscriber]]) -> None:
+        """Register the ``radixgate_kv_events_*`` families, read from the workers' KV event
+        subscribers at scrape time (``proxy/workers/kv_subscriber.py``)."""
+        self.registry.register(_KvEventsCollector(subscribers))
+
     def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
         """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at
         scrape time: the learned estimate per model (``routing/token_estimate.py``)."""
@@ -353,6 +359,47 @@ class Metrics:
         which the diagnosis shares; this module only counts it)."""
         self.child(self.routing_available_cached, policy).inc(tokens)
     # == end of routing block ==
+
+
+KV_STATES = ("connecting", "live", "resynced", "failed")
+
+
+class _KvEventsCollector(Collector):
+    def __init__(self, subscribers: Callable[[], Iterable[KvSubscriber]]) -> None:
+        self._subscribers = subscribers
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "radixgate_kv_events_state",
+            "1 for the state of each worker's KV event stream (live / resynced: routing reads the "
+            "engine's events; connecting / failed: the approximate index).", labels=["worker", "state"])
+        blocks = GaugeMetricFamily("radixgate_kv_events_blocks", "Blocks the worker's events say it holds on GPU.",
+                                   labels=["worker"])
+        lag = GaugeMetricFamily("radixgate_kv_events_lag_seconds",
+                                "Our clock minus the engine's timestamp of its last batch, when it arrived.",
+                                labels=["worker"])
+        counters = {name: CounterMetricFamily(f"radixgate_kv_events_{name}", text, labels=["worker"]) for name, text in (
+            ("batches", "Event batches applied."),
+            ("gaps", "Lost batches detected (a sequence number skipped)."),
+            ("resyncs", "Tables cleared because lost batches could not be replayed or the engine restarted."),
+            ("errors", "Frames or batches that were not a well-formed KV event stream."),
+            ("reconnects", "Event connections re-opened after the transport dropped them."),
+        )}
+        for sub in self._subscribers():
+            for name in KV_STATES:
+                state.add_metric([sub.url, name], 1.0 if sub.state == name else 0.0)
+            blocks.add_metric([sub.url], float(len(sub.table)))
+            if sub.stats.lag_s is not None:
+                lag.add_metric([sub.url], sub.stats.lag_s)
+            for name, family in counters.items():
+                family.add_metric([sub.url], float(getattr(sub.stats, name)))
+        yield state
+        yield blocks
+        yield lag
+        yield from counters.values()
 
 
 class _BytesPerTokenCollector(Collector):

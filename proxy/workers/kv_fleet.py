@@ -10,7 +10,7 @@ approximate index (``/workers`` and ``radixgate_kv_events_state`` say which).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,17 +41,41 @@ class WorkerKv:
             return None
         return sub.table.matched_tokens(token_ids)
 
+    def status(self) -> dict[str, Any] | None:
+        """For ``/workers``: where routing's picture of this worker's cache comes from."""
+        sub = self.subscriber
+        if sub is None:
+            return None
+        s = sub.stats
+        return {"state": sub.state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
+                "blocks": len(sub.table), "block_size": sub.table.block_size, "batches": s.batches,
+                "gaps": s.gaps, "resyncs": s.resyncs, "restarts": s.restarts, "errors": s.errors,
+                "reconnects": s.reconnects, "lag_s": s.lag_s, "notes": s.notes[-3:]}
+
 
 class KvFleet:
-    def __init__(self, cfg: KvEventsConfig, clock: Clock, wall_clock: Clock | None = None) -> None:
+    def __init__(self, cfg: KvEventsConfig, clock: Clock, wall_clock: Callable[[], float] | None = None,
+                 per_worker: Mapping[str, tuple[str, str]] | None = None) -> None:
+        """``per_worker``: url -> (endpoint, replay endpoint) for workers named with their own
+        (``workers.static[].kv_events``); the others use the ``kv_events`` templates."""
         self.cfg, self.clock, self.wall_clock = cfg, clock, wall_clock
+        self.per_worker = {url: ends for url, ends in (per_worker or {}).items() if ends[0]}
         self._views: dict[str, WorkerKv] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ctx: zmq.asyncio.Context | None = None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.cfg.endpoint)
+        return bool(self.cfg.endpoint or self.per_worker)
+
+    def endpoints(self, url: str) -> tuple[str, str | None] | None:
+        if url in self.per_worker:
+            endpoint, replay = self.per_worker[url]
+            return endpoint, replay or None
+        if not self.cfg.endpoint:
+            return None
+        return (endpoint_for(self.cfg.endpoint, url),
+                endpoint_for(self.cfg.replay_endpoint, url) if self.cfg.replay_endpoint else None)
 
     def sync(self, urls: Iterable[str]) -> None:
         """Subscribe to new workers, unsubscribe from departed ones (call from the event loop)."""
@@ -62,18 +86,20 @@ class KvFleet:
             self._views.pop(url, None)
             self._tasks.pop(url).cancel()
         for url in wanted - set(self._tasks):
+            ends = self.endpoints(url)
+            if ends is None:
+                continue
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
             sub = KvSubscriber(
-                url, endpoint_for(self.cfg.endpoint, url), EngineBlocks(self.cfg.max_blocks_per_worker), self.clock,
-                replay_endpoint=endpoint_for(self.cfg.replay_endpoint, url) if self.cfg.replay_endpoint else None,
+                url, ends[0], EngineBlocks(self.cfg.max_blocks_per_worker), self.clock, replay_endpoint=ends[1],
                 topic=self.cfg.topic, limits=EventLimits(max_payload_bytes=self.cfg.max_payload_bytes),
                 replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock)
             self._views.setdefault(url, WorkerKv()).subscriber = sub
             self._tasks[url] = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events {url}")
 
     def view(self, url: str) -> WorkerKv | None:
-        if not self.enabled:
+        if self.endpoints(url) is None:
             return None
         return self._views.setdefault(url, WorkerKv())
 
@@ -81,15 +107,8 @@ class KvFleet:
         return [v.subscriber for v in self._views.values() if v.subscriber is not None]
 
     def status(self, url: str) -> dict[str, Any] | None:
-        """For ``/workers``: where routing's picture of this worker's cache comes from."""
         view = self._views.get(url)
-        if view is None or view.subscriber is None:
-            return None
-        sub, s = view.subscriber, view.subscriber.stats
-        return {"state": sub.state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
-                "blocks": len(sub.table), "block_size": sub.table.block_size, "batches": s.batches,
-                "gaps": s.gaps, "resyncs": s.resyncs, "restarts": s.restarts, "errors": s.errors,
-                "lag_s": s.lag_s, "notes": s.notes[-3:]}
+        return view.status() if view is not None else None
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())

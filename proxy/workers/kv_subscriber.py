@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -67,7 +68,7 @@ class KvSubscriber:
     def __init__(self, url: str, endpoint: str, table: EngineBlocks, clock: Clock, *,
                  replay_endpoint: str | None = None, topic: str = "", limits: EventLimits = DEFAULT_LIMITS,
                  replay_timeout_s: float = 2.0, context: zmq.asyncio.Context | None = None,
-                 wall_clock: Clock | None = None) -> None:
+                 wall_clock: Callable[[], float] | None = None) -> None:
         self.url, self.endpoint, self.replay_endpoint = url, endpoint, replay_endpoint
         self.table, self.clock, self.limits = table, clock, limits
         self.topic = topic.encode()
@@ -75,7 +76,7 @@ class KvSubscriber:
         self.state = "connecting"
         self.stats = SubscriberStats()
         self._ctx = context or zmq.asyncio.Context.instance()
-        self._wall = wall_clock  # engines stamp batches with time.time(); lag needs the same clock
+        self._wall = wall_clock  # engines stamp batches with time.time(); the lag needs that clock
         self._sub: zmq.asyncio.Socket | None = None
 
     @property
@@ -155,7 +156,7 @@ class KvSubscriber:
         s.last_seq = seq
         s.last_ts, s.last_at = batch.ts, self.clock.now()
         if self._wall is not None:
-            s.lag_s = max(0.0, self._wall.now() - batch.ts)
+            s.lag_s = max(0.0, self._wall() - batch.ts)
         if self.state in ("connecting", "failed"):
             self.state = "live"
 

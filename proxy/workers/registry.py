@@ -21,13 +21,16 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.clock import Clock
 from proxy.config import HealthConfig, ScrapeConfig
 from proxy.routing.base import WorkerSnapshot
 from proxy.workers.health import Change, HealthTracker
 from proxy.workers.scrape import EngineState, generation_change
+
+if TYPE_CHECKING:
+    from proxy.workers.kv_fleet import KvFleet
 
 log = logging.getLogger("radixgate.workers")
 
@@ -67,11 +70,13 @@ class _Worker:
 
 class WorkerRegistry:
     def __init__(self, *, health: HealthConfig, scrape: ScrapeConfig, clock: Clock,
-                 static_models: Mapping[str, str] | None = None) -> None:
+                 static_models: Mapping[str, str] | None = None, kv: KvFleet | None = None) -> None:
         self._health_cfg = health
         self._scrape_cfg = scrape
         self._clock = clock
         self._static_models = {normalise_url(u): m for u, m in (static_models or {}).items()}
+        # The workers' KV event streams, where configured: each snapshot carries its worker's view.
+        self._kv = kv
         self._workers: dict[str, _Worker] = {}
         self._published: tuple[WorkerSnapshot, ...] = ()
         # (index, in-flight) → snapshot: per-request copies are reused until the next publish.
@@ -195,6 +200,7 @@ class WorkerRegistry:
                 stale=scraping and now - seen > stale_after,
                 generation=w.generation,
                 models=(w.static_model,) if w.static_model else w.models,
+                kv=self._kv.view(w.url) if self._kv is not None else None,
             ))
         self._published = tuple(snaps)
         self._variants = {}
@@ -259,5 +265,6 @@ class WorkerRegistry:
                 "snapshot_age_s": self.snapshot_age(s.url),
                 "occupancy": s.occupancy,
                 "engine": dataclasses.asdict(w.engine) if w.engine else None,
+                "kv_events": self._kv.status(s.url) if self._kv is not None else None,
             })
         return out

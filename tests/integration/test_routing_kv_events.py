@@ -1,0 +1,62 @@
+"""Routing on the workers' KV events, end to end: two simulated workers publish their caches (as
+SGLang's --kv-events-config), the proxy follows both, and the default policy's predicted cached
+tokens then equal what the workers report, request by request, with evictions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import aiohttp
+
+from proxy.app import App
+from proxy.sim.config import SimConfig
+from proxy.sim.fleet import Fleet
+from tests.integration.conftest import FAST, Harness, admin, base
+from tests.integration.reliability import scrape, total
+
+KV = json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"})
+
+
+async def caught_up(app: App, fleet: Fleet, seconds: float = 5.0) -> None:
+    """Until every subscriber applied every batch its worker published."""
+    published = {w.url: w.worker.kv_publisher.seq for w in fleet.workers if w.worker and w.worker.kv_publisher}
+    deadline = time.monotonic() + seconds
+    for sub in app.kv.subscribers():
+        while published[sub.url] and (sub.stats.last_seq if sub.stats.last_seq is not None else -1) < published[sub.url] - 1:
+            assert time.monotonic() < deadline, (sub.url, sub.stats.last_seq, published[sub.url])
+            await asyncio.sleep(0.005)
+
+
+async def test_predicted_cached_tokens_equal_reported_ones_with_events(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=2048, enable_cache_report=True,
+                         kv_events_config=KV) for _ in range(2)]
+    fleet = await harness.fleet(configs)
+    workers = []
+    for w in fleet.workers:
+        assert w.worker is not None and w.worker.kv_publisher is not None
+        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
+                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft"})
+    rng = random.Random(3)
+    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(8)]
+    for _ in range(40):
+        await caught_up(app, fleet)
+        ids = prefixes[rng.randrange(8)] + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 80))]
+        async with client.post(base(app) + "/generate",
+                               json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as r:
+            assert r.status == 200
+    m = await scrape(client, admin(app))
+    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
+    assert reported > 0
+    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
+    assert total(m, "radixgate_routing_cache_prediction_error_tokens_total", policy="ttft") == 0
+    for url in fleet.urls:
+        assert total(m, "radixgate_kv_events_state", worker=url, state="live") == 1
+        assert total(m, "radixgate_kv_events_batches_total", worker=url) > 0
+    async with client.get(admin(app) + "/workers") as r:
+        described = (await r.json())["workers"]
+    assert {w["kv_events"]["source"] for w in described} == {"events"}

@@ -52,12 +52,7 @@ async def joined(pub: KvPublisher, sub: KvSubscriber) -> None:
 
 def subscriber(pub: KvPublisher, table: EngineBlocks, **kw: object) -> KvSubscriber:
     return KvSubscriber("http://w", pub.endpoint, table, MonotonicClock(), replay_endpoint=pub.replay_endpoint,
-                        wall_clock=WallClock(), **kw)  # type: ignore[arg-type]
-
-
-class WallClock:
-    def now(self) -> float:
-        return time.time()
+                        wall_clock=time.time, **kw)  # type: ignore[arg-type]
 
 
 async def test_blocks_stored_and_removed_on_the_engine_show_in_the_table() -> None:

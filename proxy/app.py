@@ -58,6 +58,7 @@ from proxy.pipeline import Pipeline
 from proxy.pipeline.holds import Holds
 from proxy.routing.base import WorkerSnapshot
 from proxy.routing.registry import build_policy
+from proxy.routing.tokenizer import PromptTokenizer, TokenizerUnavailable
 from proxy.security import GrpcGuard, guard_http_app, http_authorized, load_api_keys, upstream_authorization
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics, attach_diagnosis
@@ -141,7 +142,7 @@ class App:
             route_listeners=[self.peers] if self.peers.enabled else [],
             upstream_authorization=functools.partial(
                 upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys)),
-            holds=holds)
+            holds=holds, tokenizer=_tokenizer(config.routing))
         self._wire()
         self.public_app = build_public_app(config, self.pipeline, self.upstream, self.ready,
                                            authorized=http_authorized(self.api_keys))
@@ -304,6 +305,15 @@ class App:
         await self.diagnosis.stop()
         await self.kv.close()
         await self.upstream.close()
+
+
+def _tokenizer(routing: RoutingConfig) -> PromptTokenizer | None:
+    if not routing.tokenizer:
+        return None
+    try:
+        return PromptTokenizer(routing.tokenizer)
+    except TokenizerUnavailable as e:
+        raise ConfigError(str(e)) from None
 
 
 def _peer_key(routing: RoutingConfig, environ: Mapping[str, str]) -> str | None:

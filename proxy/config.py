@@ -116,6 +116,9 @@ class RoutingConfig:
     params: Mapping[str, Any] = field(default_factory=dict)
     # Characters per token when no tokenizer is available (prefix hashing estimate).
     chars_per_token: float = 4.0
+    # The model's tokenizer.json (a file or its directory), for exact token counts and KV-event
+    # matches of text prompts (proxy/routing/tokenizer.py; needs the "bpe" extra). "" = none.
+    tokenizer: str = ""
     # Cap on blocks hashed per prompt.
     max_blocks: int = 2048
     session_header: str = "x-session-id"

@@ -144,10 +144,13 @@ class Exchange:
         serving = self._serving(snaps)
         if not serving:
             raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
+        text_ids = None
+        if p.tokenizer is not None and self.req.text is not None and self.req.input_ids is None:
+            text_ids = await p.tokenizer.encode_async(self.req.text)  # in a thread: ~1.3 µs a token
         route = build_route_request(
             self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
             chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks,
-            bytes_per_token=p.token_estimate.bytes_per_token(self.req.model))
+            bytes_per_token=p.token_estimate.bytes_per_token(self.req.model), text_ids=text_ids)
         if cfg.routing.hold_max_s <= 0:  # holds are off: a policy routes it at once
             route = dataclasses.replace(route, held=True)
         self.route = route

@@ -21,6 +21,7 @@ from proxy.pipeline.transport import Transport
 from proxy.records import CompletedRequest
 from proxy.routing.base import Policy, RouteRequest
 from proxy.routing.token_estimate import TokenEstimate
+from proxy.routing.tokenizer import PromptTokenizer
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.health import Change
 from proxy.workers.registry import WorkerRegistry
@@ -115,6 +116,8 @@ class Parts:
     upstream_authorization: Callable[[str | None], str | None]
     # one finished request → metrics, the log line, observers
     record: Callable[[CompletedRequest], None]
+    # routing.tokenizer: text prompts keyed by the model's token ids (None = by bytes)
+    tokenizer: PromptTokenizer | None = None
 
     def report_sick(self, worker: str) -> None:
         if self.registry.report_request(worker, False) is Change.EJECTED:

@@ -87,6 +87,9 @@ class Decision:
     worker: str
     branch: str
     matched_blocks: int = 0
+    # The exact prefix match in tokens where the worker's own KV events gave it (else None: the
+    # match is ``matched_blocks`` of the request's blocks).
+    matched_tokens: int | None = None
     reason: str = ""
     # Branch "hold": nothing was sent. Hold the request until the prefill named by this key ends
     # (``Pipeline.prefilled``: an own request's first token, ``id`` of its RouteRequest, or a

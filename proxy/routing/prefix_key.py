@@ -225,11 +225,14 @@ def build_route_request(
     max_blocks: int,
     salt: str = "",
     bytes_per_token: float | None = None,
+    text_ids: Sequence[int] | None = None,
 ) -> RouteRequest:
     """The routing view of ``req``: canonical prompt, chained block hashes, token estimate.
 
     ``chars_per_token`` sizes the text hash unit (the prior); ``bytes_per_token`` (learned, None =
-    the prior) counts a text prompt's tokens and its unit block's tokens (rule 5).
+    the prior) counts a text prompt's tokens and its unit block's tokens (rule 5). ``text_ids``: a
+    text prompt's token ids from the model's tokenizer (``routing.tokenizer``): it is then keyed
+    and counted as those token ids, exactly as the same prompt sent as ``input_ids``.
     """
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
@@ -240,8 +243,9 @@ def build_route_request(
     max_blocks = max(0, max_blocks)
     prompt_ids: Sequence[int] = ()
     prompt_bytes = 0
-    if req.input_ids is not None:
-        ids = prompt_ids = req.input_ids
+    ids = req.input_ids if req.input_ids is not None else (text_ids if req.messages is None else None)
+    if ids is not None:
+        prompt_ids = ids
         hashes = hash_token_ids(
             ids, block_tokens=block_tokens, max_blocks=max_blocks, seed=prefix_seed(req.model, "ids", salt)
         )

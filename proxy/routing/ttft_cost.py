@@ -218,6 +218,7 @@ class Estimate(NamedTuple):
     matched_blocks: int
     features: Features
     saturated: bool
+    matched_tokens: int | None = None  # exact, from the worker's KV events
 
     @property
     def uncached(self) -> int:
@@ -319,6 +320,7 @@ class TtftCost:
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = self.index.held(worker.url, request.block_hashes)
+        tokens = None
         if worker.kv is not None and request.prompt_ids:
             # The engine's own events, where it publishes them: exact, evictions included.
             exact = worker.kv.matched_tokens(request.prompt_ids)
@@ -327,13 +329,15 @@ class TtftCost:
                 # Our own prompts sent there and still prefilling are in no event yet: past what
                 # the engine confirmed, the index's match stands until they are.
                 pending = matched > self.index.confirmed(worker.url, request.block_hashes, matched)
-                matched = max(matched, blocks) if pending else blocks
+                if not pending or blocks >= matched:
+                    matched, tokens = blocks, min(exact, request.prompt_tokens)
         unseen, queued = self.pending_prefill(worker)
-        x = Features(uncached_tokens(request, matched), unseen, queued, self.running(worker))
+        uncached = request.prompt_tokens - tokens if tokens is not None else uncached_tokens(request, matched)
+        x = Features(uncached, unseen, queued, self.running(worker))
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
-        return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker))
+        return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker), tokens)
 
     # -- Policy --------------------------------------------------------------------------------
 
@@ -380,7 +384,8 @@ class TtftCost:
             reason += (f" holder={holder.url} holder_score={holder.score * 1e3:.1f}ms "
                        f"chosen_score={chosen.score * 1e3:.1f}ms holder_f={self.model.factor(holder.url):.2f}"
                        f"{' holder_saturated' if holder.saturated else ''}")
-        return Decision(chosen.url, branch, matched_blocks=chosen.matched_blocks, reason=reason)
+        return Decision(chosen.url, branch, matched_blocks=chosen.matched_blocks, reason=reason,
+                        matched_tokens=chosen.matched_tokens)
 
     def _prefilling(self, request: RouteRequest, chosen: Estimate) -> tuple[Hashable, int] | None:
         """The key of a streamed request (ours, or a peer's) sent to the chosen worker and still

@@ -337,7 +337,9 @@ class Metrics:
         if route is None or decision is None:
             return
         policy = done.policy
-        predicted = min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens)
+        matched = decision.matched_tokens
+        predicted = min(prefix_tokens(decision.matched_blocks, route.block_tokens) if matched is None else matched,
+                        route.prompt_tokens)
         self.child(self.routing_match_tokens, policy).observe(predicted)
         if done.outcome != "ok" or t.cached_tokens is None or not t.prompt_tokens or not route.prompt_tokens:
             return

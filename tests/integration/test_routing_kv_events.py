@@ -8,15 +8,18 @@ import asyncio
 import json
 import random
 import time
+from pathlib import Path
 
 import aiohttp
 
 from proxy.app import App
+from proxy.loadgen import texts
 from proxy.sim.config import SimConfig
 from proxy.sim.fleet import Fleet
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import scrape, total
 
+TOKENIZER = Path(__file__).resolve().parents[2] / "loadtests" / "gpu" / "tokenizer"
 KV = json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:0", "replay_endpoint": "tcp://127.0.0.1:0"})
 
 
@@ -60,3 +63,34 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
     async with client.get(admin(app) + "/workers") as r:
         described = (await r.json())["workers"]
     assert {w["kv_events"]["source"] for w in described} == {"events"}
+
+
+async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # The engines and the proxy tokenize with the same BPE (characters per token differ from the
+    # proxy's prior): text prompts are then keyed by the engine's token ids and match its events.
+    configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=4096, enable_cache_report=True,
+                         kv_events_config=KV, tokenizer=str(TOKENIZER)) for _ in range(2)]
+    fleet = await harness.fleet(configs)
+    workers = []
+    for w in fleet.workers:
+        assert w.worker is not None and w.worker.kv_publisher is not None
+        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
+                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
+                                     "routing.tokenizer": str(TOKENIZER)})
+    rng = random.Random(5)
+    systems = [texts.prose(rng, 2500) for _ in range(6)]
+    prompt_tokens = []
+    for _ in range(30):
+        await caught_up(app, fleet)
+        body = {"text": rng.choice(systems) + "\n\n" + texts.prose(rng, 200), "sampling_params": {"max_new_tokens": 2}}
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            prompt_tokens.append((await r.json())["meta_info"]["prompt_tokens"])
+    m = await scrape(client, admin(app))
+    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
+    assert reported > 0
+    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
+    # Token counts are the engine's own: the prompt-token counter equals the reported tokens.
+    assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench_summary import available_ratio, print_table, summarize
-from loadtests.routing_sim import simulate
+from loadtests.routing_sim import Outcome, simulate
 from proxy.loadgen.arrivals import poisson_times
 from proxy.loadgen.workloads import WORKLOADS, RequestSpec
 from proxy.sim.config import SimConfig
@@ -47,27 +47,40 @@ RADIXGATE_POLICIES = ("ttft", "least_load", "round_robin", "consistent_hash", "c
 
 
 def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arrivals: list[float],
-            replicas: int) -> dict[str, Any]:
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
+            replicas: int, kv_events: bool = False) -> dict[str, Any]:
+    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size)
     params = json.loads(args.params).get(policy, {})
     peer_sync = args.peer_sync if replicas > 1 and args.peer_sync >= 0 else None
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
                                scrape_interval_s=args.scrape_interval, seed=args.seed, params=params,
-                               peer_sync_s=peer_sync)
+                               peer_sync_s=peer_sync, kv_events=kv_events)
     done = [o for o in outcomes if o.first is not None and o.done is not None]
     touched: dict[str, set[str]] = defaultdict(set)
     for o in outcomes:
         touched[o.group].add(o.worker)
+    events = ", KV events" if kv_events else ""
     return summarize(
-        policy if replicas == 1 else f"{policy} x{replicas} proxies" + (
-            f", peers told {peer_sync * 1e3:g} ms later" if peer_sync is not None else ", sharing nothing"),
+        policy + events if replicas == 1 else f"{policy} x{replicas} proxies" + (
+            f", peers told {peer_sync * 1e3:g} ms later" if peer_sync is not None
+            else ", sharing nothing but the KV events" if kv_events else ", sharing nothing"),
         sent=len(outcomes),
         ttft=[o.first - o.arrival for o in done if o.first is not None],
         e2e=[o.done - o.arrival for o in done if o.done is not None],
         gaps=[g for o in done for g in o.gaps],
         span=max(o.done for o in done if o.done is not None) - min(o.arrival for o in done),
         cached=sum(o.cached_tokens for o in done), prompt=sum(o.prompt_tokens for o in done),
-        per_worker=[w.requests for w in fleet], touched=touched, slo=args.slo_ttft)
+        per_worker=[w.requests for w in fleet], touched=touched, slo=args.slo_ttft,
+        predicted_exact=prediction_exact(done, args.page_size) if args.kv_events else None)
+
+
+def prediction_exact(done: list[Outcome], page: int) -> float:
+    """Share of requests whose predicted cached tokens, in the worker's units (an estimate of a
+    text prompt rescaled by reported / estimated prompt tokens), were within one page of the
+    reported ones."""
+    def close(o: Outcome) -> bool:
+        scale = o.prompt_tokens / o.est_prompt_tokens if o.est_prompt_tokens else 1.0
+        return abs(round(o.predicted * scale) - o.cached_tokens) <= max(1, page) - 1
+    return sum(close(o) for o in done) / max(1, len(done))
 
 
 async def run_http_rate(args: argparse.Namespace, specs: list[RequestSpec], arrivals: list[float]) -> list[dict[str, Any]]:
@@ -105,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --replicas, also a run where replicas share decisions (routing.peers): sim mode, "
                          "arriving this many seconds later; http mode, over real POSTs (any value >= 0); -1 = no")
     ap.add_argument("--params", default="{}", help='sim mode: policy params, e.g. {"ttft": {"work_weight": 2}}')
+    ap.add_argument("--kv-events", action="store_true",
+                    help="sim mode: also --replica-policy reading the workers' KV events (and keying text by "
+                         "the engines' token ids), behind one proxy and, with --replicas, behind replicas "
+                         "sharing nothing else; adds the prediction-exact column")
+    ap.add_argument("--page-size", type=int, default=1, help="sim mode: the workers' KV page size")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", default="llama-3.1-8b-h100", choices=sorted(PROFILES))
     ap.add_argument("--kv-tokens", type=int, default=None, help="KV pool per worker (default: the profile's)")
@@ -149,18 +167,23 @@ def run_seed(args: argparse.Namespace, rate: float, seed: int) -> tuple[list[dic
     kwargs: dict[str, Any] = {"seed": seed, "scale": args.scale, **json.loads(args.workload_args)}
     specs = WORKLOADS[args.workload](**kwargs)[: args.requests or None]
     arrivals = poisson_times(rate, len(specs), random.Random(seed))
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens)
+    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size)
     kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
     available = available_ratio(specs, kv * args.workers)
     if args.mode == "http":
         rows = asyncio.run(run_http_rate(args, specs, arrivals))
     else:
         rows = [run_sim(args, name, specs, arrivals, 1) for name in args.routers.split(",")]
+        if args.kv_events:
+            rows.append(run_sim(args, args.replica_policy, specs, arrivals, 1, kv_events=True))
         if args.replicas > 1:
             if args.peer_sync >= 0:
                 no_peers = argparse.Namespace(**{**vars(args), "peer_sync": -1.0})
                 rows.append(run_sim(no_peers, args.replica_policy, specs, arrivals, args.replicas))
             rows.append(run_sim(args, args.replica_policy, specs, arrivals, args.replicas))
+            if args.kv_events:
+                no_peers = argparse.Namespace(**{**vars(args), "peer_sync": -1.0})
+                rows.append(run_sim(no_peers, args.replica_policy, specs, arrivals, args.replicas, kv_events=True))
     title = (f"**{args.workload}** {args.workload_args if args.workload_args != '{}' else ''} "
              f"scale {args.scale:g}: {len(specs)} requests at {rate:g} req/s, {args.workers} workers "
              f"({args.profile}), {args.mode} mode, TTFT SLO {args.slo_ttft:g} s")

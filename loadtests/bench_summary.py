@@ -38,7 +38,7 @@ def available_ratio(specs: Sequence[RequestSpec], capacity_tokens: int) -> float
 
 def summarize(router: str, *, sent: int, ttft: Sequence[float], e2e: Sequence[float], gaps: Sequence[float],
               span: float, cached: int, prompt: int, per_worker: Sequence[float],
-              touched: Mapping[str, set[str]], slo: float) -> dict[str, Any]:
+              touched: Mapping[str, set[str]], slo: float, predicted_exact: float | None = None) -> dict[str, Any]:
     mean_load = statistics.fmean(per_worker) if per_worker else 0.0
     return {
         "router": router, "ok": len(ttft), "sent": sent,
@@ -50,13 +50,18 @@ def summarize(router: str, *, sent: int, ttft: Sequence[float], e2e: Sequence[fl
         "imbalance": max(per_worker) / mean_load if mean_load else float("nan"),
         "groups_on_one_worker": (sum(1 for w in touched.values() if len(w) == 1) / len(touched)) if touched else None,
         "load": os.getloadavg()[0],
+        # Share of requests whose predicted cached tokens (the policy's, on its chosen worker)
+        # were within one page of what the worker reported; None = not measured.
+        "predicted_exact": predicted_exact,
     }
 
 
 def print_table(title: str, rows: Sequence[Mapping[str, Any]], available: float, *, box_load: bool) -> None:
     print(f"\n{title}\navailable hit rate {available:.1%}; times in simulated seconds\n")
+    exact = any(r.get("predicted_exact") is not None for r in rows)
     head = ("| router | ok | TTFT p50 | TTFT p95 | TTFT p99 | ITL p95 | e2e p95 | req/s | goodput req/s | captured "
-            "| imbalance | groups on 1 worker |" + (" box load |" if box_load else ""))
+            "| imbalance | groups on 1 worker |" + (" prediction exact |" if exact else "")
+            + (" box load |" if box_load else ""))
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for r in rows:
@@ -64,5 +69,7 @@ def print_table(title: str, rows: Sequence[Mapping[str, Any]], available: float,
         line = (f"| {r['router']} | {r['ok']}/{r['sent']} | {r['ttft_p50']:.3f} | {r['ttft_p95']:.3f} "
                 f"| {r['ttft_p99']:.3f} | {r['itl_p95'] * 1e3:.1f} ms | {r['e2e_p95']:.2f} | {r['throughput']:.1f} "
                 f"| {r['goodput']:.1f} | {r['captured']:.1%} | {r['imbalance']:.2f} | {g} |")
+        if exact:
+            line += " - |" if r.get("predicted_exact") is None else f" {r['predicted_exact']:.1%} |"
         print(line + (f" {r['load']:.1f} |" if box_load else ""))
     sys.stdout.flush()

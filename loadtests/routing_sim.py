@@ -32,11 +32,14 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
+import msgpack
+
 from proxy.clock import ManualClock
 from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.prefix_key import build_route_request, uncached_tokens
+from proxy.routing.kv_index import EngineBlocks
+from proxy.routing.prefix_key import build_route_request, prefix_tokens, uncached_tokens
 from proxy.routing.registry import build_named
 from proxy.routing.token_estimate import TokenEstimate
 from proxy.sim import protocol, tokenizer
@@ -44,6 +47,7 @@ from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
 from proxy.sim.perf import SharedGpu, step_parts
 from proxy.sim.scheduler import SimRequest, Step
+from proxy.workers.kv_events import decode_batch
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -58,6 +62,10 @@ class Outcome:
     gaps: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # Cached tokens the routing replica predicted on the worker it chose, in its own token units
+    # (exact with KV events; else the estimate, for text prompts in estimated tokens).
+    predicted: int = 0
+    est_prompt_tokens: int = 0
     branch: str = ""
     held_s: float = 0.0  # held at the proxy for a prefix being prefilled (Decision.after)
 
@@ -75,6 +83,18 @@ class VirtualWorker:
         self.step: Step | None = None
         self.step_end = 0.0
         self.requests = 0
+        # With kv_events: the worker's cache as its events describe it (applied at each step end).
+        self.kv_table: EngineBlocks | None = None
+
+    def pump_events(self, now: float) -> None:
+        """The cache's events since the last pump, through the real decoder, into the table:
+        what a subscriber would hold, without the transport's delay."""
+        events = self.engine.cache.events
+        if self.kv_table is None or not events:
+            return
+        for event in decode_batch(bytes(msgpack.packb([now, events]))).events:
+            self.kv_table.apply(event)
+        events.clear()
 
     def snapshot(self) -> WorkerSnapshot:
         sched, cache = self.scheduler, self.engine.cache
@@ -104,11 +124,21 @@ def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer
 
 
 def route_of(spec: RequestSpec, *, block_tokens: int = 16, chars_per_token: float = 4.0,
-             bytes_per_token: float | None = None) -> RouteRequest:
+             bytes_per_token: float | None = None, text_ids: list[int] | None = None) -> RouteRequest:
     req = GenerateRequest(dialect=Dialect.CHAT if spec.messages is not None else Dialect.SGLANG, payload={},
                           model=MODEL, text=spec.text, messages=spec.messages, stream=True)
     return build_route_request(req, block_tokens=block_tokens, chars_per_token=chars_per_token, max_blocks=2048,
-                               bytes_per_token=bytes_per_token)
+                               bytes_per_token=bytes_per_token, text_ids=text_ids)
+
+
+class _EventsView:
+    """``WorkerSnapshot.kv`` over one worker's event table (``proxy.routing.base.KvView``)."""
+
+    def __init__(self, table: EngineBlocks) -> None:
+        self.table = table
+
+    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
+        return self.table.matched_tokens(token_ids)
 
 
 def simulate(
@@ -130,6 +160,7 @@ def simulate(
     encode: Callable[[str], list[int]] | None = None,
     block_tokens: int = 16,
     engines: list[VirtualWorker] | None = None,
+    kv_events: bool = False,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -138,12 +169,21 @@ def simulate(
     each other their decisions, arriving this many seconds later (``routing.peers``); None = they
     share nothing. ``hold_max_s``: the longest a request is held for a prefix being prefilled
     (``Decision.after``, ``routing.hold_max_s``). ``engines``: workers of an earlier run to go on
-    with (their caches as that run left them; arrival times then continue from its end)."""
+    with (their caches as that run left them; arrival times then continue from its end).
+    ``kv_events``: every replica reads each worker's KV events (``kv_events.endpoint``; one table
+    per worker stands for the identical tables of the replicas' subscribers) and keys text prompts
+    by the engines' token ids (``routing.tokenizer``)."""
     sim = sim or SimConfig()
     gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
     fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
     tokens = TokenEstimate(4.0) if encode is not None else None
     by_url = {w.url: w for w in fleet}
+    views: dict[str, _EventsView] = {}
+    if kv_events:
+        for w in fleet:
+            if w.kv_table is None:
+                w.engine.cache.events, w.kv_table = [], EngineBlocks()
+            views[w.url] = _EventsView(w.kv_table)
     policies: list[Policy] = [
         policy_name() if callable(policy_name) else build_named(policy_name, params or {}, rng=random.Random(seed + r))
         for r in range(replicas)]
@@ -177,7 +217,7 @@ def simulate(
     def dispatch(i: int, route: RouteRequest, arrival: float, now: float) -> None:
         nonlocal seq
         spec, replica = specs[i], i % replicas
-        snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u]) for u in by_url]
+        snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u], kv=views.get(u)) for u in by_url]
         decision = policies[replica].select(route, snaps)
         if decision.after is not None:
             held.setdefault(decision.after, []).append((i, route, arrival, now + hold_max_s))
@@ -191,13 +231,17 @@ def simulate(
             heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
         req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec, encode or tokenizer.encode),
                          max_new_tokens=spec.max_new_tokens)
-        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch, held_s=now - arrival)
+        predicted = (decision.matched_tokens if decision.matched_tokens is not None
+                     else min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens))
+        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch, held_s=now - arrival,
+                          predicted=predicted, est_prompt_tokens=route.prompt_tokens)
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
         in_flight[replica][worker.url] += 1
         worker.requests += 1
         worker.scheduler.submit(req, now)
         if worker.step is None and worker.start_step(now):
+            worker.pump_events(now)  # what forming the step evicted
             seq += 1
             heapq.heappush(steps, (worker.step_end, seq, worker.url))
 
@@ -226,7 +270,9 @@ def simulate(
             continue
         if t_arrival <= t_step:
             learned = tokens.bytes_per_token(MODEL) if tokens is not None else None
-            dispatch(i, route_of(specs[i], block_tokens=block_tokens, bytes_per_token=learned), t_arrival, t_arrival)
+            ids = prompt_ids(specs[i], encode or tokenizer.encode) if kv_events and specs[i].messages is None else None
+            dispatch(i, route_of(specs[i], block_tokens=block_tokens, bytes_per_token=learned, text_ids=ids),
+                     t_arrival, t_arrival)
             i += 1
             continue
         now, _, url = heapq.heappop(steps)
@@ -256,7 +302,9 @@ def simulate(
                     url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
                     outcome.first - outcome.arrival))
         worker.step = None
+        worker.pump_events(now)  # what the step stored
         if worker.start_step(now):
+            worker.pump_events(now)
             seq += 1
             heapq.heappush(steps, (worker.step_end, seq, worker.url))
     return outcomes, fleet

@@ -219,6 +219,9 @@ class Estimate(NamedTuple):
     features: Features
     saturated: bool
     matched_tokens: int | None = None  # exact, from the worker's KV events
+    # The approximate index's own match (what its bookkeeping refers to); = matched_blocks
+    # unless the worker's events gave another.
+    index_blocks: int | None = None
 
     @property
     def uncached(self) -> int:
@@ -319,7 +322,7 @@ class TtftCost:
         )
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
-        matched = self.index.held(worker.url, request.block_hashes)
+        matched = in_index = self.index.held(worker.url, request.block_hashes)
         tokens = None
         if worker.kv is not None and request.prompt_ids:
             # The engine's own events, where it publishes them: exact, evictions included.
@@ -337,7 +340,7 @@ class TtftCost:
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
-        return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker), tokens)
+        return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker), tokens, in_index)
 
     # -- Policy --------------------------------------------------------------------------------
 
@@ -394,7 +397,8 @@ class TtftCost:
         tokens (what the hold saves, see ``hold_worth``). Sent now, the engine would batch both
         prompts together and compute their shared prefix twice (SGLang's default FCFS schedule
         does not hold back a request whose prefix is being computed)."""
-        p, matched = self.params, chosen.matched_blocks
+        p = self.params
+        matched = chosen.matched_blocks if chosen.index_blocks is None else chosen.index_blocks
         if not p.hold_tokens or request.held or matched == 0:
             return None
         confirmed = self.index.confirmed(chosen.url, request.block_hashes, matched)
@@ -481,9 +485,10 @@ class TtftCost:
         self._recent[chosen.url] = (self.recent_picks(chosen.url) + 1.0, self._decisions + 1)
         self._decisions += 1
         self._last_pick[chosen.url] = self._decisions
-        confirmed = self.index.confirmed(chosen.url, request.block_hashes, chosen.matched_blocks)
+        held = chosen.matched_blocks if chosen.index_blocks is None else chosen.index_blocks
+        confirmed = self.index.confirmed(chosen.url, request.block_hashes, held)
         touches = self.index.last_touches(chosen.url, request.block_hashes[:confirmed])
-        self.index.record(chosen.url, request.block_hashes, request.block_tokens, held=chosen.matched_blocks)
+        self.index.record(chosen.url, request.block_hashes, request.block_tokens, held=held)
         key = id(request)
         for table in self._in_flight.values():
             table.pop(key, None)  # a retry of the same request routes it again

@@ -38,7 +38,7 @@ from proxy.clock import ManualClock
 from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.kv_index import EngineBlocks
+from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.routing.prefix_key import build_route_request, prefix_tokens, uncached_tokens
 from proxy.routing.registry import build_named
 from proxy.routing.token_estimate import TokenEstimate
@@ -137,8 +137,8 @@ class _EventsView:
     def __init__(self, table: EngineBlocks) -> None:
         self.table = table
 
-    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
-        return self.table.matched_tokens(token_ids)
+    def match(self, token_ids: Sequence[int]) -> Match:
+        return self.table.match(token_ids)
 
 
 def simulate(
@@ -161,6 +161,7 @@ def simulate(
     block_tokens: int = 16,
     engines: list[VirtualWorker] | None = None,
     kv_events: bool = False,
+    tokenize: bool = False,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -172,7 +173,7 @@ def simulate(
     with (their caches as that run left them; arrival times then continue from its end).
     ``kv_events``: every replica reads each worker's KV events (``kv_events.endpoint``; one table
     per worker stands for the identical tables of the replicas' subscribers) and keys text prompts
-    by the engines' token ids (``routing.tokenizer``)."""
+    by the engines' token ids (``routing.tokenizer``); ``tokenize`` alone does the latter only."""
     sim = sim or SimConfig()
     gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
     fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
@@ -270,7 +271,8 @@ def simulate(
             continue
         if t_arrival <= t_step:
             learned = tokens.bytes_per_token(MODEL) if tokens is not None else None
-            ids = prompt_ids(specs[i], encode or tokenizer.encode) if kv_events and specs[i].messages is None else None
+            by_ids = (kv_events or tokenize) and specs[i].messages is None
+            ids = prompt_ids(specs[i], encode or tokenizer.encode) if by_ids else None
             dispatch(i, route_of(specs[i], block_tokens=block_tokens, bytes_per_token=learned, text_ids=ids),
                      t_arrival, t_arrival)
             i += 1

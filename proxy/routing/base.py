@@ -13,12 +13,20 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class KvMatch(Protocol):
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def evicted(self) -> bool: ...
+
+
 class KvView(Protocol):
     """What a worker's KV cache events say it holds (``proxy.workers.kv_fleet``)."""
 
-    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
-        """Leading tokens of this token-id prompt the engine holds, or None while its event
-        stream cannot be trusted (then use the approximate index)."""
+    def match(self, token_ids: Sequence[int]) -> KvMatch | None:
+        """Leading tokens of this token-id prompt the engine holds, and whether the next block
+        was reported removed; None while its event stream cannot be trusted (then use the
+        approximate index)."""
         ...
 
 

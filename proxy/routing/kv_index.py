@@ -9,7 +9,10 @@ chained and is left out: the index then under-counts, which costs a recompute, n
 promise. ``BlockRemoved`` finds our key through the engine's hash.
 
 A request's match on the worker is its leading full blocks held there, counted as the engine
-matches (it stops at the first block it lacks): ``matched_tokens``.
+matches (it stops at the first block it lacks): ``match``. It also says whether that first missing
+block is one the engine reported removed (``evicted``): a block the events never mentioned may be
+one the engine is storing right now (its event not here yet, while the answer's first token may
+be), so only a reported removal is evidence that a prefix routing believes cached is gone.
 
 Bounded: at most ``max_blocks`` blocks per worker (an engine's pool holds fewer; a worker that
 claims more is ignored past the cap and counted in ``refused``).
@@ -21,7 +24,9 @@ block), a match is one dict lookup per matched block, an event one dict update p
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import xxhash
 
@@ -47,12 +52,24 @@ def chain_keys(token_ids: Sequence[int], block_size: int, max_blocks: int | None
     return keys
 
 
+class Match(NamedTuple):
+    tokens: int
+    # The first block past the match was removed by the engine (or its cache cleared).
+    evicted: bool
+
+
+# Keys of removed blocks remembered (what says "evicted" rather than "not stored yet").
+REMOVED_MEMORY = 1 << 16
+
+
 class EngineBlocks:
     def __init__(self, max_blocks: int = 1 << 20) -> None:
         self.max_blocks = max_blocks
         self.block_size: int | None = None
         self._key_of: dict[BlockHash, int] = {}
         self._held: dict[int, int] = {}  # our key -> how many engine blocks carry it
+        self._removed: OrderedDict[int, None] = OrderedDict()
+        self._cleared = False  # since a clear, anything absent counts as evicted
         self.orphans = 0  # stored blocks left out: their parent was never seen
         self.refused = 0  # stored blocks left out: over max_blocks
         self.clears = 0
@@ -73,6 +90,8 @@ class EngineBlocks:
     def clear(self) -> None:
         self._key_of.clear()
         self._held.clear()
+        self._removed.clear()
+        self._cleared = True
         self.clears += 1
 
     def _store(self, event: Stored) -> None:
@@ -103,6 +122,7 @@ class EngineBlocks:
                 return
             self._key_of[h] = key
             self._held[key] = self._held.get(key, 0) + 1
+            self._removed.pop(key, None)
 
     def _drop(self, h: BlockHash) -> None:
         key = self._key_of.pop(h, None)
@@ -111,8 +131,11 @@ class EngineBlocks:
         left = self._held[key] - 1
         if left:
             self._held[key] = left
-        else:
-            del self._held[key]
+            return
+        del self._held[key]
+        self._removed[key] = None
+        if len(self._removed) > REMOVED_MEMORY:
+            self._removed.popitem(last=False)
 
     def matched_blocks(self, keys: Sequence[int]) -> int:
         """Leading ``keys`` (from ``chain_keys`` at this engine's block size) held here."""
@@ -122,7 +145,13 @@ class EngineBlocks:
                 return i
         return len(keys)
 
+    def match(self, token_ids: Sequence[int]) -> Match:
+        if self.block_size is None:
+            return Match(0, self._cleared)
+        keys = chain_keys(token_ids, self.block_size)
+        n = self.matched_blocks(keys)
+        evicted = n < len(keys) and (self._cleared or keys[n] in self._removed)
+        return Match(n * self.block_size, evicted)
+
     def matched_tokens(self, token_ids: Sequence[int]) -> int:
-        if self.block_size is None or not self._held:
-            return 0
-        return self.matched_blocks(chain_keys(token_ids, self.block_size)) * self.block_size
+        return self.match(token_ids).tokens

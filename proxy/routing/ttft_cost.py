@@ -325,15 +325,14 @@ class TtftCost:
         matched = in_index = self.index.held(worker.url, request.block_hashes)
         tokens = None
         if worker.kv is not None and request.prompt_ids:
-            # The engine's own events, where it publishes them: exact, evictions included.
-            exact = worker.kv.matched_tokens(request.prompt_ids)
+            # The engine's own events, where it publishes them: they raise the match (what others
+            # sent there too) and lower it on a reported removal, never for a block they have not
+            # mentioned yet (ours, still prefilling, or stored before its event came).
+            exact = worker.kv.match(request.prompt_ids)
             if exact is not None:
-                blocks = blocks_within(exact, request.block_tokens, len(request.block_hashes))
-                # Our own prompts sent there and still prefilling are in no event yet: past what
-                # the engine confirmed, the index's match stands until they are.
-                pending = matched > self.index.confirmed(worker.url, request.block_hashes, matched)
-                if not pending or blocks >= matched:
-                    matched, tokens = blocks, min(exact, request.prompt_tokens)
+                blocks = blocks_within(exact.tokens, request.block_tokens, len(request.block_hashes))
+                if blocks >= matched or exact.evicted:
+                    matched, tokens = blocks, min(exact.tokens, request.prompt_tokens)
         unseen, queued = self.pending_prefill(worker)
         uncached = request.prompt_tokens - tokens if tokens is not None else uncached_tokens(request, matched)
         x = Features(uncached, unseen, queued, self.running(worker))

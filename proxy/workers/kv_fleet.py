@@ -18,7 +18,7 @@ import zmq.asyncio
 
 from proxy.clock import Clock
 from proxy.config import KvEventsConfig
-from proxy.routing.kv_index import EngineBlocks
+from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.workers.kv_events import EventLimits
 from proxy.workers.kv_subscriber import KvSubscriber, stop
 
@@ -35,11 +35,11 @@ class WorkerKv:
     def __init__(self) -> None:
         self.subscriber: KvSubscriber | None = None
 
-    def matched_tokens(self, token_ids: Sequence[int]) -> int | None:
+    def match(self, token_ids: Sequence[int]) -> Match | None:
         sub = self.subscriber
         if sub is None or not sub.usable:
             return None
-        return sub.table.matched_tokens(token_ids)
+        return sub.table.match(token_ids)
 
     def status(self) -> dict[str, Any] | None:
         """For ``/workers``: where routing's picture of this worker's cache comes from."""

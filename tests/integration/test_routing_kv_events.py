@@ -33,6 +33,18 @@ async def caught_up(app: App, fleet: Fleet, seconds: float = 5.0) -> None:
             await asyncio.sleep(0.005)
 
 
+async def joined(app: App, fleet: Fleet) -> None:
+    """PUB drops what it sends before a subscription lands: each worker publishes clears until
+    the proxy's subscriber has one."""
+    deadline = time.monotonic() + 10
+    while len(app.kv.subscribers()) < len(fleet.workers) or any(s.stats.batches == 0 for s in app.kv.subscribers()):
+        assert time.monotonic() < deadline, "the proxy never joined the workers' event streams"
+        for w in fleet.workers:
+            if w.worker is not None and w.worker.kv_publisher is not None:
+                await w.worker.kv_publisher.publish_events([["AllBlocksCleared"]])
+        await asyncio.sleep(0.02)
+
+
 async def test_predicted_cached_tokens_equal_reported_ones_with_events(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=2048, enable_cache_report=True,
@@ -44,6 +56,7 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
         workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
                         "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft"})
+    await joined(app, fleet)
     rng = random.Random(3)
     prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(8)]
     for _ in range(40):
@@ -79,6 +92,7 @@ async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
                         "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
                                      "routing.tokenizer": str(TOKENIZER)})
+    await joined(app, fleet)
     rng = random.Random(5)
     systems = [texts.prose(rng, 2500) for _ in range(6)]
     prompt_tokens = []

@@ -31,6 +31,18 @@ async def settled(sub: KvSubscriber, published: int, seconds: float = 5.0) -> No
         await asyncio.sleep(0.005)
 
 
+async def joined(worker_publisher: object, sub: KvSubscriber) -> None:
+    """PUB drops what it sends before the subscription lands: publish clears until one arrives."""
+    from proxy.sim.kv_publish import KvPublisher
+
+    assert isinstance(worker_publisher, KvPublisher)
+    deadline = time.monotonic() + 5
+    while sub.stats.batches == 0:
+        assert time.monotonic() < deadline, "subscriber never joined"
+        await worker_publisher.publish_events([["AllBlocksCleared"]])
+        await asyncio.sleep(0.02)
+
+
 async def test_predicted_cached_tokens_equal_what_the_worker_reports_under_eviction() -> None:
     # 8 groups x 512-token prefixes into a 2,048-token pool: most groups are evicted between uses.
     config = SimConfig(profile="zero", page_size=16, max_total_tokens=2048, enable_cache_report=True,
@@ -45,6 +57,7 @@ async def test_predicted_cached_tokens_equal_what_the_worker_reports_under_evict
         sub = KvSubscriber(fleet.urls[0], kv["endpoint"], table, MonotonicClock(), replay_endpoint=kv["replay_endpoint"])
         task = asyncio.create_task(sub.run())
         try:
+            await joined(worker.kv_publisher, sub)
             rng = random.Random(7)
             prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(8)]
             agree, evicted_seen = 0, 0
@@ -75,6 +88,7 @@ async def test_a_flush_publishes_all_blocks_cleared() -> None:
                            replay_endpoint=worker.kv_publisher.replay_endpoint)
         task = asyncio.create_task(sub.run())
         try:
+            await joined(worker.kv_publisher, sub)
             ids = list(range(1, 65))
             async with session.post(f"{fleet.urls[0]}/generate",
                                     json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as resp:

@@ -195,3 +195,15 @@ def test_request_keys_chain_like_the_stored_blocks() -> None:
     assert chain_keys(list(range(1, 9)), 4) == keys[:2]
     assert chain_keys(list(range(1, 13)), 4, max_blocks=1) == keys[:1]
     assert chain_keys([9, 10, 11, 12], 4) != keys[2:]  # a block's key names its whole prefix
+
+
+def test_a_match_says_whether_the_next_block_was_removed_or_never_reported() -> None:
+    table = EngineBlocks()
+    table.apply(Stored((1, 2), None, (1, 2, 3, 4, 5, 6, 7, 8), 4))
+    assert table.match(list(range(1, 13))) == (8, False)  # block 3 never reported: maybe being stored
+    table.apply(Removed((2,)))
+    assert table.match(list(range(1, 13))) == (4, True)  # block 2 reported gone
+    table.apply(Stored((2,), 1, (5, 6, 7, 8), 4))
+    assert table.match(list(range(1, 9))) == (8, False)
+    table.apply(Cleared())
+    assert table.match(list(range(1, 9))) == (0, True)  # after a clear, whatever is absent is gone

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import pytest
 
 from proxy.config import ConfigError
 from proxy.routing.base import Completion, FirstToken, NoWorkerAvailable, RouteRequest, WorkerSnapshot
+from proxy.routing.kv_index import Match
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.ttft_cost import PEER_PENDING_PER_WORKER, TtftCost, TtftParams
 
@@ -23,6 +25,12 @@ def prompt(tag: int, blocks: int, shared: int = 0, shared_tag: int = 999) -> Rou
     """A prompt of ``blocks`` blocks whose first ``shared`` blocks are the shared prefix ``shared_tag``."""
     hashes = tuple(shared_tag * 10**6 + i for i in range(shared)) + tuple(tag * 10**6 + i for i in range(shared, blocks))
     return RouteRequest(model="m", block_hashes=hashes, block_tokens=BT, prompt_tokens=prefix_tokens(blocks, BT))
+
+
+def ids_prompt(tag: int, blocks: int) -> RouteRequest:
+    """``prompt`` with token ids (what KV events are matched by)."""
+    r = prompt(tag, blocks)
+    return dataclasses.replace(r, prompt_ids=tuple(range(r.prompt_tokens)))
 
 
 def finish(policy: TtftCost, request: RouteRequest, worker: str, ttft: float | None = None, cached: int | None = None) -> None:
@@ -493,3 +501,29 @@ def test_a_hold_on_a_worker_learned_to_be_slow_is_worth_longer() -> None:
 def test_only_a_hold_says_what_it_is_worth() -> None:
     policy = TtftCost(TtftParams())
     assert policy.select(streamed(1, 80, shared=70), fleet()).hold_s is None
+
+
+class _Events:
+    """A worker's KV events as routing reads them (``KvView``): a fixed answer."""
+
+    def __init__(self, tokens: int, evicted: bool) -> None:
+        self.answer = Match(tokens, evicted)
+
+    def match(self, token_ids: Sequence[int]) -> Match:
+        return self.answer
+
+
+def test_events_lower_the_match_only_on_a_reported_removal() -> None:
+    policy = TtftCost(TtftParams())
+    r = ids_prompt(1, 64)
+    d = policy.select(r, fleet())
+    finish(policy, r, d.worker, ttft=0.1, cached=0)  # now confirmed in the index on d.worker
+    later = ids_prompt(1, 64)
+    held = policy.index.held(d.worker, later.block_hashes)
+    snap = WorkerSnapshot(d.worker, kv=_Events(0, evicted=False))
+    # Not reported yet (its event may still be on the way): the index's match stands.
+    assert policy.estimate(later, snap).matched_blocks == held > 0
+    gone = WorkerSnapshot(d.worker, kv=_Events(0, evicted=True))
+    assert policy.estimate(later, gone).matched_blocks == 0
+    more = WorkerSnapshot(d.worker, kv=_Events(later.prompt_tokens, evicted=False))
+    assert policy.estimate(later, more).matched_tokens == later.prompt_tokens

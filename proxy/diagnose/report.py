@@ -109,7 +109,9 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "four_numbers": {
             "cache": {"captured": _round(s.cache.captured), "available": _round(s.cache.available),
                       "reuse_ceiling": _round(s.cache.reuse_ceiling), "capacity_tokens": s.cache.capacity_tokens,
-                      "n": s.cache.reporting_requests},
+                      "n": s.cache.reporting_requests,
+                      # True: no worker reported cached tokens; these are the proxy's estimate
+                      "estimated": s.cache.estimated},
             "occupancy": {"running_over_max": _round(s.occupancy.occupancy_mean),
                           "kv_token_usage": _round(s.occupancy.token_usage_mean),
                           "queued_mean": _round(s.occupancy.queued_mean), "samples": s.occupancy.samples},
@@ -157,7 +159,8 @@ def render_text(doc: Mapping[str, Any]) -> str:
         "",
         "The four numbers",
         f"  prefix cache    captured {_pct(cache['captured'])}  available {_pct(cache['available'])}  "
-        f"(workload reuse ceiling {_pct(cache['reuse_ceiling'])}, fleet KV "
+        + ("(estimated by the proxy: workers report no cached tokens) " if cache.get("estimated") else "")
+        + f"(workload reuse ceiling {_pct(cache['reuse_ceiling'])}, fleet KV "
         f"{cache['capacity_tokens'] if cache['capacity_tokens'] is not None else 'unknown'} tokens)",
         f"  occupancy       running/max {_num(occ['running_over_max'])}  KV usage {_num(occ['kv_token_usage'])}  "
         f"queued per worker {_num(occ['queued_mean'], '.1f')}",

@@ -188,6 +188,8 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
     kv_full = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, ">=", p.saturation)
     evidence.append(kv_full)
     head = f"workers captured {c.captured:.0%} of prompt tokens from cache against {c.available:.0%} available"
+    if c.estimated:
+        head += " (estimated by the proxy: the workers report no cached tokens)"
     levers: list[Lever] = []
     if blind or not s.policies:
         cause = "routing"
@@ -393,7 +395,8 @@ def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:
     cache_ok = ev("cache.available - cache.captured",
                   None if c.available is None or c.captured is None else c.available - c.captured,
                   "<", p.capture_gap)
-    if not (over.holds and saturated.holds):
+    # Evidence first: "buy hardware" only when the cache figure is known to be as good as it gets.
+    if not (over.holds and saturated.holds and cache_ok.holds):
         return None
     summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with the fleet "
                "saturated, the cache capturing what the workload allows and no tunable stall: the runtime "
@@ -403,9 +406,10 @@ def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:
         Lever("hardware", "model_or_hardware", "more replicas, or faster GPUs / tensor parallelism"),
     )
     conf = _data_weight(s, p) * _strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
-    for unknown in (small, cache_ok):
-        if unknown.value is None:
-            conf *= 0.8  # that part of the claim rests on absence of evidence
+    if small.value is None:
+        conf *= 0.8  # that part of the claim rests on absence of evidence
+    if c.estimated:
+        conf *= 0.8  # the cache figure is the proxy's estimate
     return Finding("ceiling", AT_CEILING, "saturated", summary, conf, (over, saturated, cache_ok, small), levers)
 
 
@@ -413,7 +417,11 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
     over = ev("latency.ttft.p95_s", s.latency.ttft.p95, ">", p.slo_ttft_p95_s)
     queueing, qev = _requests_queue(s, p)
     saturated = ev("max(occupancy_mean, token_usage_mean)", _saturation(s), "<", p.saturation)
-    if not (over.holds and not queueing and (saturated.holds or saturated.value is None)):
+    # Evidence first: "no queueing" only when the engine reported its queue (an engine without
+    # metrics queues unseen: on the GPU fleet that read as a floor at 7 s TTFT p95 against 0.2 s idle).
+    if s.latency.worker_queue.p95 is None or s.occupancy.queued_mean is None or saturated.value is None:
+        return None
+    if not (over.holds and not queueing and saturated.holds):
         return None
     summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with no queueing "
                "and spare capacity: prefill of these prompts on this model and GPU is the floor")
@@ -423,6 +431,31 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
     )
     conf = 0.8 * _data_weight(s, p) * _strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
     return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf, (over, *qev, saturated), levers)
+
+
+def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
+    """What the engines do not report, and the flag that makes them: a diagnosis that cannot see
+    a cause must say so rather than call the fleet healthy or at its ceiling."""
+    evidence: list[Evidence] = []
+    levers: list[Lever] = []
+    missing: list[str] = []
+    if s.cache.estimated or s.cache.captured is None:
+        missing.append("cached tokens")
+        evidence.append(Evidence("requests with cached_tokens reported", 0.0, "==", 0.0, True,
+                                 "the cache figures are the proxy's estimate" if s.cache.estimated else "no figures"))
+        levers.append(Lever("--enable-cache-report", "sglang",
+                            "report cached_tokens on every answer (OpenAI usage included)"))
+        levers.append(Lever("--kv-events-config + kv_events.endpoint", "sglang",
+                            "publish the KV cache so radixgate routes and counts on what each engine holds"))
+    if s.occupancy.queued_mean is None or s.latency.worker_queue.p95 is None:
+        missing.append("queue and batch state")
+        evidence.append(Evidence("engine queue / occupancy samples", None, "known", None, True,
+                                 "no /metrics or /v1/loads from the workers"))
+        levers.append(Lever("--enable-metrics", "sglang", "expose queue, running batch and KV usage"))
+    if not missing:
+        return None
+    summary = "the workers do not report " + " or ".join(missing) + ": findings that need them cannot fire"
+    return Finding("missing_signals", INSUFFICIENT, "missing_signals", summary, 1.0, tuple(evidence), tuple(levers))
 
 
 def evaluate(s: Signals, p: RuleParams) -> list[Finding]:
@@ -449,13 +482,21 @@ def verdict(s: Signals, p: RuleParams) -> Verdict:
         return make(INSUFFICIENT, f"{s.window.ok} successful requests in the window; need {p.min_requests}",
                     1.0, [])
     findings = evaluate(s, p)
+    blind = rule_missing_signals(s, p)
+    extra = [blind] if blind is not None else []
     if findings and findings[0].kind == TUNE:
         causes = ", ".join(dict.fromkeys(f.cause for f in findings))
-        return make(TUNE, f"tune: {causes} — {findings[0].summary}", findings[0].confidence, findings)
+        return make(TUNE, f"tune: {causes} — {findings[0].summary}", findings[0].confidence, findings + extra)
     if findings:
-        return make(AT_CEILING, findings[0].summary, findings[0].confidence, findings)
+        return make(AT_CEILING, findings[0].summary, findings[0].confidence, findings + extra)
     if slo_met is not False:
         margin = 1.0 if ttft_p95 is None else _strength(ttft_p95, p.slo_ttft_p95_s, above=False)
+        if blind is not None:
+            return make(HEALTHY, f"healthy as far as the signals show: SLO met, no rule fired; {blind.summary}",
+                        0.6 * _data_weight(s, p) * margin, extra)
         return make(HEALTHY, "healthy: SLO met and no rule fired; nothing to change",
                     _data_weight(s, p) * margin, [])
-    return make(AT_CEILING, "SLO missed and no tunable cause is visible in the signals", 0.3, [])
+    # Evidence first: a missed SLO that no rule explains is not a hardware ceiling.
+    if blind is not None:
+        return make(INSUFFICIENT, f"SLO missed and the signals cannot say why: {blind.summary}", 0.5, extra)
+    return make(INSUFFICIENT, "SLO missed and no rule explains it from the signals the workers report", 0.3, [])

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from proxy.diagnose.reuse import available_tokens
 from proxy.diagnose.window import RequestRecord, SnapshotSample
 from proxy.routing.prefix_index import FleetCache
+from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.gpu import GpuReport
 from proxy.timing import RequestTiming
 
@@ -80,6 +81,9 @@ class CacheSignal:
     capacity_tokens: int | None = None
     reporting_requests: int = 0
     prompt_tokens: int = 0
+    # No worker reported cached tokens: captured is what the routing decisions expected to hit
+    # (exact where KV events gave it) and available is counted in the proxy's own token estimate.
+    estimated: bool = False
 
 
 def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
@@ -88,20 +92,50 @@ def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int
     return [cache.add(r.block_hashes, r.block_tokens) for r in records]
 
 
+def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
+    """Blocks each record would find in its own worker's cache: one LRU per worker, holding an
+    equal share of the fleet's KV, fed only the requests routed there."""
+    workers = {r.worker for r in records}
+    share = capacity_tokens // len(workers) if capacity_tokens is not None and workers else None
+    caches: dict[str, FleetCache] = {}
+    out = []
+    for r in records:
+        cache = caches.get(r.worker)
+        if cache is None:
+            cache = caches[r.worker] = FleetCache(share)
+        out.append(cache.add(r.block_hashes, r.block_tokens))
+    return out
+
+
 def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:
+    """Captured, available and reuse ceiling as shares of prompt tokens, over the requests whose
+    worker reported cached tokens; where none did, over every request, from the routing
+    decisions' own predictions (``estimated``)."""
     replayed = sorted((r for r in records if r.timing.dispatched is not None), key=lambda r: r.order_key)
     at_capacity = replay_matched_blocks(replayed, capacity_tokens)
     unbounded = replay_matched_blocks(replayed, None)
+    estimated = not any(r.cached_tokens is not None and r.prompt_tokens for r in replayed)
+    own = per_worker_matched_blocks(replayed, capacity_tokens) if estimated else []
     captured = available = ceiling = 0.0
     prompt_total = reporting = 0
-    for r, m_cap, m_all in zip(replayed, at_capacity, unbounded, strict=True):
-        if r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
+    for k, (r, m_cap, m_all) in enumerate(zip(replayed, at_capacity, unbounded, strict=True)):
+        if estimated:
+            if r.estimated_prompt_tokens <= 0:
+                continue
+            # What the worker it went to would have held: its own LRU of its share of the KV,
+            # fed the requests routed to it (whatever the policy predicted), at least what the
+            # decision predicted (exact where KV events gave it); in the worker's tokens.
+            prompt = r.prompt_tokens or r.estimated_prompt_tokens
+            predicted = r.predicted_cached_tokens or 0
+            cached = round(max(prefix_tokens(own[k], r.block_tokens), predicted) * prompt / r.estimated_prompt_tokens)
+        elif r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
             continue
-        prompt = r.prompt_tokens
+        else:
+            prompt, cached = r.prompt_tokens, r.cached_tokens
         units = {"block_tokens": r.block_tokens, "n_blocks": len(r.block_hashes),
                  "estimated_prompt": r.estimated_prompt_tokens, "reported_prompt": prompt,
-                 "reported_cached": r.cached_tokens}
-        captured += float(min(prompt, max(0, r.cached_tokens)))
+                 "reported_cached": cached}
+        captured += float(min(prompt, max(0, cached)))
         available += available_tokens(m_cap, **units)
         ceiling += available_tokens(m_all, **units)
         prompt_total += prompt
@@ -115,6 +149,7 @@ def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) 
         capacity_tokens=capacity_tokens,
         reporting_requests=reporting,
         prompt_tokens=prompt_total,
+        estimated=estimated,
     )
 
 

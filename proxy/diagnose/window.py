@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from proxy.clock import Clock
-from proxy.routing.base import RouteRequest, WorkerSnapshot
+from proxy.routing.base import Decision, RouteRequest, WorkerSnapshot
+from proxy.routing.prefix_key import prefix_tokens
 from proxy.timing import RequestTiming
 
 T = TypeVar("T")
@@ -48,6 +49,9 @@ class RequestRecord:
     # A text prompt: ``block_tokens`` is an estimate (a fixed byte span over the learned bytes per
     # token), not a hash block in tokens that a worker's page size could divide.
     text_prompt: bool = False
+    # What the routing decision expected the chosen worker to hold of the prompt, in the proxy's
+    # token units (exact from KV events); the captured reuse when workers report none.
+    predicted_cached_tokens: int | None = None
 
     @classmethod
     def of(
@@ -58,8 +62,14 @@ class RequestRecord:
         outcome: str = OUTCOME_OK,
         route: RouteRequest | None = None,
         policy: str = "",
+        decision: Decision | None = None,
     ) -> RequestRecord:
         """Build a record from the pipeline's objects; token counts come from ``timing``."""
+        predicted = None
+        if route is not None and decision is not None:
+            matched = decision.matched_tokens
+            predicted = min(route.prompt_tokens,
+                            prefix_tokens(decision.matched_blocks, route.block_tokens) if matched is None else matched)
         return cls(
             timing=timing,
             worker=worker,
@@ -72,6 +82,7 @@ class RequestRecord:
             estimated_prompt_tokens=route.prompt_tokens if route else 0,
             policy=policy,
             text_prompt=route is not None and route.prompt_bytes > 0,
+            predicted_cached_tokens=predicted,
         )
 
     @property

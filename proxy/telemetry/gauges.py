@@ -124,6 +124,9 @@ class _DiagnosisCollector(Collector):
 
         yield gauge("radixgate_diagnosis_window_requests", "Finished requests in the diagnosis window.",
                     [([], s.window.requests)])
+        yield gauge("radixgate_diagnosis_cache_estimated",
+                    "1 when no worker reported cached tokens and the cache ratios are the proxy's estimate.",
+                    [([], 1.0 if s.cache.estimated else 0.0)])
         yield gauge("radixgate_diagnosis_cache_hit_ratio",
                     "Prefix cache hit rate: captured (workers reported), available (one fleet-wide LRU of "
                     "the fleet's KV capacity), reuse_ceiling (unbounded cache).",

@@ -7,6 +7,7 @@ Run ``python -m tests.integration.test_diagnose_scenarios`` to print each scenar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -99,7 +100,11 @@ async def run(s: Scenario, with_admin: Callable[[str], Awaitable[None]] | None =
                 async with session.get(f"{admin}/diagnosis") as resp:
                     assert resp.status == 200
                     result: dict[str, Any] = await resp.json()
-                    return result
+                # The ground truth the engines kept, whether or not they report it.
+                live = [w.worker for w in fleet.workers if w.worker is not None]
+                result["engine_truth"] = {"prompt_tokens": sum(w.finished_prompt_tokens for w in live),
+                                          "cached_tokens": sum(w.finished_cached_tokens for w in live)}
+                return result
         finally:
             await app.stop(grace_s=1.0)
 
@@ -161,6 +166,31 @@ async def test_round_robin_on_shared_prefixes_is_diagnosed_as_routing() -> None:
     assert doc["verdict"]["levers"][0]["setting"] == "routing.policy"
     cache = doc["four_numbers"]["cache"]
     assert cache["available"] - cache["captured"] >= doc["params"]["capture_gap"]
+
+
+# The same fleet and traffic, engines reporting only token counts (no cached_tokens, no /metrics).
+BLIND_ROUND_ROBIN = Scenario("round robin on shared prefixes, engines without cache or metrics reports",
+                             "round_robin", [sim(max_total_tokens=12_000, minimal_reports=True) for _ in range(2)],
+                             shared_prefix(8, 1200), requests=120, concurrency=4, max_new_tokens=4)
+
+
+async def test_without_engine_reports_round_robin_is_still_diagnosed_as_routing() -> None:
+    doc = await run(BLIND_ROUND_ROBIN)
+    cache = doc["four_numbers"]["cache"]
+    assert cache["estimated"] is True and cache["available"] - cache["captured"] >= doc["params"]["capture_gap"]
+    assert doc["verdict"]["kind"] == "tune" and findings(doc).get("cache_routing") == "routing"
+    assert findings(doc).get("missing_signals") == "missing_signals"
+    settings = {lv["setting"] for lv in doc["verdict"]["levers"]}
+    assert {"routing.policy", "--enable-cache-report", "--enable-metrics"} <= settings
+    # The lever, pulled on the same traffic: a prefix-affinity policy captures what round robin
+    # left, by the engines' own count (which they do not report).
+    pulled = await run(dataclasses.replace(BLIND_ROUND_ROBIN, policy="ttft"))
+
+    def truth(d: dict[str, Any]) -> float:
+        return float(d["engine_truth"]["cached_tokens"] / d["engine_truth"]["prompt_tokens"])
+
+    assert truth(pulled) >= truth(doc) + doc["params"]["capture_gap"], (truth(doc), truth(pulled))
+    assert "cache_routing" not in findings(pulled)
 
 
 async def test_affinity_routing_with_ample_cache_is_not_a_routing_or_cache_problem() -> None:

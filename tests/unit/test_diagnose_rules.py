@@ -177,11 +177,12 @@ def test_slo_is_a_parameter() -> None:
     assert rules.verdict(s, RuleParams(slo_ttft_p95_s=5.0)).kind == rules.HEALTHY
 
 
-def test_slo_missed_with_no_visible_cause_is_a_low_confidence_ceiling() -> None:
+def test_slo_missed_with_no_visible_cause_is_not_called_a_ceiling() -> None:
+    # Evidence first: nothing explains the miss, so nothing says "buy hardware" either.
     s = with_(healthy_signals(), latency={"ttft": dist(1.5, 3.0)},
               occupancy={"queued_mean": 2.0, "token_usage_mean": 0.7, "occupancy_mean": 0.7})
     v = rules.verdict(s, P)
-    assert (v.kind, v.findings, v.confidence_label) == (rules.AT_CEILING, (), "low")
+    assert (v.kind, v.findings, v.confidence_label) == (rules.INSUFFICIENT, (), "low")
 
 
 def test_thresholds_override_by_name_and_unknown_names_are_refused() -> None:
@@ -204,3 +205,42 @@ def test_waiting_in_our_own_admission_queue_counts_as_queueing() -> None:
     v = rules.verdict(s, P)
     assert v.findings[0].rule == "admission"
     assert any(e.signal == "latency.admission_wait.p95_s" and e.holds for e in v.findings[0].evidence)
+
+
+# What a deployment without --enable-metrics / --enable-cache-report gives the diagnosis.
+NO_METRICS = {"occupancy": {"occupancy_mean": None, "token_usage_mean": None, "queued_mean": None},
+              "latency": {"ttft": dist(0.2, 7.0), "worker_queue": dist(None, None, 0)}}
+
+
+def test_a_slow_fleet_that_reports_no_queue_is_not_a_latency_floor() -> None:
+    # The GPU fleet's misreading: unreported queueing read as "prefill on this GPU is the floor".
+    v = rules.verdict(with_(healthy_signals(), **NO_METRICS), P)
+    assert v.kind == rules.INSUFFICIENT
+    assert [f.rule for f in v.findings] == ["missing_signals"]
+    assert "--enable-metrics" in {lv.setting for lv in v.levers}
+    assert "queue and batch state" in v.summary
+
+
+def test_the_ceiling_needs_the_cache_figure() -> None:
+    saturated = {"latency": {"ttft": dist(2.0, 3.0)}, "occupancy": {"occupancy_mean": 0.95, "token_usage_mean": 0.9},
+                 "gpu": gpu(0.05)}
+    assert rules.verdict(with_(healthy_signals(), **saturated), P).kind == rules.AT_CEILING
+    blind = with_(healthy_signals(), **saturated, cache={"captured": None, "available": None, "reporting_requests": 0})
+    v = rules.verdict(blind, P)
+    assert v.kind == rules.INSUFFICIENT and "--enable-cache-report" in {lv.setting for lv in v.levers}
+
+
+def test_healthy_without_cache_reports_says_what_it_could_not_see() -> None:
+    blind = with_(healthy_signals(), cache={"captured": None, "available": None, "reporting_requests": 0})
+    v = rules.verdict(blind, P)
+    assert v.kind == rules.HEALTHY and v.summary.startswith("healthy as far as the signals show")
+    assert [f.rule for f in v.findings] == ["missing_signals"]
+
+
+def test_estimated_reuse_still_names_routing_and_says_it_is_estimated() -> None:
+    s = with_(healthy_signals(), cache={"captured": 0.05, "available": 0.70, "estimated": True},
+              policies=("round_robin",))
+    v = rules.verdict(s, P)
+    assert v.kind == rules.TUNE and v.findings[0].cause == "routing"
+    assert "estimated by the proxy" in v.findings[0].summary
+    assert v.findings[-1].rule == "missing_signals"

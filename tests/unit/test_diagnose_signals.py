@@ -66,6 +66,25 @@ def test_available_counts_repeats_a_fleet_cache_would_serve() -> None:
     assert c.reuse_ceiling == pytest.approx(64 / 128)
 
 
+def test_without_reports_the_cache_is_estimated_from_each_workers_own_replay() -> None:
+    # Engines that report no cached tokens: one prompt twice on the same worker, then once on
+    # another (round robin's spread). Each worker's own cache serves only its own repeats.
+    recs = [record(blocks=chain(1, 4), worker=w, received=float(i), cached=None)
+            for i, w in enumerate(["http://w0", "http://w0", "http://w1"])]
+    c = cache_signal(recs, 10_000)
+    assert c.estimated and c.reporting_requests == 3
+    assert c.captured == pytest.approx(64 / 192)  # only w0's repeat
+    assert c.available == pytest.approx(128 / 192)  # one fleet-wide cache serves both repeats
+    # A decision's own prediction (exact with KV events) counts where it says more.
+    predicted = [dataclasses.replace(r, predicted_cached_tokens=64) for r in recs]
+    assert cache_signal(predicted, 10_000).captured == pytest.approx(3 * 64 / 192)
+
+
+def test_reports_from_any_worker_turn_the_estimate_off() -> None:
+    recs = [record(blocks=chain(1, 4), prompt=64, cached=0), record(blocks=chain(1, 4), prompt=64, cached=48)]
+    assert not cache_signal(recs, 10_000).estimated
+
+
 def test_available_is_floored_at_a_hit_that_happened() -> None:
     # A cache warm from before the window: the worker hit, the replay (starting cold) cannot.
     recs = [record(blocks=chain(1, 4), prompt=64, cached=48)]
@@ -86,9 +105,10 @@ def test_a_small_fleet_cache_lowers_available_below_the_ceiling() -> None:
     assert small.reuse_ceiling == pytest.approx(27 / 30)
 
 
-def test_requests_without_cache_reports_leave_captured_unknown() -> None:
+def test_requests_without_cache_reports_get_an_estimate_marked_so() -> None:
     c = cache_signal([record(blocks=chain(1, 4), cached=None)], None)
-    assert c.captured is None and c.available is None and c.reporting_requests == 0
+    assert c.estimated and c.captured == 0.0 and c.available == 0.0 and c.reporting_requests == 1
+    assert cache_signal([], None).captured is None
 
 
 def test_fleet_capacity_sums_the_latest_sample_or_is_unknown() -> None:

@@ -120,9 +120,15 @@ def test_the_verdict_is_a_total_function(s, slo) -> None:
     v = rules.verdict(s, p)
     assert v.kind in rules.VERDICT_KINDS
     assert 0.0 <= v.confidence <= 1.0
+    # Besides the verdict's own findings, one may say which signals the workers do not report.
+    own = [f for f in v.findings if f.rule != "missing_signals"]
+    assert all(f.kind == rules.INSUFFICIENT for f in v.findings if f.rule == "missing_signals")
     if v.kind == rules.TUNE:
-        assert v.levers and all(f.kind == rules.TUNE for f in v.findings)
+        assert v.levers and own and all(f.kind == rules.TUNE for f in own)
     if v.kind == rules.INSUFFICIENT:
-        assert s.window.ok < p.min_requests
+        # Too few requests, or a missed SLO that no rule explains: never a ceiling claim.
+        assert s.window.ok < p.min_requests or (v.slo_met is False and not own)
     if v.kind == rules.HEALTHY:
-        assert v.slo_met is not False and not v.findings
+        assert v.slo_met is not False and not own
+    if v.kind == rules.AT_CEILING:
+        assert own and all(f.kind == rules.AT_CEILING for f in own)

@@ -1,0 +1,94 @@
+"""The ``ttft`` policy's parameters (``routing.params`` when ``routing.policy`` is ttft), each with
+its default and, where a measurement chose it, the measurement (``ttft_cost.py`` uses them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.config import ConfigError
+from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS
+
+
+@dataclass(frozen=True)
+class TtftParams:
+    # Model prior (Llama-3.1-8B on one H100, roughly), refined online.
+    prior_base_s: float = 0.02
+    prior_prefill_tokens_per_s: float = 12_000.0
+    prior_decode_s_per_running: float = 0.0003
+    # Forgetting factor of the fleet fit (effective memory ~ 1 / (1 - f) requests).
+    forgetting: float = 0.995
+    # EWMA weight of one observation in a worker's speed factor; 0 = off (the default). On the GPU
+    # fleet (4 engines on one H200, text, minimal reports, 4.5 req/s) 0.05 starved workers: one
+    # drew a high factor early, was then avoided, and never got the traffic that would correct it
+    # (2 of 112 requests to one engine, 47 to another; 0 and 5 with work_weight 10). Off, the
+    # same trace spread 30/24/30/28 at the same p95. Turn it on only for a fleet of unequal GPUs.
+    factor_alpha: float = 0.0
+    # Weight of the prefill this request adds to the chosen worker (0 = greedy TTFT).
+    work_weight: float = 3.0
+    # Score per request already running there: the decode slowdown a TTFT fit cannot see.
+    decode_balance_s: float = 0.01
+    # Scores within max(tie_abs_s, tie_rel * best) of the best are tied.
+    tie_rel: float = 0.1
+    tie_abs_s: float = 0.005
+    # Among tied workers with equal matches (the hash is over the prompt's first ``key_blocks``
+    # blocks, so independent proxies agree on it):
+    #   "rendezvous" = the rendezvous-hash order; for a cold prompt (no worker holds more than
+    #     ``cold_blocks`` blocks of it) the first of its first ``cold_choices`` (0 = all) workers
+    #     whose count of recent cold placements is within ``cold_slack`` of the fewest among them;
+    #   "hash" = the rendezvous-hash winner, always;
+    #   "recent" = the fewest recent picks, then the least recently picked (one proxy's most even
+    #     spread, but independent proxies place a new prefix each on its own worker).
+    tie_break: str = "rendezvous"
+    key_blocks: int = 16
+    cold_blocks: int = 1
+    # 0 = every tied worker: 8 groups x 128 on 4 workers all stay whole (91% with 2 choices), unique
+    # prompts at concurrency 1 spread 1.00x the mean (1.04). 2 suits proxies that share nothing
+    # and no peers: two choices keep them agreeing on where a new group goes (150 x 5 behind 4
+    # such proxies: p95 0.35 s with 2, 0.73 with all).
+    cold_choices: int = 0
+    # 0: the least used of the choices. 1 keeps more new groups on their first choice; on
+    # shared_prefix @128 (before holds) it was no better over 32 seeds (p95 0.145 vs 0.150 s;
+    # better on 12 of the first 16 seeds, on 7 of the next 16) and split more of 8 groups.
+    cold_slack: float = 0.0
+    # For a cold prompt, scores within this many of its own prefill times of the best also tie,
+    # so the cold spread above decides among idle-ish workers whose scores differ by noise
+    # (unique prompts at concurrency 1: max/mean 1.05 instead of 1.19 with cold_slack 1).
+    cold_tie_prefills: float = 0.5
+    token_usage_limit: float = 0.95
+    # Our own in-flight requests above which a worker counts as saturated; 0 = off.
+    max_in_flight: int = 0
+    # KV tokens assumed for a worker that has not reported max_total_tokens yet.
+    default_capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
+    # Hold a request at the proxy while the prefix it would reuse on the chosen worker is still
+    # being prefilled there by an earlier streamed request (ours or a peer's), if that part is at
+    # least this many tokens (0 = never hold). 256..2048 gave the same p95 on shared_prefix.
+    hold_tokens: int = 512
+    # Bound on remembered in-flight requests per worker (protects against missed completions).
+    max_tracked_per_worker: int = 4096
+
+    def validate(self) -> None:
+        checks = {
+            "prior_base_s": self.prior_base_s >= 0,
+            "prior_prefill_tokens_per_s": self.prior_prefill_tokens_per_s > 0,
+            "prior_decode_s_per_running": self.prior_decode_s_per_running >= 0,
+            "forgetting": 0.5 <= self.forgetting <= 1,
+            "factor_alpha": 0 <= self.factor_alpha <= 1,
+            "work_weight": self.work_weight >= 0,
+            "decode_balance_s": self.decode_balance_s >= 0,
+            "tie_rel": self.tie_rel >= 0,
+            "tie_abs_s": self.tie_abs_s >= 0,
+            "token_usage_limit": 0 < self.token_usage_limit <= 1,
+            "max_in_flight": self.max_in_flight >= 0,
+            "hold_tokens": self.hold_tokens >= 0,
+            "default_capacity_tokens": self.default_capacity_tokens > 0,
+            "max_tracked_per_worker": self.max_tracked_per_worker > 0,
+            "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
+            "key_blocks": self.key_blocks >= 1,
+            "cold_blocks": self.cold_blocks >= 0,
+            "cold_slack": self.cold_slack >= 0,
+            "cold_choices": self.cold_choices >= 0,
+            "cold_tie_prefills": self.cold_tie_prefills >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"routing.params.{name}: out of range ({getattr(self, name)!r})")

@@ -218,7 +218,7 @@ class DnsDiscoveryConfig:
     # e.g. "_http._tcp.sglang.llm.svc.cluster.local" (ports then come from the records).
     name: str = ""
     srv: bool = False
-    # "host" or "host:port" of the DNS server for SRV queries; empty = first nameserver in /etc/resolv.conf.
+    # "host" or "host:port" of the DNS server for SRV queries; empty = each nameserver of /etc/resolv.conf in turn.
     nameserver: str = ""
     timeout_s: float = 2.0
 

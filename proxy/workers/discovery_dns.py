@@ -9,10 +9,11 @@ Two modes (``discovery.dns``):
   each record's target and port give one worker. Addresses come from the answer's additional
   section when the server sent them (CoreDNS does for headless Services), else from
   ``getaddrinfo(target)``. Priority and weight are ignored: every listed target is a worker, and
-  load is the router's business. The query goes over UDP (EDNS0, 4 KiB) to the configured
-  nameserver or the first one in ``/etc/resolv.conf``, with the ``search`` suffixes tried in turn
-  for a relative name, and over TCP when the answer is truncated. No dependency: the stdlib has
-  no SRV lookup, and ``dns_wire`` is a few dozen lines.
+  load is the router's business. Queries are dnspython's (``dns.asyncquery``: UDP with EDNS0 at
+  4 KiB, TCP when the answer is truncated; its message parser, hardened against malformed
+  answers) to the configured nameserver, else each nameserver of ``/etc/resolv.conf`` in turn
+  while one fails; a relative name is tried with the ``search`` suffixes in resolv.conf's order
+  (``options ndots``: a name with at least that many dots is tried as given first).
 
 Failure rule: "no such name" / "no records" is an answer (the Service has no ready pods), so the set
 becomes empty; a timeout or server failure is *not* an answer, so the last good set is kept and the
@@ -27,14 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import socket
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
+import dns.asyncquery
+import dns.exception
+import dns.message
+import dns.rcode
+import dns.rdatatype
+
 from proxy.config import DiscoveryConfig
-from proxy.workers import dns_wire
 from proxy.workers.discovery import worker_url
 
 log = logging.getLogger(__name__)
@@ -62,41 +66,53 @@ def parse_hostport(text: str, default_port: int = 53) -> tuple[str, int]:
     return text, default_port
 
 
-def parse_resolv_conf(text: str) -> tuple[list[str], list[str]]:
-    """(nameservers, search suffixes) from resolv.conf text; the last search/domain line wins."""
+def parse_resolv_conf(text: str) -> tuple[list[str], list[str], int]:
+    """(nameservers, search suffixes, ndots) from resolv.conf text; the last search/domain line wins."""
     nameservers: list[str] = []
     search: list[str] = []
+    ndots = 1
     for line in text.splitlines():
         fields = line.split("#", 1)[0].split(";", 1)[0].split()
         if len(fields) >= 2 and fields[0] == "nameserver":
             nameservers.append(fields[1])
         elif fields and fields[0] in ("search", "domain"):
             search = fields[1:]
-    return nameservers, search
+        elif fields and fields[0] == "options":
+            for option in fields[1:]:
+                if option.startswith("ndots:") and option[6:].isdigit():
+                    ndots = min(15, int(option[6:]))
+    return nameservers, search, ndots
 
 
-def candidate_names(name: str, search: Iterable[str]) -> list[str]:
-    """A name with a trailing dot is absolute; otherwise try it as given, then with each suffix."""
+def normalize_name(name: str) -> str:
+    return name.rstrip(".").lower()
+
+
+def candidate_names(name: str, search: Iterable[str], ndots: int = 1) -> list[str]:
+    """A name with a trailing dot is absolute; otherwise as given and with each suffix, the name
+    as given first when it has at least ``ndots`` dots (resolv.conf's rule), last otherwise."""
     if name.endswith("."):
-        return [dns_wire.normalize_name(name)]
-    base = dns_wire.normalize_name(name)
-    return [base, *(f"{base}.{dns_wire.normalize_name(s)}" for s in search if s.strip("."))]
+        return [normalize_name(name)]
+    base = normalize_name(name)
+    suffixed = [f"{base}.{normalize_name(s)}" for s in search if s.strip(".")]
+    return [base, *suffixed] if base.count(".") >= ndots else [*suffixed, base]
 
 
-def srv_endpoints(message: dns_wire.Message) -> list[tuple[str, int, list[str]]]:
+def srv_endpoints(message: dns.message.Message) -> list[tuple[str, int, list[str]]]:
     """(target, port, addresses from the additional section) for each usable SRV answer."""
     glue: dict[str, list[str]] = {}
-    for record in message.additionals:
-        if record.rtype in (dns_wire.TYPE_A, dns_wire.TYPE_AAAA) and isinstance(record.data, str):
-            glue.setdefault(record.name, []).append(record.data)
+    for rrset in message.additional:
+        if rrset.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
+            glue.setdefault(normalize_name(rrset.name.to_text()), []).extend(rd.address for rd in rrset)
     endpoints = []
-    for record in message.answers:
-        if record.rtype != dns_wire.TYPE_SRV or not isinstance(record.data, dns_wire.SrvData):
+    for rrset in message.answer:
+        if rrset.rdtype != dns.rdatatype.SRV:
             continue
-        target = dns_wire.normalize_name(record.data.target)
-        if not target:  # "." means "service decidedly not available here" (RFC 2782)
-            continue
-        endpoints.append((target, record.data.port, glue.get(target, [])))
+        for rd in rrset:
+            target = normalize_name(rd.target.to_text())
+            if not target:  # "." means "service decidedly not available here" (RFC 2782)
+                continue
+            endpoints.append((target, int(rd.port), glue.get(target, [])))
     return endpoints
 
 
@@ -113,40 +129,44 @@ class DnsSource:
         interval_s: float = 5.0,
         nameserver: tuple[str, int] | None = None,
         search: tuple[str, ...] = (),
+        nameservers: tuple[tuple[str, int], ...] = (),
+        ndots: int = 1,
         timeout_s: float = 2.0,
         sleep: Sleep = asyncio.sleep,
-        rng: random.Random | None = None,
     ) -> None:
         self.name = name
         self.port = port
         self.scheme = scheme
         self.srv = srv
         self.interval_s = interval_s
-        self.nameserver = nameserver
+        # Tried in turn while one fails; ``nameserver`` alone = just that one.
+        self.nameservers = (nameserver,) if nameserver is not None else nameservers
         self.search = search
+        self.ndots = ndots
         self.timeout_s = timeout_s
         self._sleep = sleep
-        self._rng = rng or random.Random()
 
     @classmethod
     def from_config(cls, cfg: DiscoveryConfig, *, resolv_conf: Path = Path("/etc/resolv.conf")) -> DnsSource:
-        nameserver: tuple[str, int] | None = None
+        servers: list[str] = []
         search: list[str] = []
+        ndots = 1
         if cfg.dns.srv:
             try:
-                servers, search = parse_resolv_conf(resolv_conf.read_text())
+                servers, search, ndots = parse_resolv_conf(resolv_conf.read_text())
             except OSError:
-                servers = []
-            configured = cfg.dns.nameserver or (servers[0] if servers else "127.0.0.1")
-            nameserver = parse_hostport(configured)
+                pass
+            if cfg.dns.nameserver:
+                servers = [cfg.dns.nameserver]
         return cls(
             cfg.dns.name,
             port=cfg.port,
             scheme=cfg.scheme,
             srv=cfg.dns.srv,
             interval_s=cfg.interval_s,
-            nameserver=nameserver,
+            nameservers=tuple(parse_hostport(ns) for ns in servers or ["127.0.0.1"]) if cfg.dns.srv else (),
             search=tuple(search),
+            ndots=ndots,
             timeout_s=cfg.dns.timeout_s,
         )
 
@@ -188,12 +208,12 @@ class DnsSource:
 
     async def _resolve_srv(self) -> frozenset[str]:
         message = None
-        for candidate in candidate_names(self.name, self.search):
-            reply = await self._query(candidate, dns_wire.TYPE_SRV)
-            if reply.rcode == dns_wire.RCODE_NXDOMAIN:
+        for candidate in candidate_names(self.name, self.search, self.ndots):
+            reply = await self._query(candidate)
+            if reply.rcode() == dns.rcode.NXDOMAIN:
                 continue
-            if reply.rcode != dns_wire.RCODE_OK:
-                raise DnsTransientError(f"SRV {candidate}: server answered rcode {reply.rcode}")
+            if reply.rcode() != dns.rcode.NOERROR:
+                raise DnsTransientError(f"SRV {candidate}: server answered rcode {reply.rcode()}")
             message = reply
             break
         if message is None:
@@ -204,64 +224,17 @@ class DnsSource:
             urls.update(worker_url(self.scheme, addr, port) for addr in addresses)
         return frozenset(urls)
 
-    async def _query(self, name: str, qtype: int) -> dns_wire.Message:
-        assert self.nameserver is not None, "SRV mode needs a nameserver"
-        qid = self._rng.getrandbits(16)
-        query = dns_wire.encode_query(qid, name, qtype)
-        try:
-            reply = await asyncio.wait_for(self._udp_exchange(query, qid), self.timeout_s)
-            if reply.truncated:
-                reply = await asyncio.wait_for(self._tcp_exchange(query, qid), self.timeout_s)
-        except (TimeoutError, OSError, dns_wire.DnsFormatError) as e:
-            raise DnsTransientError(f"SRV {name} via {self.nameserver[0]}:{self.nameserver[1]}: {e!r}") from e
-        return reply
-
-    async def _udp_exchange(self, query: bytes, qid: int) -> dns_wire.Message:
-        assert self.nameserver is not None
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[dns_wire.Message] = loop.create_future()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _ReplyProtocol(qid, answer), remote_addr=self.nameserver
-        )
-        try:
-            transport.sendto(query)
-            return await answer
-        finally:
-            transport.close()
-
-    async def _tcp_exchange(self, query: bytes, qid: int) -> dns_wire.Message:
-        assert self.nameserver is not None
-        reader, writer = await asyncio.open_connection(*self.nameserver)
-        try:
-            writer.write(struct.pack("!H", len(query)) + query)
-            await writer.drain()
-            (length,) = struct.unpack("!H", await reader.readexactly(2))
-            reply = dns_wire.decode_message(await reader.readexactly(length))
-        finally:
-            writer.close()
-            await writer.wait_closed()
-        if reply.qid != qid:
-            raise dns_wire.DnsFormatError("TCP answer has the wrong query id")
-        return reply
-
-
-class _ReplyProtocol(asyncio.DatagramProtocol):
-    """Resolve the future with the first well-formed reply carrying our id; ignore the rest."""
-
-    def __init__(self, qid: int, answer: asyncio.Future[dns_wire.Message]) -> None:
-        self._qid = qid
-        self._answer = answer
-
-    def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
-        if self._answer.done():
-            return
-        try:
-            message = dns_wire.decode_message(data)
-        except dns_wire.DnsFormatError:
-            return
-        if message.qid == self._qid:
-            self._answer.set_result(message)
-
-    def error_received(self, exc: Exception) -> None:
-        if not self._answer.done():
-            self._answer.set_exception(exc)
+    async def _query(self, name: str) -> dns.message.Message:
+        """One SRV question to the first nameserver that answers (any rcode is an answer)."""
+        if not self.nameservers:
+            raise DnsTransientError("SRV mode needs a nameserver")
+        errors = []
+        for host, port in self.nameservers:
+            query = dns.message.make_query(name, dns.rdatatype.SRV, use_edns=0, payload=4096)
+            try:
+                reply, _ = await asyncio.wait_for(
+                    dns.asyncquery.udp_with_fallback(query, host, timeout=self.timeout_s, port=port), self.timeout_s)
+                return reply
+            except (TimeoutError, OSError, dns.exception.DNSException) as e:
+                errors.append(f"{host}:{port}: {e!r}")
+        raise DnsTransientError(f"SRV {name}: no nameserver answered ({'; '.join(errors)})")

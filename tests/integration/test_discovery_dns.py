@@ -29,6 +29,7 @@ class Zone:
     servfail: bool = False
     drop: bool = False
     truncate_udp: bool = False
+    garble: bool = False  # answer with the right id and then bytes that are no DNS message
     queries: list[tuple[str, str]] = field(default_factory=list)  # (transport, name)
 
 
@@ -51,6 +52,8 @@ def answer(zone: Zone, query: bytes, transport: str) -> bytes | None:
     zone.queries.append((transport, qname))
     if zone.drop:
         return None
+    if zone.garble:
+        return struct.pack("!HHHHHH", qid, 0x8180, 1, 1, 0, 0) + question + b"\xc0\x30\x00"
     flags = 0x8180  # QR, RD, RA
     if zone.servfail:
         return struct.pack("!HHHHHH", qid, flags | 2, 1, 0, 0, 0) + question
@@ -258,6 +261,23 @@ async def test_config_selects_the_dns_source_with_its_fields() -> None:
     })
     source = build_discovery_source(cfg)
     assert isinstance(source, DnsSource)
-    assert (source.name, source.srv, source.nameserver, source.port, source.interval_s) == (
-        SRV_NAME, True, ("127.0.0.1", 5353), 31000, 2.0,
+    assert (source.name, source.srv, source.nameservers, source.port, source.interval_s) == (
+        SRV_NAME, True, (("127.0.0.1", 5353),), 31000, 2.0,
     )
+
+
+async def test_a_nameserver_that_fails_is_followed_by_the_next_one() -> None:
+    # resolv.conf lists several nameservers; the first is silent, the second answers.
+    silent, good = Zone(drop=True), fleet_zone()
+    async with dns_server(silent) as dead, dns_server(good) as live:
+        source = DnsSource(SRV_NAME, port=1, srv=True, interval_s=0, nameservers=(dead, live), timeout_s=0.3)
+        assert await source.resolve() == {"http://127.0.0.11:30001", "http://[::1]:30002"}
+    assert silent.queries and good.queries
+
+
+async def test_a_garbled_answer_is_a_transient_error() -> None:
+    zone = fleet_zone()
+    zone.garble = True
+    async with dns_server(zone) as ns:
+        with pytest.raises(DnsTransientError):
+            await DnsSource(SRV_NAME, port=1, srv=True, interval_s=0, nameserver=ns, timeout_s=0.3).resolve()

@@ -3,13 +3,14 @@ event classification, and the discovery config checks."""
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
+import dns.message
+import dns.rdatatype
+import dns.rrset
 import pytest
 
 from proxy.config import ConfigError, load
-from proxy.workers import dns_wire
 from proxy.workers.discovery import build_discovery_source, worker_url
 from proxy.workers.discovery_dns import candidate_names, parse_hostport, parse_resolv_conf, srv_endpoints
 from proxy.workers.k8s_objects import ObjectSet, classify_event, endpointslice_urls, pod_urls
@@ -17,62 +18,32 @@ from proxy.workers.k8s_objects import ObjectSet, classify_event, endpointslice_u
 # -- DNS --------------------------------------------------------------------------------------------
 
 
-def response(answers: bytes, n_answers: int, *, additionals: bytes = b"", n_add: int = 0, flags: int = 0x8180,
-             qid: int = 7) -> bytes:
-    question = dns_wire.encode_name("_http._tcp.svc.test") + struct.pack("!HH", dns_wire.TYPE_SRV, 1)
-    return struct.pack("!HHHHHH", qid, flags, 1, n_answers, 0, n_add) + question + answers + additionals
+def srv_reply(*records: tuple[int, str], glue: dict[str, str] | None = None) -> dns.message.Message:
+    """An SRV answer as a server sends it: (port, target) records, and A glue for some targets."""
+    query = dns.message.make_query("_http._tcp.svc.test", dns.rdatatype.SRV)
+    reply = dns.message.make_response(query)
+    for port, target in records:
+        reply.answer.append(dns.rrset.from_text("_http._tcp.svc.test.", 30, "IN", "SRV", f"0 10 {port} {target}"))
+    for name, address in (glue or {}).items():
+        reply.additional.append(dns.rrset.from_text(name, 30, "IN", "A", address))
+    # Through the wire and back, with name compression, as the resolver receives it.
+    return dns.message.from_wire(reply.to_wire())
 
 
-def srv_rr(port: int, target: bytes) -> bytes:
-    rdata = struct.pack("!HHH", 0, 10, port) + target
-    return b"\xc0\x0c" + struct.pack("!HHIH", dns_wire.TYPE_SRV, 1, 30, len(rdata)) + rdata
-
-
-def test_a_query_asks_one_question_with_recursion_and_an_edns_payload_size() -> None:
-    q = dns_wire.encode_query(0x1234, "_http._tcp.Sglang.test.", dns_wire.TYPE_SRV)
-    qid, flags, qd, an, ns, ar = struct.unpack_from("!HHHHHH", q)
-    assert (qid, flags & 0x0100, qd, an, ns, ar) == (0x1234, 0x0100, 1, 0, 0, 1)
-    assert q[12:].startswith(b"\x05_http\x04_tcp\x06sglang\x04test\x00")
-    assert struct.unpack("!H", q[-8:-6])[0] == 4096  # OPT "class" = UDP payload size
-
-
-def test_srv_answers_decode_with_compressed_names_and_glue_addresses() -> None:
-    target = b"\x08sglang-0" + b"\xc0\x17"  # "sglang-0" + pointer to "svc.test" inside the question
-    glue = target + struct.pack("!HHIH", dns_wire.TYPE_A, 1, 30, 4) + bytes([10, 0, 0, 7])
-    message = dns_wire.decode_message(response(srv_rr(30000, target), 1, additionals=glue, n_add=1))
-    (srv,) = message.answers
-    assert srv.name == "_http._tcp.svc.test"
-    assert srv.data == dns_wire.SrvData(0, 10, 30000, "sglang-0.svc.test")
-    assert srv_endpoints(message) == [("sglang-0.svc.test", 30000, ["10.0.0.7"])]
+def test_srv_answers_give_targets_ports_and_glue_addresses() -> None:
+    message = srv_reply((30000, "sglang-0.svc.test."), (30001, "Sglang-1.svc.test."),
+                        glue={"sglang-0.svc.test.": "10.0.0.7"})
+    assert srv_endpoints(message) == [("sglang-0.svc.test", 30000, ["10.0.0.7"]), ("sglang-1.svc.test", 30001, [])]
 
 
 def test_an_srv_target_of_dot_means_no_service_and_yields_no_endpoint() -> None:
-    message = dns_wire.decode_message(response(srv_rr(30000, b"\x00"), 1))
-    assert srv_endpoints(message) == []
-
-
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"\x00" * 5, "shorter than a DNS header"),
-    (struct.pack("!HHHHHH", 1, 0x0100, 0, 0, 0, 0), "not a response"),
-    (response(b"\xc0\x30", 1), "does not point backwards"),  # a pointer forward, past itself
-    (response(srv_rr(1, b"\x05ab"), 1), "past the end"),
-])
-def test_malformed_messages_are_rejected_not_misread(data: bytes, reason: str) -> None:
-    with pytest.raises(dns_wire.DnsFormatError, match=reason):
-        dns_wire.decode_message(data)
-
-
-def test_a_self_referencing_pointer_cannot_loop() -> None:
-    answer_offset = len(response(b"", 0))
-    looping = response(bytes([0xC0, answer_offset]), 1)  # the answer's name points at itself
-    with pytest.raises(dns_wire.DnsFormatError, match="does not point backwards"):
-        dns_wire.decode_message(looping)
+    assert srv_endpoints(srv_reply((30000, "."))) == []
 
 
 def test_resolv_conf_gives_nameservers_and_the_last_search_line() -> None:
     text = "# generated\nnameserver 10.96.0.10\nsearch a.svc.cluster.local svc.cluster.local\n" \
            "nameserver 10.96.0.11 ; second\noptions ndots:5\nsearch llm.svc.cluster.local svc.cluster.local\n"
-    assert parse_resolv_conf(text) == (["10.96.0.10", "10.96.0.11"], ["llm.svc.cluster.local", "svc.cluster.local"])
+    assert parse_resolv_conf(text) == (["10.96.0.10", "10.96.0.11"], ["llm.svc.cluster.local", "svc.cluster.local"], 5)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -86,6 +57,9 @@ def test_nameserver_addresses_parse_with_an_optional_port(text: str, expected: t
 def test_relative_names_try_each_search_suffix_and_absolute_names_only_themselves() -> None:
     assert candidate_names("_http._tcp.sglang", ["llm.svc.cluster.local"]) == [
         "_http._tcp.sglang", "_http._tcp.sglang.llm.svc.cluster.local"]
+    # Kubernetes' ndots:5: a name with fewer dots is tried with the suffixes first.
+    assert candidate_names("_http._tcp.sglang", ["llm.svc.cluster.local"], ndots=5) == [
+        "_http._tcp.sglang.llm.svc.cluster.local", "_http._tcp.sglang"]
     assert candidate_names("_http._tcp.sglang.llm.svc.cluster.local.", ["x"]) == [
         "_http._tcp.sglang.llm.svc.cluster.local"]
 

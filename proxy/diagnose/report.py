@@ -111,7 +111,10 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
                       "reuse_ceiling": _round(s.cache.reuse_ceiling), "capacity_tokens": s.cache.capacity_tokens,
                       "n": s.cache.reporting_requests,
                       # True: no worker reported cached tokens; these are the proxy's estimate
-                      "estimated": s.cache.estimated},
+                      "estimated": s.cache.estimated,
+                      # other policies replayed on the window's traffic (diagnose/shadow.py)
+                      "shadow": [{"policy": r.policy, "captured": _round(r.captured), "imbalance": _round(r.imbalance),
+                                  "requests": r.requests} for r in s.shadow]},
             "occupancy": {"running_over_max": _round(s.occupancy.occupancy_mean),
                           "kv_token_usage": _round(s.occupancy.token_usage_mean),
                           "queued_mean": _round(s.occupancy.queued_mean), "samples": s.occupancy.samples},
@@ -162,6 +165,9 @@ def render_text(doc: Mapping[str, Any]) -> str:
         + ("(estimated by the proxy: workers report no cached tokens) " if cache.get("estimated") else "")
         + f"(workload reuse ceiling {_pct(cache['reuse_ceiling'])}, fleet KV "
         f"{cache['capacity_tokens'] if cache['capacity_tokens'] is not None else 'unknown'} tokens)",
+        *([("  shadow replay   " + "  ".join(f"{r['policy']} {_pct(r['captured'])}" for r in cache["shadow"])
+            + f"  (predicted capture of the same {cache['shadow'][0]['requests']} requests)")]
+          if cache.get("shadow") else []),
         f"  occupancy       running/max {_num(occ['running_over_max'])}  KV usage {_num(occ['kv_token_usage'])}  "
         f"queued per worker {_num(occ['queued_mean'], '.1f')}",
         f"  prefill/decode  TTFT p50 {_secs(pd['ttft']['p50'])}  p95 {_secs(pd['ttft']['p95'])}  "

@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
+from proxy.diagnose.shadow import ShadowResult
 from proxy.diagnose.signals import Signals, ratio
 
 TUNE, AT_CEILING, HEALTHY, INSUFFICIENT = "tune", "at_ceiling", "healthy", "insufficient_data"
@@ -217,8 +218,25 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
                             f"of the worker page size ({', '.join(map(str, mismatched))})"))
         evidence.append(Evidence("worker page_size", float(mismatched[0]), "does not divide",
                                  float(s.block_tokens[0]), True, "hash block tokens"))
+    best = _best_shadow(s)
+    if best is not None and cause == "routing":
+        current = max((r.captured for r in s.shadow if r.policy in s.policies), default=None)
+        # Replayed on this window's traffic (shadow.py): the alternative to switch to, and by how much.
+        summary += (f"; replayed on this traffic, {best.policy} would capture {best.captured:.0%}"
+                    + (f" against {current:.0%} for {', '.join(s.policies)}" if current is not None else ""))
+        evidence.append(ev(f"shadow[{best.policy}].captured", best.captured, ">", current))
+        levers.insert(0, Lever("routing.policy", "radixgate",
+                               f"{best.policy}: it captured {best.captured:.0%} in the shadow replay of this window"))
     conf = _data_weight(s, p) * _strength(c.captured / c.available, p.capture_ratio, above=False)
     return Finding("cache_routing", TUNE, cause, summary, conf, tuple(evidence), tuple(levers))
+
+
+def _best_shadow(s: Signals) -> ShadowResult | None:
+    """The shadow policy that captured most, if it is not the one in use."""
+    if not s.shadow:
+        return None
+    best = max(s.shadow, key=lambda r: r.captured)
+    return None if best.policy in s.policies else best
 
 
 def rule_cache_capacity(s: Signals, p: RuleParams) -> Finding | None:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.diagnose.reuse import available_tokens
+from proxy.diagnose.shadow import ShadowResult, shadow
 from proxy.diagnose.window import RequestRecord, SnapshotSample
 from proxy.routing.prefix_index import FleetCache
 from proxy.routing.prefix_key import prefix_tokens
@@ -346,6 +347,8 @@ class Signals:
     block_tokens: tuple[int, ...] = ()
     page_sizes: tuple[int, ...] = ()
     policies: tuple[str, ...] = ()
+    # The other policies on the same traffic, replayed (``shadow.py``).
+    shadow: tuple[ShadowResult, ...] = ()
 
 
 def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSample]) -> WindowInfo:
@@ -363,6 +366,7 @@ def compute_signals(
     gpu: GpuReport | None = None,
     *,
     capacity_tokens: int | None = None,
+    with_shadow: bool = True,
 ) -> Signals:
     """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
@@ -377,4 +381,5 @@ def compute_signals(
         block_tokens=tuple(sorted({r.block_tokens for r in records if r.block_hashes and not r.text_prompt})),
         page_sizes=tuple(sorted({w.page_size for w in occupancy.workers})),
         policies=tuple(sorted({r.policy for r in records if r.policy})),
+        shadow=shadow(records, [w.url for w in samples[-1].workers] if samples else [], capacity) if with_shadow else (),
     )

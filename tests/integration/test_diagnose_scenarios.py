@@ -166,6 +166,10 @@ async def test_round_robin_on_shared_prefixes_is_diagnosed_as_routing() -> None:
     assert doc["verdict"]["levers"][0]["setting"] == "routing.policy"
     cache = doc["four_numbers"]["cache"]
     assert cache["available"] - cache["captured"] >= doc["params"]["capture_gap"]
+    # The shadow replay names the alternative: ttft on the same traffic captures what round robin left.
+    shadow = {r["policy"]: r["captured"] for r in cache["shadow"]}
+    assert shadow["ttft"] >= shadow["round_robin"] + doc["params"]["capture_gap"]
+    assert "ttft" in doc["verdict"]["levers"][0]["change"]
 
 
 # The same fleet and traffic, engines reporting only token counts (no cached_tokens, no /metrics).

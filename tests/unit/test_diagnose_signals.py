@@ -194,3 +194,18 @@ def test_the_itl_floor_and_the_big_prefills_come_from_the_window() -> None:
     assert lat.itl_floor == pytest.approx(0.01)
     assert lat.itl.p95 == pytest.approx(0.2)
     assert lat.uncached_tokens_p95 == 4096
+
+
+def test_the_shadow_replay_shows_what_a_prefix_policy_would_capture_on_round_robins_traffic() -> None:
+    from proxy.diagnose.shadow import shadow
+
+    # 3 prompt groups (128 tokens each) on 2 workers whose KV share (300 tokens) holds two: round
+    # robin's rotation sends every group to both and each cache thrashes; affinity keeps them.
+    recs = [record(blocks=chain(i % 3, 8), worker=f"http://w{i % 2}", received=float(i), cached=0)
+            for i in range(40)]
+    results = {r.policy: r for r in shadow(recs, ["http://w0", "http://w1"], 600)}
+    assert set(results) == {"ttft", "least_load", "round_robin"}
+    assert results["ttft"].captured > results["round_robin"].captured + 0.1
+    assert results["round_robin"].imbalance == pytest.approx(1.0)
+    assert all(r.requests == 40 for r in results.values())
+    assert shadow([], ["http://w0"], None) == ()

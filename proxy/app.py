@@ -111,7 +111,8 @@ class App:
         self.admission = Admission(config.admission, self.clock)
         # Each worker's KV cache events (kv_events.endpoint; off by default): snapshots carry them.
         self.kv = KvFleet(config.kv_events, self.clock, wall_clock=time.time, per_worker={
-            normalise_url(w.url): (w.kv_events, w.kv_events_replay) for w in config.workers.static})
+            normalise_url(w.url): (w.kv_events, w.kv_events_replay) for w in config.workers.static},
+            reported=lambda url: (e.kv_events_config if (e := self.workers.engine(url)) is not None else None))
         self.workers = WorkerRegistry(
             health=config.health, scrape=config.scrape, clock=self.clock,
             static_models={w.url: w.model for w in config.workers.static if w.model}, kv=self.kv)
@@ -180,6 +181,8 @@ class App:
         if self.kv.enabled:
             w.on_join.append(lambda url: self.kv.sync(w.urls()))
             w.on_leave.append(lambda url: self.kv.sync(w.urls()))
+            # With endpoint "auto" a worker's endpoints come with its first /get_server_info.
+            w.on_publish.append(lambda snaps: self.kv.sync(w.urls()))
             m.attach_kv_events(self.kv.subscribers)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self.workers, self.admission))

@@ -276,7 +276,8 @@ def _validate_discovery(cfg: Config) -> None:
 def _validate_kv_events(k: KvEventsConfig) -> None:
     schemes = ("tcp://", "ipc://")
     checks: list[tuple[bool, str]] = [
-        (not k.endpoint or k.endpoint.startswith(schemes), "kv_events.endpoint: must start with tcp:// or ipc://"),
+        (not k.endpoint or k.endpoint == "auto" or k.endpoint.startswith(schemes),
+         "kv_events.endpoint: must start with tcp:// or ipc://, or be auto"),
         (not k.replay_endpoint or k.replay_endpoint.startswith(schemes),
          "kv_events.replay_endpoint: must start with tcp:// or ipc://"),
         (k.replay_timeout_s > 0, "kv_events.replay_timeout_s: must be > 0"),

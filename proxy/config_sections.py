@@ -276,7 +276,8 @@ class KvEventsConfig:
     # Each worker's KV cache event stream (SGLang and vLLM ``--kv-events-config
     # '{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'``), so
     # routing knows what every engine holds instead of guessing (proxy/workers/kv_subscriber.py).
-    # "" = off. "{host}" is the worker URL's host: "tcp://{host}:5557".
+    # "" = off. "{host}" is the worker URL's host: "tcp://{host}:5557". "auto" = each worker's own
+    # --kv-events-config as its /get_server_info reports it ("*" read as the worker's host).
     endpoint: str = ""
     # Its replay socket, which fills gaps and a late join; "" = none (a gap then clears the table).
     replay_endpoint: str = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -113,8 +114,10 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
                              "time_scale": worker.config.time_scale, "gpu": eng.profile.gpu.name,
                              "simulated_busy_seconds": eng.busy_seconds, "lag_seconds": eng.lag_seconds}
         if worker.kv_publisher is not None:  # where its KV events are (ports picked at start)
-            info["simworker"]["kv_events"] = {"endpoint": worker.kv_publisher.endpoint,
-                                              "replay_endpoint": worker.kv_publisher.replay_endpoint}
+            kv = {"endpoint": worker.kv_publisher.endpoint, "replay_endpoint": worker.kv_publisher.replay_endpoint}
+            info["simworker"]["kv_events"] = kv
+            # As SGLang lists its server args: the config, here with the ports really bound.
+            info["kv_events_config"] = json.dumps({"publisher": "zmq", **kv, "topic": worker.kv_publisher.settings.topic})
         return web.json_response(info)
 
     async def model_info(request: web.Request) -> web.Response:

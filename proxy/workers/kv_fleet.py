@@ -10,6 +10,7 @@ approximate index (``/workers`` and ``radixgate_kv_events_state`` say which).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +22,9 @@ from proxy.config import KvEventsConfig
 from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.workers.kv_events import EventLimits
 from proxy.workers.kv_subscriber import KvSubscriber, stop
+
+# kv_events.endpoint: follow each worker's own --kv-events-config (/get_server_info).
+AUTO = "auto"
 
 
 def endpoint_for(template: str, worker_url: str) -> str:
@@ -55,11 +59,15 @@ class WorkerKv:
 
 class KvFleet:
     def __init__(self, cfg: KvEventsConfig, clock: Clock, wall_clock: Callable[[], float] | None = None,
-                 per_worker: Mapping[str, tuple[str, str]] | None = None) -> None:
+                 per_worker: Mapping[str, tuple[str, str]] | None = None,
+                 reported: Callable[[str], str | None] | None = None) -> None:
         """``per_worker``: url -> (endpoint, replay endpoint) for workers named with their own
-        (``workers.static[].kv_events``); the others use the ``kv_events`` templates."""
+        (``workers.static[].kv_events``); the others use the ``kv_events`` templates, or with
+        ``kv_events.endpoint: auto`` what ``reported(url)`` gives: the worker's own
+        ``--kv-events-config`` from its ``/get_server_info``."""
         self.cfg, self.clock, self.wall_clock = cfg, clock, wall_clock
         self.per_worker = {url: ends for url, ends in (per_worker or {}).items() if ends[0]}
+        self.reported = reported
         self._views: dict[str, WorkerKv] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ctx: zmq.asyncio.Context | None = None
@@ -74,8 +82,30 @@ class KvFleet:
             return endpoint, replay or None
         if not self.cfg.endpoint:
             return None
+        if self.cfg.endpoint == AUTO:
+            return self._from_worker(url)
         return (endpoint_for(self.cfg.endpoint, url),
                 endpoint_for(self.cfg.replay_endpoint, url) if self.cfg.replay_endpoint else None)
+
+    def _from_worker(self, url: str) -> tuple[str, str | None] | None:
+        """The worker's own ``--kv-events-config`` (it binds ``tcp://*:PORT``; we connect to its host)."""
+        raw = self.reported(url) if self.reported is not None else None
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or doc.get("publisher", "zmq") != "zmq":
+            return None
+        endpoint, replay = doc.get("endpoint"), doc.get("replay_endpoint")
+        if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://")):
+            return None
+        host = urlsplit(url).hostname or "127.0.0.1"
+
+        def here(e: str) -> str:
+            return e.replace("*", f"[{host}]" if ":" in host else host)
+        return here(endpoint), here(replay) if isinstance(replay, str) and replay.startswith("tcp://") else None
 
     def sync(self, urls: Iterable[str]) -> None:
         """Subscribe to new workers, unsubscribe from departed ones (call from the event loop)."""

@@ -248,6 +248,11 @@ class WorkerRegistry:
             return None
         return self._clock.now() - w.scraped_at
 
+    def engine(self, url: str) -> EngineState | None:
+        """What the last scrapes of ``url`` reported (None: unknown worker or nothing yet)."""
+        w = self._workers.get(url)
+        return w.engine if w is not None else None
+
     def describe(self) -> list[dict[str, Any]]:
         """``/workers``: each worker's health, scraped engine state and in-flight count."""
         out = []

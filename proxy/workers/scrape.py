@@ -83,6 +83,8 @@ class EngineState:
     startup_time: float | None = None
     prompt_tokens_total: float | None = None
     model: str | None = None
+    # The worker's --kv-events-config (SGLang reports its server args in /get_server_info).
+    kv_events_config: str | None = None
 
     def merged(self, other: EngineState) -> EngineState:
         """``self`` with every field ``other`` reports (not None) taken from ``other``."""
@@ -219,7 +221,9 @@ def parse_server_info(doc: Any) -> EngineState:
     page = _num(doc, "page_size")
     startup = _num(doc, "startup_time") or _num(sched, "startup_time")
     model = doc.get("served_model_name") or doc.get("model_path")
+    kv = doc.get("kv_events_config")
     return EngineState(
+        kv_events_config=kv[:4096] if isinstance(kv, str) and kv else None,
         max_running_requests=int(_typed("max_running_requests", max_running)) if max_running else None,
         max_total_tokens=int(_typed("max_total_tokens", max_total)) if max_total else None,
         page_size=int(_typed("page_size", page)) if page else None,

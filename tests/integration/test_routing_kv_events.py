@@ -108,3 +108,27 @@ async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
     assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
     # Token counts are the engine's own: the prompt-token counter equals the reported tokens.
     assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
+
+
+async def test_auto_follows_each_workers_own_kv_events_config(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # No endpoint configured per worker: each worker's /get_server_info says where its events are.
+    configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=2048, enable_cache_report=True,
+                         kv_events_config=KV) for _ in range(2)]
+    fleet = await harness.fleet(configs)
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "kv_events.endpoint": "auto"})
+    await joined(app, fleet)
+    endpoints = {s.url: s.endpoint for s in app.kv.subscribers()}
+    assert endpoints == {w.url: w.worker.kv_publisher.endpoint for w in fleet.workers
+                         if w.worker is not None and w.worker.kv_publisher is not None}
+    rng = random.Random(4)
+    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(4)]
+    for _ in range(20):
+        await caught_up(app, fleet)
+        ids = prefixes[rng.randrange(4)] + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 80))]
+        async with client.post(base(app) + "/generate",
+                               json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as r:
+            assert r.status == 200
+    m = await scrape(client, admin(app))
+    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
+    assert reported > 0 and total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported

@@ -207,3 +207,20 @@ def test_a_match_says_whether_the_next_block_was_removed_or_never_reported() -> 
     assert table.match(list(range(1, 9))) == (8, False)
     table.apply(Cleared())
     assert table.match(list(range(1, 9))) == (0, True)  # after a clear, whatever is absent is gone
+
+
+def test_auto_endpoints_come_from_the_workers_own_config_with_star_read_as_its_host() -> None:
+    from proxy.clock import MonotonicClock
+    from proxy.config import KvEventsConfig
+    from proxy.workers.kv_fleet import KvFleet
+
+    configs = {"http://10.0.0.7:30000": '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}',
+               "http://[fd00::2]:30000": '{"endpoint": "tcp://*:5557"}',
+               "http://10.0.0.9:30000": '{"publisher": "null"}',
+               "http://10.0.0.10:30000": "not json"}
+    fleet = KvFleet(KvEventsConfig(endpoint="auto"), MonotonicClock(), reported=configs.get)
+    assert fleet.endpoints("http://10.0.0.7:30000") == ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:5558")
+    assert fleet.endpoints("http://[fd00::2]:30000") == ("tcp://[fd00::2]:5557", None)
+    assert fleet.endpoints("http://10.0.0.9:30000") is None
+    assert fleet.endpoints("http://10.0.0.10:30000") is None
+    assert fleet.endpoints("http://10.0.0.11:30000") is None  # nothing reported yet

@@ -110,3 +110,12 @@ def test_models_from_openai_list() -> None:
 def test_generation_change_detects_restarts_and_flushes(prev: EngineState | None, cur: EngineState,
                                                         expected: str | None) -> None:
     assert generation_change(prev, cur) == expected
+
+
+def test_server_info_carries_the_workers_kv_events_config() -> None:
+    from proxy.workers.scrape import parse_server_info
+
+    raw = '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
+    assert parse_server_info({"kv_events_config": raw}).kv_events_config == raw
+    assert parse_server_info({"kv_events_config": None}).kv_events_config is None
+    assert parse_server_info({"kv_events_config": 5}).kv_events_config is None

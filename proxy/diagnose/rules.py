@@ -17,6 +17,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
 | latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+| mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
 | missing_signals | no cached tokens, or no queue / batch state, reported | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events |
 
 Verdict (a total function): fewer than ``min_requests`` successful requests → ``insufficient_data``;
@@ -324,8 +325,22 @@ def rule_proxy_overhead(s: Signals, p: RuleParams) -> Finding | None:
     return Finding("proxy_overhead", TUNE, "proxy_overhead", summary, conf, (share,), levers)
 
 
+def rule_mixed_page_sizes(s: Signals, p: RuleParams) -> Finding | None:
+    """Workers of one pool with different KV page sizes: radixgate's hash block must be a multiple
+    of all of them (their least common multiple), so prefix matches are only as fine as the coarsest
+    combination, and the same prompt pages differently on each worker."""
+    sizes = sorted({ps for ps in s.page_sizes if ps > 0})
+    if len(sizes) < 2:
+        return None
+    evidence = (Evidence("distinct worker page sizes", float(len(sizes)), ">=", 2.0, True,
+                         ", ".join(map(str, sizes))),)
+    levers = (Lever("--page-size", "sglang", f"one page size across the pool (now {', '.join(map(str, sizes))})"),)
+    summary = f"the workers run different KV page sizes ({', '.join(map(str, sizes))}): one pool, one --page-size"
+    return Finding("mixed_page_sizes", TUNE, "page_size_mismatch", summary, 0.9 * _data_weight(s, p), evidence, levers)
+
+
 TUNE_RULES = (rule_cache_routing, rule_cache_capacity, rule_admission, rule_idle_gaps,
-              rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead)
+              rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead, rule_mixed_page_sizes)
 
 
 def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:

@@ -197,6 +197,20 @@ async def test_without_engine_reports_round_robin_is_still_diagnosed_as_routing(
     assert "cache_routing" not in findings(pulled)
 
 
+MIXED_PAGES = Scenario("one pool, two KV page sizes", "ttft",
+                       [sim(max_total_tokens=60_000, page_size=16), sim(max_total_tokens=60_000, page_size=64)],
+                       shared_prefix(4, 800), requests=60, concurrency=2, max_new_tokens=4)
+
+
+async def test_workers_with_different_page_sizes_are_named_and_one_page_size_clears_it() -> None:
+    doc = await run(MIXED_PAGES)
+    assert findings(doc).get("mixed_page_sizes") == "page_size_mismatch"
+    assert "--page-size" in {lv["setting"] for lv in doc["verdict"]["levers"]}
+    same = await run(dataclasses.replace(MIXED_PAGES, workers=[sim(max_total_tokens=60_000, page_size=64)
+                                                              for _ in range(2)]))
+    assert "mixed_page_sizes" not in findings(same)
+
+
 async def test_affinity_routing_with_ample_cache_is_not_a_routing_or_cache_problem() -> None:
     doc = await run(AFFINITY)
     assert not {"cache_routing", "cache_capacity"} & set(findings(doc))

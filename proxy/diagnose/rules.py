@@ -18,6 +18,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
 | latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
+| hot_prefix | one prefix's share of requests ≥ hot_prefix_share / workers, on fewer workers than it needs, its TTFT p95 > SLO | tune | spill sooner (routing.params), replicas |
 | missing_signals | no cached tokens, or no queue / batch state, reported | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events |
 
 Verdict (a total function): fewer than ``min_requests`` successful requests → ``insufficient_data``;
@@ -27,6 +28,8 @@ otherwise ``insufficient_data``: evidence first, a miss that no rule explains is
 """
 
 from __future__ import annotations
+
+import math
 
 from proxy.diagnose.findings import (
     AT_CEILING,
@@ -325,6 +328,29 @@ def rule_proxy_overhead(s: Signals, p: RuleParams) -> Finding | None:
     return Finding("proxy_overhead", TUNE, "proxy_overhead", summary, conf, (share,), levers)
 
 
+def rule_hot_prefix(s: Signals, p: RuleParams) -> Finding | None:
+    """One shared prefix (a global system prompt) carries more requests than one worker can
+    prefill, but affinity keeps it on too few workers: its own requests queue there."""
+    hot, n = s.hot_prefix, s.workers
+    if hot is None or n < 2:
+        return None
+    needed = math.ceil(hot.share * n)
+    share = ev("hot_prefix.share x workers", hot.share * n, ">=", p.hot_prefix_share)
+    spread = ev("hot_prefix.workers", float(hot.workers), "<", float(needed))
+    slow = ev("hot_prefix.ttft_p95_s", hot.ttft_p95, ">", p.slo_ttft_p95_s)
+    if not (share.holds and spread.holds and slow.holds):
+        return None
+    summary = (f"one shared prefix carries {hot.share:.0%} of requests (about {needed} workers' share) but ran on "
+               f"{hot.workers}: its requests queue there (their TTFT p95 {hot.ttft_p95:.2f}s)")
+    levers = (
+        Lever("routing.params (work_weight, tie_rel)", "radixgate",
+              "let the hot prefix spill to more workers sooner; its prefill is cheaper than the queue"),
+        Lever("replicas", "fleet", "more workers for the prefix that needs them"),
+    )
+    conf = _data_weight(s, p) * _strength(hot.ttft_p95, p.slo_ttft_p95_s)
+    return Finding("hot_prefix", TUNE, "hot_prefix", summary, conf, (share, spread, slow), levers)
+
+
 def rule_mixed_page_sizes(s: Signals, p: RuleParams) -> Finding | None:
     """Workers of one pool with different KV page sizes: radixgate's hash block must be a multiple
     of all of them (their least common multiple), so prefix matches are only as fine as the coarsest
@@ -340,7 +366,8 @@ def rule_mixed_page_sizes(s: Signals, p: RuleParams) -> Finding | None:
 
 
 TUNE_RULES = (rule_cache_routing, rule_cache_capacity, rule_admission, rule_idle_gaps,
-              rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead, rule_mixed_page_sizes)
+              rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead, rule_mixed_page_sizes,
+              rule_hot_prefix)
 
 
 def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:

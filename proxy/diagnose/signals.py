@@ -349,6 +349,33 @@ class Signals:
     policies: tuple[str, ...] = ()
     # The other policies on the same traffic, replayed (``shadow.py``).
     shadow: tuple[ShadowResult, ...] = ()
+    hot_prefix: HotPrefix | None = None
+    workers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HotPrefix:
+    """The window's most requested shared prefix (its first ``HOT_BLOCKS`` blocks) and where it ran."""
+
+    share: float  # of the window's requests
+    workers: int  # workers that served it
+    requests: int
+    ttft_p95: float | None  # of its own requests
+
+
+HOT_BLOCKS = 4  # a shared system prompt: the same first blocks
+
+
+def hot_prefix(records: Sequence[RequestRecord]) -> HotPrefix | None:
+    keyed = [r for r in records if r.ok and len(r.block_hashes) >= HOT_BLOCKS]
+    if not keyed:
+        return None
+    groups: dict[tuple[int, ...], list[RequestRecord]] = {}
+    for r in keyed:
+        groups.setdefault(r.block_hashes[:HOT_BLOCKS], []).append(r)
+    top = max(groups.values(), key=len)
+    return HotPrefix(len(top) / len(keyed), len({r.worker for r in top}), len(top),
+                     percentile([t for r in top if (t := r.timing.ttft) is not None], 0.95))
 
 
 def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSample]) -> WindowInfo:
@@ -382,4 +409,6 @@ def compute_signals(
         page_sizes=tuple(sorted({w.page_size for w in occupancy.workers})),
         policies=tuple(sorted({r.policy for r in records if r.policy})),
         shadow=shadow(records, [w.url for w in samples[-1].workers] if samples else [], capacity) if with_shadow else (),
+        hot_prefix=hot_prefix(records),
+        workers=len({w.url for w in samples[-1].workers}) if samples else len({r.worker for r in records}),
     )

@@ -247,3 +247,27 @@ def test_estimated_reuse_still_names_routing_and_says_it_is_estimated() -> None:
     assert v.kind == rules.TUNE and v.findings[0].cause == "routing"
     assert "estimated by the proxy" in v.findings[0].summary
     assert v.findings[-1].rule == "missing_signals"
+
+
+def test_a_hot_prefix_on_too_few_workers_is_named() -> None:
+    from proxy.diagnose.signals import HotPrefix
+
+    hot = {"hot_prefix": HotPrefix(share=0.8, workers=1, requests=160, ttft_p95=3.0), "workers": 4}
+    v = rules.verdict(with_(healthy_signals(), **hot), P)
+    assert v.kind == rules.TUNE and v.findings[0].rule == "hot_prefix"
+    assert "80% of requests" in v.findings[0].summary
+    # Spread over enough workers, or fast enough: no finding.
+    spread = {"hot_prefix": HotPrefix(share=0.8, workers=4, requests=160, ttft_p95=3.0), "workers": 4}
+    fast = {"hot_prefix": HotPrefix(share=0.8, workers=1, requests=160, ttft_p95=0.3), "workers": 4}
+    for case in (spread, fast):
+        assert "hot_prefix" not in {f.rule for f in rules.verdict(with_(healthy_signals(), **case), P).findings}
+
+
+def test_the_hot_prefix_signal_groups_requests_by_their_first_blocks() -> None:
+    from proxy.diagnose.signals import hot_prefix
+    from tests.unit.diagnose_builders import chain, record
+
+    recs = [record(blocks=chain(1, 8), worker="http://w0", received=float(i)) for i in range(6)]
+    recs += [record(blocks=chain(2, 8), worker=f"http://w{i % 2}", received=float(i)) for i in range(2)]
+    hot = hot_prefix(recs)
+    assert hot is not None and (hot.share, hot.workers, hot.requests) == (0.75, 1, 6)

@@ -48,11 +48,21 @@ async def burst(client: aiohttp.ClientSession, app: App) -> tuple[StreamResult, 
     prefix = words(rng, PREFIX)
     url = base(app) + "/generate"
     c = asyncio.create_task(stream(client, url, body(words(rng, 8000), 1)))
-    await asyncio.sleep(0.02)
+    await routed(client, app, 1)
     a = asyncio.create_task(stream(client, url, body(f"{prefix} {words(rng, 20)}")))
-    await asyncio.sleep(0.01)
+    # B only once A is routed: on a busy machine a fixed sleep let B overtake A.
+    await routed(client, app, 2)
     b = await stream(client, url, body(f"{prefix} {words(rng, 20)}"))
     return await a, b, c
+
+
+async def routed(client: aiohttp.ClientSession, app: App, n: int) -> None:
+    """Until the policy has made ``n`` decisions (bounded)."""
+    async def made() -> bool:
+        m = await scrape(client, admin(app))
+        return total(m, "radixgate_policy_decisions_total", policy="ttft") >= n
+
+    await eventually(made, timeout_s=5.0, what=f"{n} routing decisions")
 
 
 async def fleet_and_proxy(harness: Harness, hold_max_s: float) -> App:

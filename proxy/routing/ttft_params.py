@@ -63,6 +63,10 @@ class TtftParams:
     # being prefilled there by an earlier streamed request (ours or a peer's), if that part is at
     # least this many tokens (0 = never hold). 256..2048 gave the same p95 on shared_prefix.
     hold_tokens: int = 512
+    # Leave a prefix's holder only for a worker whose pending prefill + running batch is below
+    # (1 - spill_guard) of the holder's; 0 = off (the default until a GPU run compares it: on the
+    # fleet past capacity the unguarded spills spread groups and lost reuse, ttft_cost._guard_spill).
+    spill_guard: float = 0.0
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 
@@ -82,6 +86,7 @@ class TtftParams:
             "hold_tokens": self.hold_tokens >= 0,
             "default_capacity_tokens": self.default_capacity_tokens > 0,
             "max_tracked_per_worker": self.max_tracked_per_worker > 0,
+            "spill_guard": 0 <= self.spill_guard < 1,
             "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,

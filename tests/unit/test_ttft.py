@@ -527,3 +527,24 @@ def test_events_lower_the_match_only_on_a_reported_removal() -> None:
     assert policy.estimate(later, gone).matched_blocks == 0
     more = WorkerSnapshot(d.worker, kv=_Events(later.prompt_tokens, evicted=False))
     assert policy.estimate(later, more).matched_tokens == later.prompt_tokens
+
+
+@pytest.mark.parametrize(("guard", "spills"), [(0.0, True), (0.5, False)])
+def test_the_spill_guard_keeps_a_follower_on_its_holder_when_the_others_are_as_busy(guard: float, spills: bool) -> None:
+    policy = TtftCost(TtftParams(spill_guard=guard))
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    holder = first.worker.removeprefix("http://")
+    # Every worker has a long queue; the holder's is a little longer.
+    queues = {u.removeprefix("http://"): {"waiting_uncached_tokens": 150_000, "running": 5} for u in URLS}
+    queues[holder] = {"waiting_uncached_tokens": 200_000, "running": 5}
+    decision = policy.select(prompt(2, 80, shared=70), fleet(**queues))
+    assert (decision.worker != first.worker) is spills
+    assert decision.branch == ("spill" if spills else "affinity")
+
+
+def test_the_spill_guard_still_leaves_for_a_clearly_idle_worker() -> None:
+    policy = TtftCost(TtftParams(spill_guard=0.5))
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    busy = first.worker.removeprefix("http://")
+    decision = policy.select(prompt(2, 80, shared=70), fleet(**{busy: {"waiting_uncached_tokens": 200_000, "running": 5}}))
+    assert decision.worker != first.worker and decision.branch == "spill"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import pytest
 
 from proxy import config
 from proxy.app import App
@@ -233,10 +234,14 @@ async def test_max_running_requests_far_too_low_is_diagnosed_as_admission() -> N
     assert findings(doc).get("admission") == "max_running_requests"
 
 
-async def test_unique_long_prompts_at_saturation_are_at_the_ceiling() -> None:
-    doc = await run(CEILING)
+@pytest.mark.parametrize("policy", ["cache_aware", "ttft"])
+async def test_unique_long_prompts_at_saturation_are_at_the_ceiling(policy: str) -> None:
+    # With the default policy too: no prefix to keep, so no routing lever; the shadow replay agrees.
+    doc = await run(dataclasses.replace(CEILING, policy=policy))
     assert doc["verdict"]["kind"] == "at_ceiling", doc["verdict"]
     assert findings(doc) == {"ceiling": "saturated"}
+    shadow = [r["captured"] for r in doc["four_numbers"]["cache"]["shadow"]]
+    assert shadow and max(shadow) - min(shadow) < doc["params"]["capture_gap"]
 
 
 async def test_decode_stalled_by_big_prefills_names_the_mixed_chunk_lever() -> None:

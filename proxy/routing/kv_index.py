@@ -52,6 +52,21 @@ def chain_keys(token_ids: Sequence[int], block_size: int, max_blocks: int | None
     return keys
 
 
+# The last prompt's keys: a decision matches one prompt against every worker's table (same page
+# size), so its keys are hashed once, not once per worker. Held by reference, so identity is exact.
+_last: tuple[Sequence[int] | None, int, list[int]] = (None, 0, [])
+
+
+def _keys_of(token_ids: Sequence[int], block_size: int) -> list[int]:
+    global _last
+    ids, size, keys = _last
+    if ids is token_ids and size == block_size:
+        return keys
+    keys = chain_keys(token_ids, block_size)
+    _last = (token_ids, block_size, keys)
+    return keys
+
+
 class Match(NamedTuple):
     tokens: int
     # The first block past the match was removed by the engine (or its cache cleared).
@@ -148,7 +163,7 @@ class EngineBlocks:
     def match(self, token_ids: Sequence[int]) -> Match:
         if self.block_size is None:
             return Match(0, self._cleared)
-        keys = chain_keys(token_ids, self.block_size)
+        keys = _keys_of(token_ids, self.block_size)
         n = self.matched_blocks(keys)
         evicted = n < len(keys) and (self._cleared or keys[n] in self._removed)
         return Match(n * self.block_size, evicted)

@@ -45,6 +45,20 @@ async def joined(app: App, fleet: Fleet) -> None:
         await asyncio.sleep(0.02)
 
 
+async def send_groups(client: aiohttp.ClientSession, app: App, fleet: Fleet, *, seed: int, groups: int,
+                      requests: int) -> None:
+    """Token-id prompts of ``groups`` 512-token prefixes, one at a time, each once the proxy has
+    every event the workers published before it (so a prediction is judged on a settled table)."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(groups)]
+    for _ in range(requests):
+        await caught_up(app, fleet)
+        ids = prefixes[rng.randrange(groups)] + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 80))]
+        async with client.post(base(app) + "/generate",
+                               json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as r:
+            assert r.status == 200
+
+
 async def test_predicted_cached_tokens_equal_reported_ones_with_events(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=2048, enable_cache_report=True,
@@ -57,14 +71,7 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
                         "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft"})
     await joined(app, fleet)
-    rng = random.Random(3)
-    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(8)]
-    for _ in range(40):
-        await caught_up(app, fleet)
-        ids = prefixes[rng.randrange(8)] + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 80))]
-        async with client.post(base(app) + "/generate",
-                               json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as r:
-            assert r.status == 200
+    await send_groups(client, app, fleet, seed=3, groups=8, requests=40)
     m = await scrape(client, admin(app))
     reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
     assert reported > 0
@@ -121,14 +128,7 @@ async def test_auto_follows_each_workers_own_kv_events_config(
     endpoints = {s.url: s.endpoint for s in app.kv.subscribers()}
     assert endpoints == {w.url: w.worker.kv_publisher.endpoint for w in fleet.workers
                          if w.worker is not None and w.worker.kv_publisher is not None}
-    rng = random.Random(4)
-    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(4)]
-    for _ in range(20):
-        await caught_up(app, fleet)
-        ids = prefixes[rng.randrange(4)] + [rng.randrange(1, 30_000) for _ in range(rng.randrange(1, 80))]
-        async with client.post(base(app) + "/generate",
-                               json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}) as r:
-            assert r.status == 200
+    await send_groups(client, app, fleet, seed=4, groups=4, requests=20)
     m = await scrape(client, admin(app))
     reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
     assert reported > 0 and total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported

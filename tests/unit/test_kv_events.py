@@ -224,3 +224,16 @@ def test_auto_endpoints_come_from_the_workers_own_config_with_star_read_as_its_h
     assert fleet.endpoints("http://10.0.0.9:30000") is None
     assert fleet.endpoints("http://10.0.0.10:30000") is None
     assert fleet.endpoints("http://10.0.0.11:30000") is None  # nothing reported yet
+
+
+def test_one_prompt_matched_against_tables_of_different_page_sizes_gets_each_its_own_keys() -> None:
+    # Keys are remembered for the last prompt; a table of another page size must not reuse them.
+    small, big = EngineBlocks(), EngineBlocks()
+    small.apply(Stored((1, 2), None, tuple(range(8)), 4))
+    big.apply(Stored((9,), None, tuple(range(8)), 8))
+    prompt = list(range(12))
+    for _ in range(2):
+        assert small.match(prompt).tokens == 8 and big.match(prompt).tokens == 8
+    other = list(range(12))
+    other[0] = 99
+    assert small.match(other).tokens == 0 and big.match(other).tokens == 0

@@ -158,9 +158,12 @@ def routing_section(spec: str) -> dict[str, Any]:
 class Routers:
     """Every router of the run, started once, each on its own port."""
 
-    def __init__(self, names: list[str], workers: list[str], workdir: Path, tokenizer: Path) -> None:
+    def __init__(self, names: list[str], workers: list[str], workdir: Path, tokenizer: Path,
+                 window_s: float = 300.0) -> None:
         self.names, self.workers, self.workdir, self.tokenizer = names, workers, workdir, tokenizer
+        self.window_s = window_s
         self.bases: dict[str, str] = {}
+        self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis)
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> None:
@@ -181,9 +184,13 @@ class Routers:
                        "--log-level", "warn"]
             else:
                 cfg = self.workdir / f"radixgate-{name.replace('/', '_')}.yaml"
+                admin = free_port()
+                self.admins[name] = f"http://127.0.0.1:{admin}"
                 cfg.write_text(yaml.safe_dump({
-                    "server": {"host": "127.0.0.1", "port": port, "admin_port": 0, "drain_grace_s": 1.0},
+                    "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
                     "workers": {"static": self.workers}, "routing": routing_section(name),
+                    # the diagnosis read after a phase covers that phase alone
+                    "diagnose": {"window_s": self.window_s},
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
                     "telemetry": {"log_level": "info", "log_requests": True}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
@@ -211,6 +218,17 @@ class Routers:
         if name == "direct0":
             return self.workers[0]
         return self.bases[name]
+
+    async def diagnosis(self, session: aiohttp.ClientSession, name: str) -> dict[str, Any] | None:
+        """A radixgate router's ``GET /diagnosis`` (None for the others, or when it does not answer)."""
+        if name not in self.admins:
+            return None
+        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            async with session.get(f"{self.admins[name]}/diagnosis", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                if resp.status == 200:
+                    doc: dict[str, Any] = await resp.json()
+                    return doc
+        return None
 
     async def stop(self) -> None:
         await stop_processes(self.procs)
@@ -386,7 +404,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if task is not None:  # a time limit's SIGTERM ends the run through the finally below
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     names = [n for n in args.routers.split(",") if n]
-    routers = Routers(names, workers, out, Path(args.tokenizer))
+    routers = Routers(names, workers, out, Path(args.tokenizer), window_s=args.phase_s + args.drain_s + 5)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=0)
     summary: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
@@ -421,6 +439,14 @@ async def main_async(args: argparse.Namespace) -> None:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                     "prompts": args.prompts, "reports": args.reports,
                                                     "engines": traces}) + "\n")
+                        if name in routers.admins:
+                            await asyncio.sleep(2.5)  # past the diagnosis' refresh period (2 s)
+                            doc = await routers.diagnosis(session, name)
+                            if doc is not None:
+                                with (out / "diagnoses.jsonl").open("a") as f:
+                                    f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
+                                                        "prompts": args.prompts, "reports": args.reports,
+                                                        "diagnosis": doc}) + "\n")
                         prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
                         cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
                         s = summarize(records, cached / prompt if prompt else None)
@@ -505,6 +531,31 @@ def engines_report(path: Path) -> str:
     return "\n".join(out)
 
 
+def diagnoses_report(path: Path) -> str:
+    """Per radixgate phase (``diagnoses.jsonl``): the verdict the router's own ``/diagnosis`` gave
+    for that phase, its levers, and the reuse it saw (measured or estimated) beside what the
+    shadow replay of the other policies would have captured."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        d = row["diagnosis"]
+        v, cache = d["verdict"], d["four_numbers"]["cache"]
+
+        def share(x: Any) -> str:
+            return "-" if x is None else f"{100 * x:.0f}%"
+
+        shadow = ", ".join(f"{s['policy']} {share(s['captured'])}" for s in cache["shadow"]) or "none"
+        levers = "; ".join(f"{lv['setting']}: {lv['change']}" for lv in v["levers"][:2]) or "-"
+        rules = ", ".join(f["rule"] for f in v["findings"]) or "-"
+        out.append(f"{row['router']} @ {row['rate']:g}/s, {row['prompts']}, {row['reports']} reports: "
+                   f"{v['kind']} ({v['confidence_label']}), ttft p95 {v['ttft_p95_s']} s; captured "
+                   f"{share(cache['captured'])}{' (estimated)' if cache['estimated'] else ''} of available "
+                   f"{share(cache['available'])}; shadow: {shadow}\n    findings: {rules}\n    levers: {levers}")
+    return "\n".join(out)
+
+
 def knee(path: Path, slo_s: float) -> str:
     """The highest rate of the last cell with an oracle ladder whose oracle p95 TTFT is under
     ``slo_s``, and the next rate of that ladder (or 1.5x the knee if it was the last)."""
@@ -546,6 +597,7 @@ def main() -> None:
     p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
     p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
+    p.add_argument("--diagnoses", metavar="DIAGNOSES", help="print the verdicts of a diagnoses.jsonl and exit")
     args = p.parse_args()
     args.argv = sys.argv[1:]
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -557,6 +609,9 @@ def main() -> None:
         return
     if args.engines:
         print(engines_report(Path(args.engines)))
+        return
+    if args.diagnoses:
+        print(diagnoses_report(Path(args.diagnoses)))
         return
     if not args.workers and not args.sim:
         p.error("give --workers URL... or --sim N")

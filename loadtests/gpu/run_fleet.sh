@@ -42,7 +42,7 @@ for i in $(seq 1 "$N"); do
 done
 echo "engines up after $(( $(date +%s) - t0 )) s"
 grep -h "READY\|Paged cache" "$ENGINE_LOGS"/*.log | head -8
-F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15 --seed "${SEED:-1}")
+F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15 --seed "${SEED:-1}" ${FLEET_ARGS:-})
 
 case "${1:-calibrate}" in
   calibrate)

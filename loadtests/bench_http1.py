@@ -21,7 +21,7 @@ import time
 
 import aiohttp
 
-from proxy.workers.http1 import Http1Pool
+from proxy.workers.http1_pool import Http1Pool
 
 
 async def start_worker() -> tuple[str, asyncio.subprocess.Process]:

@@ -84,7 +84,7 @@ def wants_usage_hidden(req: GenerateRequest) -> bool:
     """Whether this is an OpenAI stream whose caller did not ask for usage
     (``stream_options.include_usage``, off in the openai SDK by default): the pipeline asks the
     worker for it anyway (the token counters, the cache-hit numbers and routing learn from it) and
-    drops the usage chunk from what the caller receives (``sse.drop_usage_events``). A
+    drops the usage chunk from what the caller receives (``sse_frames.drop_usage_events``). A
     ``stream_options`` that is not an object is the caller's error, forwarded as sent."""
     if req.dialect is Dialect.SGLANG or not req.stream:
         return False

@@ -11,7 +11,7 @@ In the worker's units (``available_tokens``): the hit in our estimated tokens is
 reported / estimated prompt tokens, capped at the prompt, and floored at what the worker actually
 reported — a hit that happened was by definition available.
 
-Readers: ``signals.cache_signal`` replays a diagnosis window through it (in dispatch order, at
+Readers: ``cache_replay.cache_signal`` replays a diagnosis window through it (in dispatch order, at
 capacity and unbounded); ``AvailableReuse`` feeds it every finished request as it finishes and
 counts ``radixgate_routing_available_cached_tokens_total`` (App passes it to the pipeline as an
 observer; the metrics module only holds the counter); the benchmarks' summary

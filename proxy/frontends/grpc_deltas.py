@@ -36,17 +36,8 @@ from typing import Any, NamedTuple
 from proxy import safejson
 from proxy.frontends.grpc_messages import tokens_added
 from proxy.request import Dialect
-from proxy.sse import (
-    DONE,
-    ErrorEvent,
-    EventDecoder,
-    TextDelta,
-    as_count,
-    error_of,
-    iter_payloads,
-    parse_event,
-    token_ids,
-)
+from proxy.sse import ErrorEvent, EventDecoder, TextDelta, as_count, error_of, token_ids
+from proxy.sse_frames import DONE, iter_payloads, parse_event
 
 _TEXT_KEYS = (b'{"text":"', b'{"text": "')
 _WS = b" \t\n\r"  # JSON's whitespace (bytes.strip() would also take \x0b and \x0c)

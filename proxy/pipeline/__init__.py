@@ -21,7 +21,7 @@
    tells a hung worker from a long generation: past each ``first_byte_timeout_s`` the worker's
    health probe decides (passing: keep waiting; failing: the first-byte timeout's path).
    Every answer is judged before a byte of it reaches the client (``workers/answers.py``: status,
-   content type, JSON-ness; ``sse.check_events`` for each relayed run); a bad one, a protocol error
+   content type, JSON-ness; ``sse_frames.check_events`` for each relayed run); a bad one, a protocol error
    or a breach of an ``upstream.max_*_bytes`` cap is a 502, retried like a 5xx. A stream ends at its
    deadline by the clock (one timer), whatever the worker still sends.
 5. time: ``RequestTiming`` marks received, admitted, dispatched, upstream_headers, first_byte, each
@@ -60,7 +60,7 @@ from proxy.pipeline.holds import hold_limit
 from proxy.pipeline.parts import RouteListener
 from proxy.pipeline.transport import Answer, Transport
 from proxy.records import CompletedRequest, Finished, body_with_rid
-from proxy.sse import error_event
+from proxy.sse_frames import error_event
 
 # Callers import the pipeline's records from here too.
 __all__ = ["Answer", "CompletedRequest", "Exchange", "Finished", "Phase", "Pipeline", "RouteListener", "Transport",

@@ -6,7 +6,7 @@ exchange may move the request to another worker). Until the first byte:
 
 * a connect error, a 5xx, a 503 (queue full / starting, or a stream that opens with a 503 error
   event) is a ``Retry``; a refused connection reads as 503, a busy worker as 429-like Overloaded;
-* every answer is judged (``workers/answers.py``, ``sse.check_events``); a bad one, a protocol
+* every answer is judged (``workers/answers.py``, ``sse_frames.check_events``); a bad one, a protocol
   error or a breach of a size cap is a 502, retried like a 5xx;
 * a stream waits at most ``upstream.first_byte_timeout_s`` (a ``Retry``) and never past the
   request's deadline (final: no time left to retry);
@@ -31,7 +31,8 @@ from proxy.pipeline.events import EventReader
 from proxy.pipeline.parts import Parts
 from proxy.pipeline.transport import Answer
 from proxy.request import GenerateRequest
-from proxy.sse import FinalMeta, MalformedEvent, check_events, meta_from
+from proxy.sse import FinalMeta, meta_from
+from proxy.sse_frames import MalformedEvent, check_events
 from proxy.timing import RequestTiming
 from proxy.workers.answers import BadAnswer, Kind, client_error_body, judge_body, judge_head
 from proxy.workers.http1 import ResponseTooLarge, UpstreamClosed, UpstreamIdle, UpstreamProtocolError

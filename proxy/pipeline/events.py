@@ -9,7 +9,7 @@ stream is broken (``MalformedEvent``).
 from __future__ import annotations
 
 from proxy.pipeline.transport import Answer
-from proxy.sse import MalformedEvent
+from proxy.sse_frames import MalformedEvent
 
 
 class EventReader:

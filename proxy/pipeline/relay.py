@@ -8,7 +8,7 @@ and the holds (the prefix is in the worker's cache now).
 
 A stream ends at its deadline by the clock (one timer, ``Clock.call_at``), whatever the worker
 still sends: a worker dribbling a byte at a time never completes an event. If the worker dies or
-breaks the protocol mid-stream, the stream ends with an error event (``sse.error_event``). The
+breaks the protocol mid-stream, the stream ends with an error event (``sse_frames.error_event``). The
 proxy's own drain ends it with ``cut(err)``: the error is the drain's, not the worker's.
 """
 
@@ -20,15 +20,8 @@ from proxy.errors import RadixgateError, UpstreamError, UpstreamTimeout
 from proxy.pipeline.attempt import Opened
 from proxy.pipeline.parts import Parts
 from proxy.request import GenerateRequest
-from proxy.sse import (
-    FinalMeta,
-    MalformedEvent,
-    StreamAccountant,
-    check_events,
-    drop_usage_events,
-    error_event,
-    until_end,
-)
+from proxy.sse import FinalMeta, StreamAccountant
+from proxy.sse_frames import MalformedEvent, check_events, drop_usage_events, error_event, until_end
 from proxy.timing import RequestTiming
 from proxy.workers.http1 import UpstreamIdle, UpstreamProtocolError
 from proxy.workers.upstream import CONNECT_ERRORS

@@ -70,16 +70,14 @@ Complexity: per decision O(W log B) index lookups + O(B) to record the prompt (B
 the prompt, 128 for 32k tokens) + O(W + requests sent since the last scrape) for pending work.
 
 When to choose it: the default. Shared prefixes of any size, uneven prompt lengths, bursts.
-Params (``TtftParams``) and defaults below.
+Params and their defaults: ``ttft_params.py``. The per-worker inputs (pending prefill, saturation)
+are kept by ``ttft_estimate.py``, the tie orders by ``ttft_ties.py``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable, Sequence
-from typing import NamedTuple, TypeVar
-
-import xxhash
+from collections.abc import Hashable, Sequence
 
 from proxy.routing.base import (
     Completion,
@@ -90,64 +88,13 @@ from proxy.routing.base import (
     WorkerSnapshot,
     healthy,
 )
-from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import PrefixIndex
 from proxy.routing.prefix_key import blocks_within, uncached_tokens
 from proxy.routing.registry import PolicySpec
+from proxy.routing.ttft_estimate import Estimate, InFlight, PendingWork, saturated, signature
 from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 from proxy.routing.ttft_params import TtftParams
-
-_V = TypeVar("_V")
-# Peers' streamed requests still prefilling, remembered per worker: each keeps its block hashes
-# (~5 KB for a 32k-token prompt), and one whose first-token notice is lost (a peer gone) stays
-# until this bound pushes it out (or a hold on it times out).
-PEER_PENDING_PER_WORKER = 1024
-
-# Recent picks decay by this per decision (a window of ~64 decisions).
-RECENT_WINDOW = 64
-_RECENT_DECAY = 1.0 - 1.0 / RECENT_WINDOW
-# Cold placements decay by this per cold decision.
-COLD_WINDOW = 256
-_COLD_DECAY = 1.0 - 1.0 / COLD_WINDOW
-
-
-class _InFlight(NamedTuple):
-    request: RouteRequest
-    features: Features
-    # Last touches of the confirmed blocks it matched, before this request touched them.
-    touches: tuple[int, ...]
-    # The worker's scrape signature when we sent it (unseen by the engine while it is current).
-    signature: tuple[object, ...]
-    # Its first token came back: its prompt is prefilled, and the model has learned from it.
-    prefilled: bool = False
-
-
-class Estimate(NamedTuple):
-    """One worker's TTFT estimate for one request (exposed for tests and explanations)."""
-
-    url: str
-    ttft_s: float
-    score: float
-    matched_blocks: int
-    features: Features
-    saturated: bool
-    matched_tokens: int | None = None  # exact, from the worker's KV events
-    # The approximate index's own match (what its bookkeeping refers to); = matched_blocks
-    # unless the worker's events gave another.
-    index_blocks: int | None = None
-
-    @property
-    def uncached(self) -> int:
-        return int(self.features.uncached)
-
-    @property
-    def pending(self) -> int:
-        return int(self.features.unseen + self.features.queued)
-
-
-def _signature(worker: WorkerSnapshot) -> tuple[object, ...]:
-    """The scraped part of a snapshot: a change means a new scrape reached us."""
-    return (worker.running, worker.queued, worker.waiting_uncached_tokens, worker.token_usage, worker.cache_hit_rate)
+from proxy.routing.ttft_ties import PickHistory
 
 
 class TtftCost:
@@ -161,78 +108,28 @@ class TtftCost:
             forgetting=params.forgetting,
             factor_alpha=params.factor_alpha,
         )
-        self._mean_uncached = 1024.0
-        # url -> {id(request): _InFlight}, in dispatch order.
-        self._in_flight: dict[str, dict[int, _InFlight]] = {}
-        self._last_pick: dict[str, int] = {}
-        # url -> (decayed count of recent picks, decision number it was last updated at)
-        self._recent: dict[str, tuple[float, int]] = {}
-        self._url_seeds: dict[str, int] = {}
-        self._decisions = 0
-        # url -> (decayed count of cold placements, cold decision number it was last updated at)
-        self._cold: dict[str, tuple[float, int]] = {}
-        self._cold_decisions = 0
-        # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
-        self._peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
-        # url -> {peer's key: its streamed request, until the peer reports its first token}
-        self._peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
+        # Prefill the scraped state cannot show yet (ours in flight, our peers'), and tie-break counts.
+        self.pending = PendingWork(params.max_tracked_per_worker)
+        self.picks = PickHistory(params)
 
     # -- model inputs --------------------------------------------------------------------------
 
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
         """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
         scrape's queue."""
-        own = self._in_flight.get(worker.url, {})
-        scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
-        current = _signature(worker)
-        peers = self._peer_unseen(worker.url, current)
-        if not scraped:
-            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled) + peers, 0
-        unseen = peers
-        for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
-            if entry.signature != current:
-                break
-            if not entry.prefilled:
-                unseen += int(entry.features.uncached)
-        if worker.waiting_uncached_tokens is not None:
-            queued = worker.waiting_uncached_tokens
-        else:
-            queued = int((worker.queued or 0) * self._mean_uncached)
-        return unseen, queued
-
-    def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
-        """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen
-        under an older scrape are dropped (that scrape's queue counts them now)."""
-        table = self._peer_work.get(url)
-        if not table:
-            return 0
-        total = 0
-        for key, (signature, uncached) in list(table.items()):
-            if signature is None:
-                table[key] = (current, uncached)
-            elif signature != current:
-                del table[key]
-                continue
-            total += uncached
-        return total
+        return self.pending.pending_prefill(worker)
 
     def running(self, worker: WorkerSnapshot) -> int:
-        return worker.running if worker.running is not None else len(self._in_flight.get(worker.url, {}))
+        return self.pending.running(worker)
 
     def saturated(self, worker: WorkerSnapshot) -> bool:
-        p = self.params
-        if worker.stale:
-            return True
-        if worker.token_usage is not None and worker.token_usage >= p.token_usage_limit:
-            return True
-        if p.max_in_flight and worker.in_flight >= p.max_in_flight:
-            return True
-        return bool(
-            worker.max_running_requests
-            and worker.running is not None
-            and worker.running >= worker.max_running_requests
-            and (worker.queued or 0) > 0
-        )
+        return saturated(worker, self.params)
+
+    def cold_placements(self, url: str) -> float:
+        return self.picks.cold_placements(url)
+
+    def recent_picks(self, url: str) -> float:
+        return self.picks.recent_picks(url)
 
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = in_index = self.index.held(worker.url, request.block_hashes)
@@ -271,10 +168,11 @@ class TtftCost:
             margin = max(margin, self.params.cold_tie_prefills * min(
                 e.features.uncached * self.model.seconds_per_token(e.url) for e in pool))
         tied = [e for e in pool if e.score <= best + margin]
-        chosen = min(tied, key=self._cold_order(request, tied) if cold else self._tie_order(request))
+        chosen = min(tied, key=self.picks.cold_order(request, tied, self.pending.outstanding) if cold
+                     else self.picks.tie_order(request))
         chosen = self._guard_spill(chosen, pool, longest)
         if cold:
-            self._count_cold(chosen.url)
+            self.picks.count_cold(chosen.url)
         if len(candidates) == 1:
             branch = "only"
         elif all(e.saturated for e in estimates):
@@ -291,7 +189,7 @@ class TtftCost:
             return Decision(chosen.url, "hold", matched_blocks=chosen.matched_blocks, after=holder,
                             hold_s=self.hold_worth(chosen, saved), reason="its prefix is being prefilled there")
         worker = next(w for w in candidates if w.url == chosen.url)
-        self._remember(request, chosen, _signature(worker))
+        self._remember(request, chosen, signature(worker))
         reason = (f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached} "
                   f"f={self.model.factor(chosen.url):.2f}")
         if branch == "spill":
@@ -319,7 +217,7 @@ class TtftCost:
         holder = min(holders, key=lambda e: e.score)
 
         def load(e: Estimate) -> float:
-            return e.features.unseen + e.features.queued + e.features.running * self._mean_uncached
+            return e.features.unseen + e.features.queued + e.features.running * self.pending.mean_uncached
 
         return chosen if load(chosen) < (1.0 - g) * load(holder) else holder
 
@@ -344,13 +242,8 @@ class TtftCost:
             hashes = other.block_hashes
             return other.stream and len(hashes) >= matched and hashes[matched - 1] == last
 
-        for entry in reversed(self._in_flight.get(chosen.url, {}).values()):
-            if not entry.prefilled and covers(entry.request):
-                return id(entry.request), saved
-        for key, other in self._peer_pending.get(chosen.url, {}).items():
-            if covers(other):
-                return key, saved
-        return None
+        holder = self.pending.prefilling(chosen.url, covers)
+        return None if holder is None else (holder, saved)
 
     def hold_worth(self, chosen: Estimate, saved: int) -> float:
         """The longest a hold on ``chosen`` is worth (``Decision.hold_s``): recomputing the ``saved``
@@ -361,90 +254,28 @@ class TtftCost:
         x = chosen.features
         return self.model.factor(chosen.url) * (per_uncached * saved + per_unseen * x.unseen + per_queued * x.queued)
 
-    def _tie_order(self, request: RouteRequest) -> Callable[[Estimate], tuple[int, float, int]]:
-        """Longest match first; then the rendezvous hash of the prompt key, or least recent pick."""
-        hashes = request.block_hashes
-        recent = self.params.tie_break == "recent" or not (hashes or request.session_key)
-        if recent:
-            return lambda e: (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
-        key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
-        if self.params.tie_break == "hash":
-            return lambda e: (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
-        # rendezvous: several holders of the prefix share its load (a hash would pile one hot
-        # prefix on one of them); among non-holders the hash keeps proxies' spill targets alike.
-        cold = self.params.cold_blocks
-
-        def order(e: Estimate) -> tuple[int, float, int]:
-            if e.matched_blocks > cold:
-                return (-e.matched_blocks, self.recent_picks(e.url), self._last_pick.get(e.url, -1))
-            return (-e.matched_blocks, 0.0, xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)))
-
-        return order
-
-    def _cold_order(self, request: RouteRequest,
-                    tied: Sequence[Estimate]) -> Callable[[Estimate], tuple[int, int, int, int]]:
-        """Over the tied workers (of the first ``cold_choices`` in rendezvous order): fewest of
-        our requests outstanding, then cold placements within ``cold_slack`` of the fewest, then
-        the rendezvous order."""
-        key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
-        rank = {e.url: xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)) for e in tied}
-        choices = sorted(tied, key=lambda e: rank[e.url])[: self.params.cold_choices or None]
-        counts = {e.url: self.cold_placements(e.url) for e in choices}
-        bound = min(counts.values()) + self.params.cold_slack
-        outstanding = {e.url: len(self._in_flight.get(e.url, ())) for e in choices}
-        return lambda e: (int(e.url not in counts), outstanding.get(e.url, 0),
-                          int(counts.get(e.url, bound + 1) > bound), rank[e.url])
-
-    def cold_placements(self, url: str) -> float:
-        count, at = self._cold.get(url, (0.0, self._cold_decisions))
-        return count * _COLD_DECAY ** (self._cold_decisions - at)
-
-    def _count_cold(self, url: str) -> None:
-        self._cold[url] = (self.cold_placements(url) + 1.0, self._cold_decisions + 1)
-        self._cold_decisions += 1
-
-    def recent_picks(self, url: str) -> float:
-        """Picks of ``url`` over roughly the last ``RECENT_WINDOW`` decisions (exponential decay)."""
-        count, at = self._recent.get(url, (0.0, self._decisions))
-        return count * _RECENT_DECAY ** (self._decisions - at)
-
-    def _url_seed(self, url: str) -> int:
-        seed = self._url_seeds.get(url)
-        if seed is None:
-            seed = self._url_seeds[url] = xxhash.xxh3_64_intdigest(url.encode())
-        return seed
-
-    def _remember(self, request: RouteRequest, chosen: Estimate, signature: tuple[object, ...]) -> None:
-        self._recent[chosen.url] = (self.recent_picks(chosen.url) + 1.0, self._decisions + 1)
-        self._decisions += 1
-        self._last_pick[chosen.url] = self._decisions
+    def _remember(self, request: RouteRequest, chosen: Estimate, scraped: tuple[object, ...]) -> None:
+        self.picks.picked(chosen.url)
         held = chosen.matched_blocks if chosen.index_blocks is None else chosen.index_blocks
         confirmed = self.index.confirmed(chosen.url, request.block_hashes, held)
         touches = self.index.last_touches(chosen.url, request.block_hashes[:confirmed])
         self.index.record(chosen.url, request.block_hashes, request.block_tokens, held=held)
-        key = id(request)
-        for table in self._in_flight.values():
-            table.pop(key, None)  # a retry of the same request routes it again
-        table = self._in_flight.setdefault(chosen.url, {})
-        table[key] = _InFlight(request, chosen.features, touches, signature)
-        if len(table) > self.params.max_tracked_per_worker:
-            del table[next(iter(table))]
+        self.pending.add(chosen.url, InFlight(request, chosen.features, touches, scraped))
 
     def on_first_token(self, first: FirstToken) -> None:
         """Confirm the prompt in the worker's index as soon as its prefill is done, not an answer's
         whole decode later: in a cold burst, followers of a group then see its holder at once.
         (The TTFT fit still learns at completion: fed first tokens during a burst, it took queueing
         for prefill cost and p95 worsened, 0.101 -> 0.155 s on shared_prefix @128.)"""
-        table = self._in_flight.get(first.worker, {})
-        entry = table.get(id(first.request))
-        if entry is None or entry.request is not first.request or entry.prefilled:
+        entry = self.pending.get(first.worker, first.request)
+        if entry is None or entry.prefilled:
             return
-        table[id(first.request)] = entry._replace(prefilled=True)
+        self.pending.mark_prefilled(first.worker, entry)
         self._confirm(first.worker, first.request, entry, first.prompt_tokens, first.cached_tokens)
 
     def on_complete(self, completion: Completion) -> None:
-        entry = self._in_flight.get(completion.worker, {}).pop(id(completion.request), None)
-        if entry is None or entry.request is not completion.request or not completion.ok:
+        entry = self.pending.pop(completion.worker, completion.request)
+        if entry is None or not completion.ok:
             return
         request = completion.request
         if not entry.prefilled:
@@ -454,11 +285,11 @@ class TtftCost:
             # What the worker actually computed, rescaled to our token estimate of the prompt.
             share = 1.0 - min(completion.cached_tokens, completion.prompt_tokens) / completion.prompt_tokens
             x = x._replace(uncached=round(request.prompt_tokens * share))
-        self._mean_uncached += 0.05 * (x.uncached - self._mean_uncached)
+        self.pending.mean_uncached += 0.05 * (x.uncached - self.pending.mean_uncached)
         if completion.ttft is not None:
             self.model.learn(completion.worker, x, completion.ttft)
 
-    def _confirm(self, url: str, request: RouteRequest, entry: _InFlight,
+    def _confirm(self, url: str, request: RouteRequest, entry: InFlight,
                  prompt_tokens: int | None, cached_tokens: int | None) -> None:
         self.index.complete(url, request.block_hashes, request.block_tokens, touches=entry.touches,
                             cached_tokens=self._reported_cached(request, prompt_tokens, cached_tokens))
@@ -480,35 +311,21 @@ class TtftCost:
         if worker not in self.index:
             return
         if all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls()):
-            self._count_cold(worker)
+            self.picks.count_cold(worker)
         self.index.record(worker, request.block_hashes, request.block_tokens)
-        if key is None:
-            return
-        if uncached > 0:
-            _bounded_put(self._peer_work.setdefault(worker, {}), key, (None, uncached), self.params.max_tracked_per_worker)
-        if request.stream:
-            _bounded_put(self._peer_pending.setdefault(worker, {}), key, request, PEER_PENDING_PER_WORKER)
+        if key is not None:
+            self.pending.add_peer(worker, key, request, uncached)
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
-        for table in (self._peer_work.get(worker), self._peer_pending.get(worker)):
-            if table is not None:
-                table.pop(key, None)
+        self.pending.peer_prefilled(worker, key)
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)
         present = {w.url for w in workers}
-        for table in (self._in_flight, self._last_pick, self._recent, self._cold, self._peer_work, self._peer_pending):
-            for url in [u for u in table if u not in present]:
-                del table[url]
+        self.pending.forget(present)
+        self.picks.forget(present)
         for url in [u for u in self.model.known() if u not in present]:
             self.model.forget(url)
-
-
-def _bounded_put(table: dict[Hashable, _V], key: Hashable, value: _V, bound: int) -> None:
-    """Insert, dropping the oldest entry past ``bound`` (a peer that never reports back)."""
-    table[key] = value
-    if len(table) > bound:
-        del table[next(iter(table))]
 
 
 def _factory(params: TtftParams, rng: random.Random) -> TtftCost:

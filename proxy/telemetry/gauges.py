@@ -1,4 +1,5 @@
-"""Gauges read at scrape time: worker and admission state, and the diagnosis (registered by Metrics / the diagnosis).
+"""Families read at scrape time: worker and admission state, KV event streams, the prompt token
+estimate (registered by Metrics), and the diagnosis (registered by the diagnosis).
 
 Current state (worker health, scraped engine state, in-flight, queue depth) is read from a
 ``StateProvider`` when Prometheus scrapes, so it can never go stale or outlive a worker. Unknown
@@ -7,17 +8,18 @@ values are omitted, never exported as 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.routing.base import WorkerSnapshot
 
 if TYPE_CHECKING:
     from proxy.diagnose.service import Diagnosis
+    from proxy.workers.kv_subscriber import KvSubscriber
 
 
 class StateProvider(Protocol):
@@ -88,6 +90,67 @@ class StateCollector(Collector):
         n.add_metric(["unhealthy"], float(sum(1 for s in snaps if not s.healthy)))
         yield n
 
+
+# -- KV event streams and the token estimate (registered by Metrics.attach_kv_events /
+# attach_prompt_bytes_per_token): read from their owners at scrape time, like the state above.
+
+KV_STATES = ("connecting", "live", "resynced", "failed")
+
+
+class KvEventsCollector(Collector):
+    def __init__(self, subscribers: Callable[[], Iterable[KvSubscriber]]) -> None:
+        self._subscribers = subscribers
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        state = GaugeMetricFamily(
+            "radixgate_kv_events_state",
+            "1 for the state of each worker's KV event stream (live / resynced: routing reads the "
+            "engine's events; connecting / failed: the approximate index).", labels=["worker", "state"])
+        blocks = GaugeMetricFamily("radixgate_kv_events_blocks", "Blocks the worker's events say it holds on GPU.",
+                                   labels=["worker"])
+        lag = GaugeMetricFamily("radixgate_kv_events_lag_seconds",
+                                "Our clock minus the engine's timestamp of its last batch, when it arrived.",
+                                labels=["worker"])
+        counters = {name: CounterMetricFamily(f"radixgate_kv_events_{name}", text, labels=["worker"]) for name, text in (
+            ("batches", "Event batches applied."),
+            ("gaps", "Lost batches detected (a sequence number skipped)."),
+            ("resyncs", "Tables cleared because lost batches could not be replayed or the engine restarted."),
+            ("errors", "Frames or batches that were not a well-formed KV event stream."),
+            ("reconnects", "Event connections re-opened after the transport dropped them."),
+        )}
+        for sub in self._subscribers():
+            for name in KV_STATES:
+                state.add_metric([sub.url, name], 1.0 if sub.state == name else 0.0)
+            blocks.add_metric([sub.url], float(len(sub.table)))
+            if sub.stats.lag_s is not None:
+                lag.add_metric([sub.url], sub.stats.lag_s)
+            for name, family in counters.items():
+                family.add_metric([sub.url], float(getattr(sub.stats, name)))
+        yield state
+        yield blocks
+        yield lag
+        yield from counters.values()
+
+
+class BytesPerTokenCollector(Collector):
+    def __init__(self, current: Callable[[], Mapping[str, float]]) -> None:
+        self._current = current
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        g = GaugeMetricFamily(
+            "radixgate_prompt_bytes_per_token",
+            "UTF-8 bytes per prompt token learned from the prompt_tokens engines reported, by model "
+            "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
+            labels=["model"])
+        for model, value in sorted(self._current().items()):
+            g.add_metric([model], value)
+        yield g
 
 
 # -- diagnosis gauges (owned by the diagnosis: proxy/diagnose) ---------------------------------

@@ -6,11 +6,11 @@ are bounded: ``worker`` (configured URLs), ``frontend`` (http | grpc), ``outcome
 ``policy``, ``branch``, ``stage``, ``model`` (the learned bytes per token: at most
 ``token_estimate.MAX_MODELS``). Label sets of a removed worker are removed (``forget_worker``).
 
-Gauges that describe current state (worker health, scraped engine state, in-flight, queue depth)
-are read at scrape time from a ``StateProvider`` through a custom collector (``gauges.py``), so they
-can never go stale or outlive a worker. Counters and histograms are updated by the pipeline; their labelled
-children are cached here (``labels()`` is the slow part of an observation) and the cache doubles as
-the list of label sets to drop when a worker leaves.
+Gauges that describe current state (worker health, scraped engine state, in-flight, queue depth,
+KV event streams, the learned bytes per token) are read at scrape time through custom collectors
+(``gauges.py``), so they can never go stale or outlive a worker. Counters and histograms are updated
+by the pipeline; their labelled children are cached here (``labels()`` is the slow part of an
+observation) and the cache doubles as the list of label sets to drop when a worker leaves.
 
 Invariant kept by the pipeline: for every frontend,
 ``requests_accepted_total == requests_succeeded_total + requests_failed_total`` once requests end,
@@ -23,12 +23,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
-from proxy.telemetry.gauges import StateCollector, StateProvider, attach_diagnosis
+from proxy.telemetry.gauges import (
+    BytesPerTokenCollector,
+    KvEventsCollector,
+    StateCollector,
+    StateProvider,
+    attach_diagnosis,
+)
 
 # Re-exported: the scrape-time gauges live in gauges.py; callers import them from here.
 __all__ = ["BUCKETS", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis"]
@@ -325,12 +329,12 @@ class Metrics:
     def attach_kv_events(self, subscribers: Callable[[], Iterable[KvSubscriber]]) -> None:
         """Register the ``radixgate_kv_events_*`` families, read from the workers' KV event
         subscribers at scrape time (``proxy/workers/kv_subscriber.py``)."""
-        self.registry.register(_KvEventsCollector(subscribers))
+        self.registry.register(KvEventsCollector(subscribers))
 
     def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
         """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at
         scrape time: the learned estimate per model (``routing/token_estimate.py``)."""
-        self.registry.register(_BytesPerTokenCollector(current))
+        self.registry.register(BytesPerTokenCollector(current))
 
     def _record_routing(self, done: CompletedRequest) -> None:
         route, decision, t = done.route, done.decision, done.timing
@@ -361,62 +365,3 @@ class Metrics:
         which the diagnosis shares; this module only counts it)."""
         self.child(self.routing_available_cached, policy).inc(tokens)
     # == end of routing block ==
-
-
-KV_STATES = ("connecting", "live", "resynced", "failed")
-
-
-class _KvEventsCollector(Collector):
-    def __init__(self, subscribers: Callable[[], Iterable[KvSubscriber]]) -> None:
-        self._subscribers = subscribers
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        state = GaugeMetricFamily(
-            "radixgate_kv_events_state",
-            "1 for the state of each worker's KV event stream (live / resynced: routing reads the "
-            "engine's events; connecting / failed: the approximate index).", labels=["worker", "state"])
-        blocks = GaugeMetricFamily("radixgate_kv_events_blocks", "Blocks the worker's events say it holds on GPU.",
-                                   labels=["worker"])
-        lag = GaugeMetricFamily("radixgate_kv_events_lag_seconds",
-                                "Our clock minus the engine's timestamp of its last batch, when it arrived.",
-                                labels=["worker"])
-        counters = {name: CounterMetricFamily(f"radixgate_kv_events_{name}", text, labels=["worker"]) for name, text in (
-            ("batches", "Event batches applied."),
-            ("gaps", "Lost batches detected (a sequence number skipped)."),
-            ("resyncs", "Tables cleared because lost batches could not be replayed or the engine restarted."),
-            ("errors", "Frames or batches that were not a well-formed KV event stream."),
-            ("reconnects", "Event connections re-opened after the transport dropped them."),
-        )}
-        for sub in self._subscribers():
-            for name in KV_STATES:
-                state.add_metric([sub.url, name], 1.0 if sub.state == name else 0.0)
-            blocks.add_metric([sub.url], float(len(sub.table)))
-            if sub.stats.lag_s is not None:
-                lag.add_metric([sub.url], sub.stats.lag_s)
-            for name, family in counters.items():
-                family.add_metric([sub.url], float(getattr(sub.stats, name)))
-        yield state
-        yield blocks
-        yield lag
-        yield from counters.values()
-
-
-class _BytesPerTokenCollector(Collector):
-    def __init__(self, current: Callable[[], Mapping[str, float]]) -> None:
-        self._current = current
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        g = GaugeMetricFamily(
-            "radixgate_prompt_bytes_per_token",
-            "UTF-8 bytes per prompt token learned from the prompt_tokens engines reported, by model "
-            "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
-            labels=["model"])
-        for model, value in sorted(self._current().items()):
-            g.add_metric([model], value)
-        yield g

@@ -14,7 +14,7 @@ The pipeline asks two questions of each answer (``Exchange._attempt``):
   a batch) declared as JSON or undeclared: a truncated body or a balancer's HTML page is a
   ``BadAnswer``, not a 200 to relay and not a 500 in the proxy.
 
-A stream's events are judged by ``sse.check_events``. ``BadAnswer`` and the transport's own
+A stream's events are judged by ``sse_frames.check_events``. ``BadAnswer`` and the transport's own
 refusals (``http1.UpstreamProtocolError``: bad status line, head or framing, a body over
 ``upstream.max_response_bytes``) become a 502 ``UpstreamError`` — retried on another worker while
 nothing has reached the client (``upstream.max_retries``), and counted against the worker.

@@ -8,7 +8,8 @@ wakes the reader once per read; a request is one ``transport.write`` of prebuilt
 Scope, on purpose small: ``POST`` with a body; responses framed by ``Content-Length``,
 ``Transfer-Encoding: chunked`` (trailers skipped) or connection close; keep-alive reuse;
 ``http`` and ``https``. TCP_NODELAY is set on every connection. A connection is reused only after
-its response was read to the end; anything else closes it.
+its response was read to the end; anything else closes it. The pool that leases connections
+and reuses them is ``http1_pool.py``; the framing itself is parsed by ``http1_parse.py``.
 
 Timeouts: connecting is bounded by ``connect_timeout_s``; once its head arrived, a response that
 stays silent for ``idle_timeout_s`` between reads fails with ``UpstreamIdle`` (a ``TimeoutError``).
@@ -30,17 +31,13 @@ asked for) or more than ``MAX_INTERIM`` interim ``1xx`` heads are ``UpstreamProt
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
-import ssl
-from collections.abc import Mapping
-from urllib.parse import urlsplit
+from typing import Protocol
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_INTERIM = 8  # interim 1xx heads skipped before the final one
+from proxy.workers.http1_parse import MAX_HEAD_BYTES, ChunkedDecoder, parse_head
+
 PAUSE_ABOVE = 1 << 20  # buffered body bytes before we stop reading from the worker
 DEFAULT_MAX_BODY = 64 << 20
-_STATUS = re.compile(r"[1-5][0-9][0-9]")
 
 
 class UpstreamClosed(ConnectionError):
@@ -59,6 +56,12 @@ class UpstreamIdle(TimeoutError):
     """The worker went silent mid-response for longer than the idle timeout."""
 
 
+class ConnectionOwner(Protocol):
+    """Where a leased connection goes back when its response is done (``http1_pool.Http1Pool``)."""
+
+    def release(self, conn: Http1Connection, /) -> None: ...
+
+
 class Http1Connection(asyncio.Protocol):
     """One connection; at most one request on it at a time. Also the response object."""
 
@@ -69,7 +72,7 @@ class Http1Connection(asyncio.Protocol):
         self.max_body_bytes = max_body_bytes
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.pool: Http1Pool | None = None  # set while leased from a pool
+        self.pool: ConnectionOwner | None = None  # set while leased from a pool
         self._reset()
 
     def _reset(self) -> None:
@@ -82,8 +85,8 @@ class Http1Connection(asyncio.Protocol):
         self._interim = 0
         self._head_done = False
         self._framing = ""  # "length" | "chunked" | "eof"
-        self._remaining = 0  # length framing: bytes left; chunked: bytes left in this chunk (+2 CRLF)
-        self._cbuf = b""  # chunked: undecoded bytes
+        self._remaining = 0  # length framing: bytes left
+        self._chunks: ChunkedDecoder | None = None  # chunked framing
         self._body: list[bytes] = []
         self._buffered = 0
         self.complete = False
@@ -158,102 +161,35 @@ class Http1Connection(asyncio.Protocol):
         self._stop_timer()
         self._wake()
 
-    # -- parsing ---------------------------------------------------------------------------------
+    # -- framing (the parsing itself is http1_parse's) -------------------------------------------
     def _parse_head(self, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or parts[0] not in ("HTTP/1.1", "HTTP/1.0") or not _STATUS.fullmatch(parts[1]):
-            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(parts[1])
-        if 100 <= status < 200:
-            if status == 101 or self._interim >= MAX_INTERIM:
-                raise ValueError(f"worker answered {lines[0][:40]!r}: no final response")
-            self._interim += 1  # an interim answer (100 Continue, 103 Early Hints): the final one follows
+        parsed = parse_head(head, self._interim)
+        if parsed is None:
+            self._interim += 1  # an interim answer: the final one follows
             return
-        self.status = status
-        headers = self.headers
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        self.content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._framing, self._remaining = "chunked", -1
-        elif "content-length" in headers:
-            length = headers["content-length"]
-            if not (length.isascii() and length.isdigit()) or len(length) > 18:
-                raise ValueError(f"bad Content-Length {length[:30]!r}")
-            self._framing, self._remaining = "length", int(length)
+        self.status, self.headers, self.content_type = parsed.status, parsed.headers, parsed.content_type
+        self.keep_alive = parsed.keep_alive
+        self._framing = parsed.framing
+        if parsed.framing == "chunked":
+            self._chunks = ChunkedDecoder()
+        elif parsed.framing == "length":
+            self._remaining = parsed.length
             if self._remaining == 0:
                 self._finish()
-        elif self.status in (204, 304):
-            self._framing = "length"
-            self._finish()
-        else:
-            self._framing = "eof"
-            self.keep_alive = False
         self._head_done = True
         self._arm()  # from here on, silence is the idle timeout's
 
     def _feed_chunked(self, data: bytes) -> None:
-        buf = self._cbuf + data if self._cbuf else data
-        pos, size = 0, len(buf)
-        pieces: list[bytes] = []
-        while pos < size:
-            if self._remaining > 0:  # inside a chunk's data (+ its trailing CRLF)
-                take = min(self._remaining, size - pos)
-                pieces.append(buf[pos:pos + take])
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._remaining = -2  # expect CRLF
-                continue
-            if self._remaining == -2:
-                if size - pos < 2:
-                    break
-                pos += 2
-                self._remaining = -1
-                continue
-            if self._remaining == -3:  # trailer lines after the last chunk, up to an empty one
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                empty = end == pos
-                pos = end + 2
-                if empty:
-                    self._finish()
-                    break
-                continue
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                break
-            try:
-                length = int(buf[pos:end], 16)  # the common case: no chunk extension
-            except ValueError:
-                size_text = buf[pos:end].split(b";", 1)[0].strip()
-                try:
-                    length = int(size_text, 16)
-                except ValueError:
-                    self._fail(UpstreamProtocolError(f"bad chunk size {size_text[:20]!r}"))
-                    return
-            if length < 0:
-                self._fail(UpstreamProtocolError(f"bad chunk size {buf[pos:end][:20]!r}"))
-                return
-            pos = end + 2
-            if length == 0:
-                self._remaining = -3
-                continue
-            stop = pos + length
-            if stop + 2 <= size:  # the whole chunk and its CRLF are here (one token per chunk: usual)
-                pieces.append(buf[pos:stop])
-                pos = stop + 2
-                continue
-            self._remaining = length
-        self._cbuf = buf[pos:] if pos < size else b""
-        if pieces:
-            self._push(b"".join(pieces) if len(pieces) > 1 else pieces[0])
+        chunks = self._chunks
+        assert chunks is not None
+        try:
+            body = chunks.feed(data)
+        except ValueError as e:
+            self._fail(UpstreamProtocolError(str(e)))
+            return
+        if chunks.done:
+            self._finish()
+        self._push(body)
 
     def _push(self, data: bytes) -> None:
         if not data:
@@ -371,7 +307,8 @@ class Http1Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.closed and self._exc is None and not self._cbuf
+        leftover = self._chunks is not None and self._chunks.buf
+        return self.complete and self.keep_alive and not self.closed and self._exc is None and not leftover
 
     def release(self) -> None:
         """Done with this response: back to its pool if read to the end (the pool decides), else closed."""
@@ -388,77 +325,3 @@ class Http1Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.close()
             self.closed = True
-
-
-class Http1Pool:
-    """Keep-alive connections to one worker (``limit`` at most, idle ones kept ``keepalive_s``)."""
-
-    def __init__(self, url: str, *, limit: int, keepalive_s: float, connect_timeout_s: float,
-                 idle_timeout_s: float, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:
-        parts = urlsplit(url)
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.https else 80)
-        self.host_header = parts.netloc.encode("latin-1")
-        self._ssl = ssl.create_default_context() if self.https else None
-        self._keepalive = keepalive_s
-        self._connect_timeout = connect_timeout_s
-        self._idle_timeout = idle_timeout_s
-        self._max_body = max_body_bytes
-        self._slots = asyncio.Semaphore(limit)
-        self._idle: list[tuple[Http1Connection, float]] = []
-        self._closed = False
-
-    def head(self, path: str, body_len: int, headers: Mapping[str, str]) -> bytes:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        return (f"POST {path} HTTP/1.1\r\nHost: {self.host_header.decode('latin-1')}\r\n"
-                f"Content-Length: {body_len}\r\n{extra}\r\n").encode("latin-1")
-
-    async def request(self, path: str, body: bytes, headers: Mapping[str, str]) -> Http1Connection:
-        """Send a POST and return the connection once the response head arrived."""
-        await self._slots.acquire()
-        conn: Http1Connection | None = None
-        try:
-            conn = await self._connection()
-            conn.send(self.head(path, len(body), headers) + body)
-            await conn.wait_head()
-        except BaseException:
-            self._slots.release()
-            if conn is not None:
-                conn.close()
-            raise
-        conn.pool = self
-        return conn
-
-    async def _connection(self) -> Http1Connection:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self._idle:
-            conn, since = self._idle.pop()
-            if not conn.closed and now - since < self._keepalive and not (
-                    conn.transport is not None and conn.transport.is_closing()):
-                return conn
-            conn.close()
-        _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: Http1Connection(loop, self._idle_timeout, self._max_body),
-                                   self.host, self.port,
-                                   ssl=self._ssl, server_hostname=self.host if self._ssl else None),
-            self._connect_timeout)
-        return proto
-
-    def release(self, conn: Http1Connection) -> None:
-        """Return ``conn`` after its response: kept for reuse when it was read to the end (idempotent)."""
-        if conn.pool is not self:
-            return
-        conn.pool = None
-        self._slots.release()
-        if conn.reusable and not self._closed:
-            self._idle.append((conn, asyncio.get_running_loop().time()))
-        else:
-            conn.close()
-
-    def close(self) -> None:
-        self._closed = True
-        for conn, _ in self._idle:
-            conn.close()
-        self._idle.clear()

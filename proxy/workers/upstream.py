@@ -1,6 +1,6 @@
 """Connections to workers: generation requests on the lean ``http1`` client, the rest on aiohttp.
 
-Both keep pooled keep-alive connections per worker. Generation (``post``) uses ``http1.Http1Pool``
+Both keep pooled keep-alive connections per worker. Generation (``post``) uses ``http1_pool.Http1Pool``
 — it is the hot path, see that module for why; probes, scrapes and ``/abort_request`` use one
 aiohttp session per worker.
 
@@ -31,7 +31,8 @@ from collections.abc import Mapping
 import aiohttp
 
 from proxy.config import UpstreamConfig
-from proxy.workers.http1 import Http1Connection, Http1Pool, ResponseTooLarge
+from proxy.workers.http1 import Http1Connection, ResponseTooLarge
+from proxy.workers.http1_pool import Http1Pool
 
 log = logging.getLogger("radixgate.upstream")
 

@@ -195,7 +195,7 @@ async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
     # The silent peer's request is forgotten, not waited for by the next follower still unconfirmed.
     policy = b.policy
     assert isinstance(policy, TtftCost)
-    assert not any(policy._peer_pending.values())
+    assert not any(policy.pending.peer_pending.values())
 
 
 async def test_over_grpc_the_hold_is_a_stage_of_the_final_message(

@@ -9,16 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.diagnose import rules
+from proxy.diagnose.cache_replay import CacheSignal, cache_signal, replay_matched_blocks
 from proxy.diagnose.cost import stage_costs
 from proxy.diagnose.signals import (
-    CacheSignal,
     Distribution,
     LatencySignal,
     OccupancySignal,
     Signals,
     WindowInfo,
-    cache_signal,
-    replay_matched_blocks,
 )
 from proxy.diagnose.window import RequestRecord
 from tests.unit.diagnose_builders import chain, gpu, record

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.diagnose.cache_replay import CacheSignal
 from proxy.diagnose.signals import (
-    CacheSignal,
     Distribution,
     LatencySignal,
     OccupancySignal,

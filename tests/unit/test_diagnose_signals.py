@@ -4,8 +4,9 @@ import dataclasses
 
 import pytest
 
-from proxy.diagnose import signals
-from proxy.diagnose.signals import Distribution, cache_signal, replay_matched_blocks
+from proxy.diagnose import cache_replay, signals
+from proxy.diagnose.cache_replay import cache_signal, replay_matched_blocks
+from proxy.diagnose.signals import Distribution
 from proxy.diagnose.window import SnapshotSample
 from proxy.routing.base import WorkerSnapshot
 from tests.unit.diagnose_builders import chain, record
@@ -114,9 +115,9 @@ def test_requests_without_cache_reports_get_an_estimate_marked_so() -> None:
 def test_fleet_capacity_sums_the_latest_sample_or_is_unknown() -> None:
     known = SnapshotSample(1.0, (WorkerSnapshot("a", max_total_tokens=100), WorkerSnapshot("b", max_total_tokens=50)))
     partial = SnapshotSample(2.0, (WorkerSnapshot("a", max_total_tokens=100), WorkerSnapshot("b")))
-    assert signals.fleet_capacity_tokens([known]) == 150
-    assert signals.fleet_capacity_tokens([known, partial]) is None
-    assert signals.fleet_capacity_tokens([]) is None
+    assert cache_replay.fleet_capacity_tokens([known]) == 150
+    assert cache_replay.fleet_capacity_tokens([known, partial]) is None
+    assert cache_replay.fleet_capacity_tokens([]) is None
 
 
 def test_occupancy_averages_per_worker_and_skips_stale_snapshots() -> None:

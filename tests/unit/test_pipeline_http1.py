@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy.workers.http1 import Http1Pool, UpstreamClosed, UpstreamIdle
+from proxy.workers.http1 import UpstreamClosed, UpstreamIdle
+from proxy.workers.http1_pool import Http1Pool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

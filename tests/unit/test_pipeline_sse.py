@@ -1,4 +1,4 @@
-"""Stream accounting and event decoding (proxy/sse.py) and the forwarded body (rid splice)."""
+"""Stream accounting and event decoding (proxy/sse.py, sse_frames.py) and the forwarded body (rid splice)."""
 
 import json
 
@@ -8,18 +8,8 @@ from proxy.errors import UpstreamError
 from proxy.pipeline import body_with_rid, error_event
 from proxy.records import wants_usage_hidden
 from proxy.request import Dialect, GenerateRequest
-from proxy.sse import (
-    DONE_EVENT,
-    ErrorEvent,
-    EventDecoder,
-    StreamAccountant,
-    TextDelta,
-    drop_usage_events,
-    first_token_counts,
-    iter_payloads,
-    last_output_payload,
-    meta_from,
-)
+from proxy.sse import ErrorEvent, EventDecoder, StreamAccountant, TextDelta, first_token_counts, meta_from
+from proxy.sse_frames import DONE_EVENT, drop_usage_events, iter_payloads, last_output_payload
 
 
 def sse(obj: object) -> bytes:

@@ -1,10 +1,10 @@
-"""What the relay checks in a worker's events (sse.check_events) and where it cuts a run (until_end)."""
+"""What the relay checks in a worker's events and where it cuts a run (sse_frames: check_events, until_end)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.sse import MalformedEvent, check_events, until_end
+from proxy.sse_frames import MalformedEvent, check_events, until_end
 
 EV = b'data: {"text": "a"}\n\n'
 DONE = b"data: [DONE]\n\n"

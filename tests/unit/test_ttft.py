@@ -11,7 +11,8 @@ from proxy.config import ConfigError
 from proxy.routing.base import Completion, FirstToken, NoWorkerAvailable, RouteRequest, WorkerSnapshot
 from proxy.routing.kv_index import Match
 from proxy.routing.prefix_key import prefix_tokens
-from proxy.routing.ttft_cost import PEER_PENDING_PER_WORKER, TtftCost, TtftParams
+from proxy.routing.ttft_cost import TtftCost, TtftParams
+from proxy.routing.ttft_estimate import PEER_PENDING_PER_WORKER
 
 URLS = ["http://a", "http://b", "http://c", "http://d"]
 BT = 16

@@ -1,0 +1,120 @@
+"""The prefix-cache signal of a window: captured vs available vs reuse ceiling (pure).
+
+**Prefix cache, captured vs available.** *Captured* is Σ cached / Σ prompt tokens as the workers
+reported them. *Available* replays the window's requests, in dispatch order, through one LRU cache
+of the whole fleet's KV capacity (Σ ``max_total_tokens``), keyed by the chained block hashes routing
+computed: a request's hit is its longest prefix of blocks already in that cache. Blocks grow with
+position as ``routing/prefix_key.py`` lays them out, and each weighs its own token length. A
+request's blocks are touched last-to-first, so parents are more recent than children and evicted
+after them — a radix tree evicts leaves first, and the cached set stays prefix-closed. The *reuse
+ceiling* is the same replay with no capacity bound: all the reuse the workload offers in the window.
+Per request, available and ceiling are floored at what the worker actually reported — a hit that
+happened was by definition available (a cache warm from before the window, or a fleet that beats a
+shared LRU, cannot make available fall below captured). Estimated tokens are converted to the
+worker's count by the ratio of reported to estimated prompt tokens. Cost O(Σ blocks) per
+computation. The LRU always holds the most recent blocks that fit, so available grows with
+capacity and never exceeds the ceiling. The cache model (``routing/prefix_index.FleetCache``) and the conversion
+(``reuse.available_tokens``) are shared with the live counter
+``radixgate_routing_available_cached_tokens_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.diagnose.reuse import available_tokens
+from proxy.diagnose.window import RequestRecord, SnapshotSample
+from proxy.routing.prefix_index import FleetCache
+from proxy.routing.prefix_key import prefix_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSignal:
+    captured: float | None = None
+    available: float | None = None
+    reuse_ceiling: float | None = None
+    # Fleet KV capacity the replay used; None = unknown, so available is the unbounded replay.
+    capacity_tokens: int | None = None
+    reporting_requests: int = 0
+    prompt_tokens: int = 0
+    # No worker reported cached tokens: captured is what the routing decisions expected to hit
+    # (exact where KV events gave it) and available is counted in the proxy's own token estimate.
+    estimated: bool = False
+
+
+def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
+    """Blocks each record (in the given order) would find in one shared LRU of that capacity."""
+    cache = FleetCache(capacity_tokens)
+    return [cache.add(r.block_hashes, r.block_tokens) for r in records]
+
+
+def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
+    """Blocks each record would find in its own worker's cache: one LRU per worker, holding an
+    equal share of the fleet's KV, fed only the requests routed there."""
+    workers = {r.worker for r in records}
+    share = capacity_tokens // len(workers) if capacity_tokens is not None and workers else None
+    caches: dict[str, FleetCache] = {}
+    out = []
+    for r in records:
+        cache = caches.get(r.worker)
+        if cache is None:
+            cache = caches[r.worker] = FleetCache(share)
+        out.append(cache.add(r.block_hashes, r.block_tokens))
+    return out
+
+
+def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:
+    """Captured, available and reuse ceiling as shares of prompt tokens, over the requests whose
+    worker reported cached tokens; where none did, over every request, from the routing
+    decisions' own predictions (``estimated``)."""
+    replayed = sorted((r for r in records if r.timing.dispatched is not None), key=lambda r: r.order_key)
+    at_capacity = replay_matched_blocks(replayed, capacity_tokens)
+    unbounded = replay_matched_blocks(replayed, None)
+    estimated = not any(r.cached_tokens is not None and r.prompt_tokens for r in replayed)
+    own = per_worker_matched_blocks(replayed, capacity_tokens) if estimated else []
+    captured = available = ceiling = 0.0
+    prompt_total = reporting = 0
+    for k, (r, m_cap, m_all) in enumerate(zip(replayed, at_capacity, unbounded, strict=True)):
+        if estimated:
+            if r.estimated_prompt_tokens <= 0:
+                continue
+            # What the worker it went to would have held: its own LRU of its share of the KV,
+            # fed the requests routed to it (whatever the policy predicted), at least what the
+            # decision predicted (exact where KV events gave it); in the worker's tokens.
+            prompt = r.prompt_tokens or r.estimated_prompt_tokens
+            predicted = r.predicted_cached_tokens or 0
+            cached = round(max(prefix_tokens(own[k], r.block_tokens), predicted) * prompt / r.estimated_prompt_tokens)
+        elif r.prompt_tokens is None or r.cached_tokens is None or r.prompt_tokens <= 0:
+            continue
+        else:
+            prompt, cached = r.prompt_tokens, r.cached_tokens
+        units = {"block_tokens": r.block_tokens, "n_blocks": len(r.block_hashes),
+                 "estimated_prompt": r.estimated_prompt_tokens, "reported_prompt": prompt,
+                 "reported_cached": cached}
+        captured += float(min(prompt, max(0, cached)))
+        available += available_tokens(m_cap, **units)
+        ceiling += available_tokens(m_all, **units)
+        prompt_total += prompt
+        reporting += 1
+    if not reporting:
+        return CacheSignal(capacity_tokens=capacity_tokens)
+    return CacheSignal(
+        captured=captured / prompt_total,
+        available=available / prompt_total,
+        reuse_ceiling=ceiling / prompt_total,
+        capacity_tokens=capacity_tokens,
+        reporting_requests=reporting,
+        prompt_tokens=prompt_total,
+        estimated=estimated,
+    )
+
+
+def fleet_capacity_tokens(samples: Sequence[SnapshotSample]) -> int | None:
+    """Σ max_total_tokens over the workers of the latest sample; None if any is unknown."""
+    if not samples or not samples[-1].workers:
+        return None
+    sizes = [w.max_total_tokens for w in samples[-1].workers]
+    if any(s is None or s <= 0 for s in sizes):
+        return None
+    return sum(s for s in sizes if s is not None)

@@ -1,0 +1,141 @@
+"""Tune rules about the prefix cache: routing that loses reuse, a KV pool too small for the working
+set, mixed page sizes, one hot prefix on too few workers (``rules.py`` lists every rule)."""
+
+from __future__ import annotations
+
+import math
+
+from proxy.diagnose.findings import PREFIX_BLIND_POLICIES, TUNE, Evidence, Finding, Lever, RuleParams, ev
+from proxy.diagnose.rule_common import data_weight, strength
+from proxy.diagnose.shadow import ShadowResult
+from proxy.diagnose.signals import Signals
+
+
+def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
+    c = s.cache
+    if c.captured is None or c.available is None or c.reporting_requests < p.min_cache_reports:
+        return None
+    gap = c.available - c.captured
+    evidence = [
+        ev("cache.available", c.available, ">=", p.min_available),
+        ev("cache.available - cache.captured", gap, ">=", p.capture_gap),
+        ev("cache.captured / cache.available", c.captured / c.available if c.available else None,
+           "<=", p.capture_ratio),
+    ]
+    if not all(e.holds for e in evidence):
+        return None
+    mismatched = [ps for ps in s.page_sizes if ps > 1 and any(bt % ps for bt in s.block_tokens)]
+    blind = [pol for pol in s.policies if pol in PREFIX_BLIND_POLICIES]
+    kv_full = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, ">=", p.saturation)
+    evidence.append(kv_full)
+    head = f"workers captured {c.captured:.0%} of prompt tokens from cache against {c.available:.0%} available"
+    if c.estimated:
+        head += " (estimated by the proxy: the workers report no cached tokens)"
+    levers: list[Lever] = []
+    if blind or not s.policies:
+        cause = "routing"
+        summary = (f"{head}: the routing policy ({', '.join(blind) or 'unknown'}) spreads shared prefixes "
+                   "over every worker, so each cache holds every prefix and keeps none")
+        levers.append(Lever("routing.policy", "radixgate",
+                            "switch to a prefix-affinity policy (cache_aware or the cost-based policy)"))
+    elif mismatched:
+        cause = "page_size_mismatch"
+        summary = f"{head}: the worker page size does not line up with radixgate's hash block"
+    elif kv_full.holds:
+        cause = "cache_eviction"
+        summary = f"{head} with affinity routing on and KV usage high: worker caches evict under memory pressure"
+        levers.append(Lever("--mem-fraction-static / --max-total-tokens", "sglang",
+                            "raise the KV pool so routed prefixes survive until reuse"))
+    else:
+        cause = "routing"
+        summary = (f"{head} with affinity routing ({', '.join(s.policies)}): it balances away from the "
+                   "worker that holds the prefix")
+        levers.append(Lever("routing.params (load-balance threshold, prefix index size)", "radixgate",
+                            "let affinity win more often; size the prefix index to the worker KV pool"))
+    if mismatched:
+        levers.append(Lever("--page-size / radixgate hash block size", "sglang",
+                            f"make the hash block ({', '.join(map(str, s.block_tokens))} tokens) a multiple "
+                            f"of the worker page size ({', '.join(map(str, mismatched))})"))
+        evidence.append(Evidence("worker page_size", float(mismatched[0]), "does not divide",
+                                 float(s.block_tokens[0]), True, "hash block tokens"))
+    best = _best_shadow(s)
+    if best is not None and cause == "routing":
+        current = max((r.captured for r in s.shadow if r.policy in s.policies), default=None)
+        # Replayed on this window's traffic (shadow.py): the alternative to switch to, and by how much.
+        summary += (f"; replayed on this traffic, {best.policy} would capture {best.captured:.0%}"
+                    + (f" against {current:.0%} for {', '.join(s.policies)}" if current is not None else ""))
+        evidence.append(ev(f"shadow[{best.policy}].captured", best.captured, ">", current))
+        levers.insert(0, Lever("routing.policy", "radixgate",
+                               f"{best.policy}: it captured {best.captured:.0%} in the shadow replay of this window"))
+    conf = data_weight(s, p) * strength(c.captured / c.available, p.capture_ratio, above=False)
+    return Finding("cache_routing", TUNE, cause, summary, conf, tuple(evidence), tuple(levers))
+
+
+def _best_shadow(s: Signals) -> ShadowResult | None:
+    """The shadow policy that captured most, if it is not the one in use."""
+    if not s.shadow:
+        return None
+    best = max(s.shadow, key=lambda r: r.captured)
+    return None if best.policy in s.policies else best
+
+
+def rule_cache_capacity(s: Signals, p: RuleParams) -> Finding | None:
+    c = s.cache
+    if c.capacity_tokens is None or c.available is None or c.reuse_ceiling is None:
+        return None
+    if c.reporting_requests < p.min_cache_reports:
+        return None
+    evidence = [
+        ev("cache.reuse_ceiling", c.reuse_ceiling, ">=", p.min_available),
+        ev("cache.reuse_ceiling - cache.available", c.reuse_ceiling - c.available, ">=", p.capacity_gap,
+           note=f"fleet KV capacity {c.capacity_tokens} tokens"),
+    ]
+    if not all(e.holds for e in evidence):
+        return None
+    summary = (f"the workload reuses {c.reuse_ceiling:.0%} of its prompt tokens but a fleet cache of "
+               f"{c.capacity_tokens} tokens can hold only enough for {c.available:.0%}: the KV pool is "
+               "too small for the working set")
+    levers = (
+        Lever("--mem-fraction-static", "sglang", "raise it (more GPU memory for the KV pool)"),
+        Lever("--max-total-tokens", "sglang", "remove or raise the cap on the KV pool"),
+        Lever("replicas", "fleet", "add workers: with affinity routing total cache grows with the fleet"),
+    )
+    conf = data_weight(s, p) * strength(c.reuse_ceiling - c.available, p.capacity_gap)
+    return Finding("cache_capacity", TUNE, "cache_capacity", summary, conf, tuple(evidence), levers)
+
+
+def rule_hot_prefix(s: Signals, p: RuleParams) -> Finding | None:
+    """One shared prefix (a global system prompt) carries more requests than one worker can
+    prefill, but affinity keeps it on too few workers: its own requests queue there."""
+    hot, n = s.hot_prefix, s.workers
+    if hot is None or n < 2:
+        return None
+    needed = math.ceil(hot.share * n)
+    share = ev("hot_prefix.share x workers", hot.share * n, ">=", p.hot_prefix_share)
+    spread = ev("hot_prefix.workers", float(hot.workers), "<", float(needed))
+    slow = ev("hot_prefix.ttft_p95_s", hot.ttft_p95, ">", p.slo_ttft_p95_s)
+    if not (share.holds and spread.holds and slow.holds):
+        return None
+    summary = (f"one shared prefix carries {hot.share:.0%} of requests (about {needed} workers' share) but ran on "
+               f"{hot.workers}: its requests queue there (their TTFT p95 {hot.ttft_p95:.2f}s)")
+    levers = (
+        Lever("routing.params (work_weight, tie_rel)", "radixgate",
+              "let the hot prefix spill to more workers sooner; its prefill is cheaper than the queue"),
+        Lever("replicas", "fleet", "more workers for the prefix that needs them"),
+    )
+    conf = data_weight(s, p) * strength(hot.ttft_p95, p.slo_ttft_p95_s)
+    return Finding("hot_prefix", TUNE, "hot_prefix", summary, conf, (share, spread, slow), levers)
+
+
+def rule_mixed_page_sizes(s: Signals, p: RuleParams) -> Finding | None:
+    """Workers of one pool with different KV page sizes: radixgate's hash block must be a multiple
+    of all of them (their least common multiple), so prefix matches are only as fine as the coarsest
+    combination, and the same prompt pages differently on each worker."""
+    sizes = sorted({ps for ps in s.page_sizes if ps > 0})
+    if len(sizes) < 2:
+        return None
+    evidence = (Evidence("distinct worker page sizes", float(len(sizes)), ">=", 2.0, True,
+                         ", ".join(map(str, sizes))),)
+    levers = (Lever("--page-size", "sglang", f"one page size across the pool (now {', '.join(map(str, sizes))})"),)
+    summary = f"the workers run different KV page sizes ({', '.join(map(str, sizes))}): one pool, one --page-size"
+    return Finding("mixed_page_sizes", TUNE, "page_size_mismatch", summary, 0.9 * data_weight(s, p), evidence, levers)

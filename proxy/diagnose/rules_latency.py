@@ -1,0 +1,143 @@
+"""Tune rules about latency and scheduling: admission, idle GPUs, the TTFT tail, decode stalls and
+jitter, the proxy's own overhead (``rules.py`` lists every rule)."""
+
+from __future__ import annotations
+
+from proxy.diagnose.findings import TUNE, Evidence, Finding, Lever, RuleParams, ev
+from proxy.diagnose.rule_common import data_weight, requests_queue, strength
+from proxy.diagnose.signals import Signals, ratio
+
+
+def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
+    queueing, qev = requests_queue(s, p)
+    usage = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, "<", p.kv_headroom)
+    if not (queueing and usage.holds):
+        return None
+    at_cap = ev("occupancy.occupancy_mean", s.occupancy.occupancy_mean, ">=", p.running_at_cap)
+    if at_cap.holds:
+        cause = "max_running_requests"
+        summary = (f"requests queue while the batch is full at max_running_requests and KV usage is only "
+                   f"{s.occupancy.token_usage_mean:.0%}: the batch-size cap, not memory, is the limit")
+        levers: tuple[Lever, ...] = (
+            Lever("--max-running-requests", "sglang", "raise it until KV usage nears saturation"),
+        )
+    else:
+        cause = "schedule_conservativeness"
+        summary = (f"requests queue while KV usage is {s.occupancy.token_usage_mean:.0%} and the batch has "
+                   "free slots: the scheduler admits too conservatively")
+        levers = (
+            Lever("--schedule-conservativeness", "sglang", "lower it (e.g. 0.3) while usage stays < 0.9"),
+            Lever("--max-prefill-tokens / --chunked-prefill-size", "sglang",
+                  "raise so more waiting prompts enter each prefill batch"),
+        )
+    conf = data_weight(s, p) * strength(s.occupancy.token_usage_mean, p.kv_headroom, above=False)
+    if s.occupancy.occupancy_mean is None:
+        conf *= 0.7
+    return Finding("admission", TUNE, cause, summary, conf, (*qev, usage, at_cap), levers)
+
+
+def rule_idle_gaps(s: Signals, p: RuleParams) -> Finding | None:
+    idle = ev("gpu.idle_share", s.gpu.idle_share, ">=", p.idle_gap_share,
+              note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
+    queueing, qev = requests_queue(s, p)
+    busy = ev("occupancy.occupancy_mean", s.occupancy.occupancy_mean, ">=", 0.5)
+    if not (idle.holds and (queueing or busy.holds)):
+        return None
+    summary = (f"GPUs sat idle {s.gpu.idle_share:.0%} of the time while work was waiting or running: "
+               "a scheduling or data-loading stall between forward passes")
+    levers = (
+        Lever("--stream-interval", "sglang", "raise it so detokenising and streaming cost fewer host cycles"),
+        Lever("--schedule-policy", "sglang", "fcfs (lpm's prefix matching costs CPU when many wait)"),
+        Lever("host CPU / tokenizer", "profiling", "check the host is not the bottleneck (py-spy on the scheduler)"),
+    )
+    conf = data_weight(s, p) * strength(s.gpu.idle_share, p.idle_gap_share)
+    return Finding("idle_gaps", TUNE, "scheduling_stall", summary, conf, (idle, *qev, busy), levers)
+
+
+def rule_prefill_tail(s: Signals, p: RuleParams) -> Finding | None:
+    lat = s.latency
+    over = ev("latency.ttft.p95_s", lat.ttft.p95, ">", p.slo_ttft_p95_s)
+    spread = ev("latency.ttft.p95 / p50", lat.ttft.spread, ">=", p.tail_spread)
+    flat = ev("latency.itl.p95 / p50", lat.itl_jitter, "<=", p.flat_decode_jitter)
+    waits = [d.p95 for d in (lat.worker_queue, lat.admission_wait) if d.p95 is not None]
+    queue_p95 = sum(waits) if waits else None
+    share = ev("(worker_queue + admission_wait).p95 / ttft.p95",
+               queue_p95 / lat.ttft.p95 if queue_p95 is not None and lat.ttft.p95 else None,
+               ">=", p.queue_tail_share)
+    if not (over.holds and spread.holds and (flat.holds or lat.itl_jitter is None)):
+        return None
+    if not share.holds and queue_p95 is not None:
+        return None
+    summary = (f"TTFT p95 {lat.ttft.p95:.2f}s is {lat.ttft.spread:.1f}x its p50 while decode is flat: "
+               "the tail is requests waiting for admission behind long prefills")
+    levers = (
+        Lever("--chunked-prefill-size", "sglang", "lower it so long prompts interleave with the queue"),
+        Lever("--schedule-policy", "sglang", "lpm for shared prefixes, or shortest-prefill-first"),
+        Lever("replicas", "fleet", "add workers if the queue persists at the best chunk size"),
+    )
+    conf = data_weight(s, p) * strength(lat.ttft.spread, p.tail_spread)
+    if queue_p95 is None:
+        conf *= 0.6  # no queue-time report: the tail is inferred from shape alone
+    return Finding("prefill_tail", TUNE, "queue_admission_tail", summary, conf,
+                   (over, spread, flat, share), levers)
+
+
+def _prefill_stall_evidence(s: Signals, p: RuleParams) -> list[Evidence]:
+    lat = s.latency
+    floor, worst = lat.itl_floor, lat.itl_max.p50
+    return [
+        ev("latency.itl_max.p50 / itl.p10", ratio(worst, floor), ">=", p.prefill_stall_ratio),
+        ev("latency.itl_max.p50 - itl.p10 (s)", None if worst is None or floor is None else worst - floor,
+           ">=", p.prefill_stall_s),
+        ev("latency.uncached_tokens.p95", lat.uncached_tokens_p95, ">=", p.prefill_heavy_tokens),
+    ]
+
+
+def rule_prefill_stall(s: Signals, p: RuleParams) -> Finding | None:
+    """Decode steps that wait behind prefill chunks: the slow tail of the ITL, not the middle."""
+    evidence = _prefill_stall_evidence(s, p)
+    if not all(e.holds for e in evidence):
+        return None
+    lat = s.latency
+    assert lat.itl_max.p50 is not None and lat.itl_floor is not None  # the evidence holds
+    summary = (f"decode steps stall behind prefill: the median request's worst token gap is "
+               f"{lat.itl_max.p50 * 1000:.0f} ms against {lat.itl_floor * 1000:.0f} ms for a step without "
+               f"prefill, while prompts bring up to {lat.uncached_tokens_p95:.0f} uncached tokens")
+    levers = (
+        Lever("--enable-mixed-chunk", "sglang", "run decodes in the same batch as prefill chunks"),
+        Lever("--chunked-prefill-size", "sglang", "then lower it: each chunk bounds how long a decode step waits"),
+        Lever("prefill/decode disaggregation", "fleet", "move long prefills off the decode workers"),
+    )
+    conf = 0.75 * data_weight(s, p) * strength(ratio(lat.itl_max.p50, lat.itl_floor), p.prefill_stall_ratio)
+    return Finding("prefill_stall", TUNE, "prefill_interference", summary, conf, tuple(evidence), levers)
+
+
+def rule_decode_jitter(s: Signals, p: RuleParams) -> Finding | None:
+    if all(e.holds for e in _prefill_stall_evidence(s, p)):
+        return None  # the jitter has a cause the prefill_stall rule names
+    jitter = ev("latency.itl.p95 / p50", s.latency.itl_jitter, ">=", p.jittery_decode)
+    small = ev("gpu.idle_share", s.gpu.idle_share, "<=", p.small_idle_share,
+               note="" if s.gpu.available else f"unknown: {s.gpu.reason}")
+    if not (jitter.holds and small.holds):
+        return None
+    summary = (f"decode is jittery (ITL p95 {s.latency.itl_jitter:.1f}x p50) while the GPU is rarely idle: "
+               "kernel- or memory-bandwidth-bound steps, a GPU-profiling question")
+    levers = (
+        Lever("nsys / torch profiler on decode steps", "profiling", "find the slow kernels or HBM stalls"),
+        Lever("--attention-backend / --cuda-graph-max-bs", "sglang", "try another backend; cover the batch"),
+    )
+    conf = 0.8 * data_weight(s, p) * strength(s.latency.itl_jitter, p.jittery_decode)
+    return Finding("decode_jitter", TUNE, "kernel_or_bandwidth", summary, conf, (jitter, small), levers)
+
+
+def rule_proxy_overhead(s: Signals, p: RuleParams) -> Finding | None:
+    share = ev("latency.proxy_overhead_share", s.latency.proxy_overhead_share, ">=", p.proxy_overhead_share)
+    if not share.holds:
+        return None
+    summary = f"radixgate itself takes {s.latency.proxy_overhead_share:.0%} of TTFT before dispatch"
+    levers = (
+        Lever("routing.max_blocks", "radixgate", "hash fewer blocks per prompt"),
+        Lever("routing.policy", "radixgate", "a cheaper policy, or fewer workers per decision"),
+    )
+    conf = data_weight(s, p) * strength(s.latency.proxy_overhead_share, p.proxy_overhead_share)
+    return Finding("proxy_overhead", TUNE, "proxy_overhead", summary, conf, (share,), levers)

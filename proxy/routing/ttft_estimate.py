@@ -1,0 +1,191 @@
+"""Per-worker inputs of the ``ttft`` policy (``ttft_cost.py``), pure bookkeeping: the ``Estimate``
+record, the saturation test, and the prefill a worker's scraped state cannot show yet (our requests
+in flight there, and the ones our peers told us of)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import NamedTuple, TypeVar
+
+from proxy.routing.base import RouteRequest, WorkerSnapshot
+from proxy.routing.ttft_model import Features
+from proxy.routing.ttft_params import TtftParams
+
+_V = TypeVar("_V")
+# Peers' streamed requests still prefilling, remembered per worker: each keeps its block hashes
+# (~5 KB for a 32k-token prompt), and one whose first-token notice is lost (a peer gone) stays
+# until this bound pushes it out (or a hold on it times out).
+PEER_PENDING_PER_WORKER = 1024
+
+
+class Estimate(NamedTuple):
+    """One worker's TTFT estimate for one request (exposed for tests and explanations)."""
+
+    url: str
+    ttft_s: float
+    score: float
+    matched_blocks: int
+    features: Features
+    saturated: bool
+    matched_tokens: int | None = None  # exact, from the worker's KV events
+    # The approximate index's own match (what its bookkeeping refers to); = matched_blocks
+    # unless the worker's events gave another.
+    index_blocks: int | None = None
+
+    @property
+    def uncached(self) -> int:
+        return int(self.features.uncached)
+
+    @property
+    def pending(self) -> int:
+        return int(self.features.unseen + self.features.queued)
+
+
+class InFlight(NamedTuple):
+    request: RouteRequest
+    features: Features
+    # Last touches of the confirmed blocks it matched, before this request touched them.
+    touches: tuple[int, ...]
+    # The worker's scrape signature when we sent it (unseen by the engine while it is current).
+    signature: tuple[object, ...]
+    # Its first token came back: its prompt is prefilled, and the model has learned from it.
+    prefilled: bool = False
+
+
+def signature(worker: WorkerSnapshot) -> tuple[object, ...]:
+    """The scraped part of a snapshot: a change means a new scrape reached us."""
+    return (worker.running, worker.queued, worker.waiting_uncached_tokens, worker.token_usage, worker.cache_hit_rate)
+
+
+def saturated(worker: WorkerSnapshot, p: TtftParams) -> bool:
+    """Stale, KV usage at the limit, our own in-flight cap reached, or every running slot taken
+    with a queue behind it."""
+    if worker.stale:
+        return True
+    if worker.token_usage is not None and worker.token_usage >= p.token_usage_limit:
+        return True
+    if p.max_in_flight and worker.in_flight >= p.max_in_flight:
+        return True
+    return bool(
+        worker.max_running_requests
+        and worker.running is not None
+        and worker.running >= worker.max_running_requests
+        and (worker.queued or 0) > 0
+    )
+
+
+class PendingWork:
+    """Our requests in flight per worker (in dispatch order) and our peers' reported work."""
+
+    def __init__(self, max_tracked_per_worker: int) -> None:
+        self._max_tracked = max_tracked_per_worker
+        # The mean uncached size of our requests: a scraped queue length times this, where the
+        # engine reports no queued tokens.
+        self.mean_uncached = 1024.0
+        # url -> {id(request): InFlight}, in dispatch order.
+        self.in_flight: dict[str, dict[int, InFlight]] = {}
+        # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
+        self.peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
+        # url -> {peer's key: its streamed request, until the peer reports its first token}
+        self.peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
+
+    def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
+        """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
+        scrape's queue."""
+        own = self.in_flight.get(worker.url, {})
+        scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
+        current = signature(worker)
+        peers = self._peer_unseen(worker.url, current)
+        if not scraped:
+            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled) + peers, 0
+        unseen = peers
+        for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
+            if entry.signature != current:
+                break
+            if not entry.prefilled:
+                unseen += int(entry.features.uncached)
+        if worker.waiting_uncached_tokens is not None:
+            queued = worker.waiting_uncached_tokens
+        else:
+            queued = int((worker.queued or 0) * self.mean_uncached)
+        return unseen, queued
+
+    def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
+        """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen
+        under an older scrape are dropped (that scrape's queue counts them now)."""
+        table = self.peer_work.get(url)
+        if not table:
+            return 0
+        total = 0
+        for key, (sig, uncached) in list(table.items()):
+            if sig is None:
+                table[key] = (current, uncached)
+            elif sig != current:
+                del table[key]
+                continue
+            total += uncached
+        return total
+
+    def running(self, worker: WorkerSnapshot) -> int:
+        return worker.running if worker.running is not None else len(self.in_flight.get(worker.url, {}))
+
+    def outstanding(self, url: str) -> int:
+        return len(self.in_flight.get(url, ()))
+
+    def add(self, url: str, entry: InFlight) -> None:
+        key = id(entry.request)
+        for table in self.in_flight.values():
+            table.pop(key, None)  # a retry of the same request routes it again
+        table = self.in_flight.setdefault(url, {})
+        table[key] = entry
+        if len(table) > self._max_tracked:
+            del table[next(iter(table))]
+
+    def get(self, url: str, request: RouteRequest) -> InFlight | None:
+        entry = self.in_flight.get(url, {}).get(id(request))
+        return entry if entry is not None and entry.request is request else None
+
+    def mark_prefilled(self, url: str, entry: InFlight) -> None:
+        self.in_flight[url][id(entry.request)] = entry._replace(prefilled=True)
+
+    def pop(self, url: str, request: RouteRequest) -> InFlight | None:
+        entry = self.in_flight.get(url, {}).pop(id(request), None)
+        return entry if entry is not None and entry.request is request else None
+
+    def prefilling(self, url: str, covers: Callable[[RouteRequest], bool]) -> Hashable | None:
+        """The key of a streamed request sent to ``url`` still without its first token (ours,
+        newest first, then a peer's) that ``covers`` accepts."""
+        for entry in reversed(self.in_flight.get(url, {}).values()):
+            if not entry.prefilled and covers(entry.request):
+                return id(entry.request)
+        for key, other in self.peer_pending.get(url, {}).items():
+            if covers(other):
+                return key
+        return None
+
+    def add_peer(self, url: str, key: Hashable, request: RouteRequest, uncached: int) -> None:
+        """A peer's decision: its ``uncached`` tokens are prefill ahead of ours on ``url`` until the
+        peer reports its first token or a newer scrape counts them; a streamed one may be held on."""
+        if uncached > 0:
+            _bounded_put(self.peer_work.setdefault(url, {}), key, (None, uncached), self._max_tracked)
+        if request.stream:
+            _bounded_put(self.peer_pending.setdefault(url, {}), key, request, PEER_PENDING_PER_WORKER)
+
+    def peer_prefilled(self, url: str, key: Hashable) -> None:
+        for table in (self.peer_work.get(url), self.peer_pending.get(url)):
+            if table is not None:
+                table.pop(key, None)
+
+    def forget(self, present: Iterable[str]) -> None:
+        """Drop the workers not in ``present``."""
+        keep = set(present)
+        for table in (self.in_flight, self.peer_work, self.peer_pending):
+            for url in [u for u in table if u not in keep]:
+                del table[url]
+
+
+def _bounded_put(table: dict[Hashable, _V], key: Hashable, value: _V, bound: int) -> None:
+    """Insert, dropping the oldest entry past ``bound`` (a peer that never reports back)."""
+    table[key] = value
+    if len(table) > bound:
+        del table[next(iter(table))]

@@ -9,8 +9,11 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
     queued_w   = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the mean
                  uncached size of our requests); counts other proxies' traffic too
     running_w  = its decode batch (scraped ``running``, else our in-flight count)
-    ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w)
-                 c0..c4 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
+    waiting_w  = requests ahead there without a first token (ours since the last scrape + its
+                 scraped queue; before any scrape, ours): ``waiting_requests``
+    ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w
+                        + c5 x waiting_w)
+                 c0..c5 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
                  ``factor_alpha`` > 0: a fleet of unequal GPUs)
     score_w    = ttft_w + ``work_weight`` x c1 x f_w x uncached_w
 The second term charges the prefill this request adds to the worker, which delays every later
@@ -122,6 +125,10 @@ class TtftCost:
     def running(self, worker: WorkerSnapshot) -> int:
         return self.pending.running(worker)
 
+    def waiting(self, worker: WorkerSnapshot) -> int:
+        """Requests ahead there without a first token (0 when ``waiting_requests`` is off)."""
+        return self.pending.waiting(worker) if self.params.waiting_requests else 0
+
     def saturated(self, worker: WorkerSnapshot) -> bool:
         return saturated(worker, self.params)
 
@@ -145,7 +152,7 @@ class TtftCost:
                     matched, tokens = blocks, min(exact.tokens, request.prompt_tokens)
         unseen, queued = self.pending_prefill(worker)
         uncached = request.prompt_tokens - tokens if tokens is not None else uncached_tokens(request, matched)
-        x = Features(uncached, unseen, queued, self.running(worker))
+        x = Features(uncached, unseen, queued, self.running(worker), self.waiting(worker))
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
@@ -250,9 +257,10 @@ class TtftCost:
         tokens there, plus the prefill queued ahead of it there (the holder's among it), which
         it would wait for anyway if sent now. Past that, waiting costs more than computing the
         prefix again."""
-        _, per_uncached, per_unseen, per_queued, _ = self.model.coefficients()
+        _, per_uncached, per_unseen, per_queued, _, per_waiting = self.model.coefficients()
         x = chosen.features
-        return self.model.factor(chosen.url) * (per_uncached * saved + per_unseen * x.unseen + per_queued * x.queued)
+        ahead = per_unseen * x.unseen + per_queued * x.queued + per_waiting * x.waiting
+        return self.model.factor(chosen.url) * (per_uncached * saved + ahead)
 
     def _remember(self, request: RouteRequest, chosen: Estimate, scraped: tuple[object, ...]) -> None:
         self.picks.picked(chosen.url)

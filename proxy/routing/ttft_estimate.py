@@ -110,6 +110,22 @@ class PendingWork:
             queued = int((worker.queued or 0) * self.mean_uncached)
         return unseen, queued
 
+    def waiting(self, worker: WorkerSnapshot) -> int:
+        """Requests ahead of a new one on ``worker`` still without a first token: ours (and our
+        peers' streamed ones) without one, or, once scraped, its reported queue plus ours sent
+        since that scrape."""
+        own = self.in_flight.get(worker.url, {})
+        scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
+        if not scraped:
+            return sum(1 for e in own.values() if not e.prefilled) + len(self.peer_pending.get(worker.url, {}))
+        current = signature(worker)
+        unseen = 0
+        for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
+            if entry.signature != current:
+                break
+            unseen += not entry.prefilled
+        return (worker.queued or 0) + unseen
+
     def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
         """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen
         under an older scrape are dropped (that scrape's queue counts them now)."""

@@ -1,14 +1,19 @@
 """The TTFT model behind the ``ttft`` policy, learned online from observed first-token times.
 
-    ttft(w) = f_w x (c0 + c1 x uncached + c2 x unseen + c3 x queued + c4 x running)
+    ttft(w) = f_w x (c0 + c1 x uncached + c2 x unseen + c3 x queued + c4 x running + c5 x waiting)
 
 * ``uncached``: this request's own prompt tokens not in the worker's cache; ``unseen``: uncached
   tokens of our requests sent there since its last scrape; ``queued``: the waiting uncached
   tokens that scrape reported (which may have drained since: a scrape is up to an interval old,
   which is why it has its own coefficient); ``running``: requests in its decode batch, whose
-  decode steps the prefill is interleaved with.
-* ``c0 .. c4``: one fleet-wide fit by recursive least squares with forgetting (token features in
-  thousands, running in tens, so one prior strength suits all), fed every finished request with
+  decode steps the prefill is interleaved with; ``waiting``: requests ahead of it there still
+  without a first token, whatever their size. SGLang batches many prefills into one step, so its
+  ``c5`` stays near its prior of 0; an engine that admits a few requests per step costs each
+  waiting request a step (the GPU fleet's engines: median TTFT 0.49 s with none waiting, 0.87 s
+  with 2, 3.8 s with 5, most of them cache hits of ~100 new tokens; a fit on those traces gave
+  ~0.37 s per waiting request and no weight to their tokens), which only this term can learn.
+* ``c0 .. c5``: one fleet-wide fit by recursive least squares with forgetting (token features in
+  thousands, running and waiting in tens, so one prior strength suits all), fed every finished request with
   its features at decision time and its observed TTFT. Coefficients start at a prior (``c1`` =
   ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used, ``c1``
   at >= a quarter of its prior: 1 / c1 is the learned prefill rate, and an uncached token is never
@@ -20,7 +25,7 @@
 * An observation is clipped to 10x the prediction first: one request stuck behind a stall must not
   swing the fit.
 
-Cost: O(1) per prediction; a 5x5 update per finished request.
+Cost: O(1) per prediction; a 6x6 update per finished request.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ class Features(NamedTuple):
     unseen: float
     queued: float
     running: float
+    waiting: float = 0.0
 
     def vector(self) -> list[float]:
-        return [1.0, self.uncached / _TOKENS, self.unseen / _TOKENS, self.queued / _TOKENS, self.running / _RUNNING]
+        return [1.0, self.uncached / _TOKENS, self.unseen / _TOKENS, self.queued / _TOKENS, self.running / _RUNNING,
+                self.waiting / _RUNNING]
 
 
 class OnlineLinear:
@@ -85,7 +92,7 @@ class TtftModel:
     def __init__(self, prior: TtftPrior, *, forgetting: float = 0.995, factor_alpha: float = 0.05) -> None:
         per_k = _TOKENS / prior.prefill_tokens_per_s
         self._fit = OnlineLinear(
-            [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running],
+            [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running, 0.0],
             prior_variance=0.01,
             forgetting=forgetting,
         )
@@ -94,13 +101,14 @@ class TtftModel:
         self._min_c1 = per_k / 4
         self._coefficients = self._clamped()
 
-    def _clamped(self) -> tuple[float, float, float, float, float]:
+    def _clamped(self) -> tuple[float, float, float, float, float, float]:
         c = [max(0.0, t) for t in self._fit.theta]
         c[1] = max(c[1], self._min_c1)
-        return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING)
+        return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING, c[5] / _RUNNING)
 
     def coefficients(self) -> tuple[float, ...]:
-        """(base s, s per uncached token, s per unseen token, s per queued token, s per running)."""
+        """(base s, s per uncached token, s per unseen token, s per queued token, s per running,
+        s per waiting request)."""
         return self._coefficients
 
     def seconds_per_token(self, url: str) -> float:
@@ -112,8 +120,8 @@ class TtftModel:
 
     def fleet_predict(self, x: Features) -> float:
         # Spelled out: it runs once per worker per decision, and a generator over zip() cost ~5 µs.
-        c0, c1, c2, c3, c4 = self._coefficients
-        return c0 + c1 * x.uncached + c2 * x.unseen + c3 * x.queued + c4 * x.running
+        c0, c1, c2, c3, c4, c5 = self._coefficients
+        return c0 + c1 * x.uncached + c2 * x.unseen + c3 * x.queued + c4 * x.running + c5 * x.waiting
 
     def predict(self, url: str, x: Features) -> float:
         return self.factor(url) * self.fleet_predict(x)

@@ -549,3 +549,34 @@ def test_the_spill_guard_still_leaves_for_a_clearly_idle_worker() -> None:
     busy = first.worker.removeprefix("http://")
     decision = policy.select(prompt(2, 80, shared=70), fleet(**{busy: {"waiting_uncached_tokens": 200_000, "running": 5}}))
     assert decision.worker != first.worker and decision.branch == "spill"
+
+
+
+@pytest.mark.parametrize("waiting_requests", [True, False])
+def test_a_holder_whose_waiting_requests_each_cost_a_step_loses_the_follower(waiting_requests: bool) -> None:
+    # The GPU fleet's engines admit few requests per step: five cache hits of ~100 new tokens
+    # waiting there cost the next one ~2 s. A fit fed such answers learns a cost per waiting
+    # request, and a follower of the group goes to an idle worker and recomputes its prefix;
+    # without the feature the fit cannot see that queue, and the follower joins it.
+    import random
+
+    from proxy.routing.ttft_model import Features
+
+    policy = TtftCost(TtftParams(waiting_requests=waiting_requests))
+    rng = random.Random(3)
+    for _ in range(500):  # what such an engine answers (only the proxy's own counts, no scrapes)
+        waiting = rng.randint(0, 6) if waiting_requests else 0
+        x = Features(rng.uniform(50, 3000), rng.uniform(0, 600), 0.0, rng.randint(0, 16), waiting)
+        policy.model.learn("http://a", x, 0.05 + x.uncached / 12_000 + 0.4 * waiting)
+    holder = prompt(1, 64, shared=60, shared_tag=5)
+    home = policy.select(holder, fleet()).worker
+    finish(policy, holder, home, ttft=0.3, cached=0)
+    decisions = [policy.select(prompt(100 + i, 64, shared=60, shared_tag=5), fleet()) for i in range(6)]
+    assert decisions[0].worker == home  # nothing waiting there yet: the cache hit wins
+    left = [d for d in decisions if d.worker != home]
+    if waiting_requests:
+        assert left and left[0].branch == "spill"
+        # it leaves only once requests wait there: the queue it would have joined cost more
+        assert 1 <= decisions.index(left[0]) <= 5
+    else:
+        assert not left

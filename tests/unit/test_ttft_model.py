@@ -18,18 +18,23 @@ def test_least_squares_recovers_a_noiseless_linear_law() -> None:
     assert fit.theta == pytest.approx([0.05, 0.2, 0.03], abs=1e-3)
 
 
-def test_the_model_learns_prefill_rate_and_decode_interference() -> None:
+@pytest.mark.parametrize("per_waiting_s", [0.0, 0.3])
+def test_the_model_learns_prefill_rate_decode_interference_and_admission_cost(per_waiting_s: float) -> None:
     model = TtftModel(TtftPrior(base_s=0.0, prefill_tokens_per_s=50_000, decode_s_per_running=0.0))
     rng = random.Random(1)
     for _ in range(3000):
-        x = Features(rng.uniform(0, 8000), rng.uniform(0, 4000), rng.uniform(0, 4000), rng.uniform(0, 64))
-        # Stale queue figures matter half as much as fresh work.
-        model.learn("w", x, 0.01 + (x.uncached + x.unseen + 0.5 * x.queued) / 20_000 + 0.002 * x.running)
-    base, per_uncached, per_unseen, per_queued, per_running = model.coefficients()
+        x = Features(rng.uniform(0, 8000), rng.uniform(0, 4000), rng.uniform(0, 4000), rng.uniform(0, 64),
+                     rng.randint(0, 8))
+        # Stale queue figures matter half as much as fresh work; an engine that admits few
+        # requests per step charges each waiting one (0.3 s), one that batches them charges none.
+        model.learn("w", x, 0.01 + (x.uncached + x.unseen + 0.5 * x.queued) / 20_000 + 0.002 * x.running
+                    + per_waiting_s * x.waiting)
+    base, per_uncached, per_unseen, per_queued, per_running, per_waiting = model.coefficients()
     assert per_uncached == pytest.approx(1 / 20_000, rel=0.1)
     assert per_unseen == pytest.approx(1 / 20_000, rel=0.1)
     assert per_queued == pytest.approx(0.5 / 20_000, rel=0.15)
     assert per_running == pytest.approx(0.002, rel=0.15)
+    assert per_waiting == pytest.approx(per_waiting_s, abs=0.01)
     assert base == pytest.approx(0.01, abs=0.01)
 
 

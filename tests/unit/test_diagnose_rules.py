@@ -271,3 +271,23 @@ def test_the_hot_prefix_signal_groups_requests_by_their_first_blocks() -> None:
     recs += [record(blocks=chain(2, 8), worker=f"http://w{i % 2}", received=float(i)) for i in range(2)]
     hot = hot_prefix(recs)
     assert hot is not None and (hot.share, hot.workers, hot.requests) == (0.75, 1, 6)
+
+
+def test_a_replayed_better_policy_puts_routing_first_ahead_of_a_level_stall_finding() -> None:
+    # The GPU fleet behind round robin: decode stalls behind prefills and round robin's reuse at
+    # half of what is available score about the same; the shadow replay of the same traffic
+    # through ttft capturing twice as much is what tells them apart.
+    from proxy.diagnose.shadow import ShadowResult
+
+    stalled = {"itl": dist(0.2, 2.0), "itl_floor": 0.22, "itl_max": dist(1.8, 3.0), "uncached_tokens_p95": 3700.0}
+    base = with_(healthy_signals(), cache={"captured": 0.33, "available": 0.67}, policies=("round_robin",),
+                 latency=stalled, gpu=gpu(0.05))
+    replayed = with_(base, shadow=(ShadowResult("ttft", 0.65, 1.1, 400), ShadowResult("round_robin", 0.33, 1.0, 400)))
+    plain = {f.rule: f.confidence for f in rules.verdict(base, P).findings}
+    v = rules.verdict(replayed, P)
+    shadowed = {f.rule: f.confidence for f in v.findings}
+    assert {"cache_routing", "prefill_stall"} <= set(plain)
+    assert shadowed["cache_routing"] > plain["cache_routing"]
+    assert shadowed["prefill_stall"] == plain["prefill_stall"]
+    assert v.findings[0].rule == "cache_routing"
+    assert v.levers[0].setting == "routing.policy" and v.levers[0].change.startswith("ttft")

@@ -58,8 +58,8 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
                             f"of the worker page size ({', '.join(map(str, mismatched))})"))
         evidence.append(Evidence("worker page_size", float(mismatched[0]), "does not divide",
                                  float(s.block_tokens[0]), True, "hash block tokens"))
+    conf = data_weight(s, p) * strength(c.captured / c.available, p.capture_ratio, above=False)
     best = _best_shadow(s)
-    current: float | None = None
     if best is not None and cause == "routing":
         current = max((r.captured for r in s.shadow if r.policy in s.policies), default=None)
         # Replayed on this window's traffic (shadow.py): the alternative to switch to, and by how much.
@@ -68,13 +68,13 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
         evidence.append(ev(f"shadow[{best.policy}].captured", best.captured, ">", current))
         levers.insert(0, Lever("routing.policy", "radixgate",
                                f"{best.policy}: it captured {best.captured:.0%} in the shadow replay of this window"))
-    conf = data_weight(s, p) * strength(c.captured / c.available, p.capture_ratio, above=False)
-    if best is not None and cause == "routing" and best.captured > 0:
-        # A replay of this very traffic through the better policy is positive evidence: the larger
-        # the share of its reuse the current policy misses, the surer the finding (on the GPU
-        # fleet, round robin's 33% against ttft's 65% replayed ranked only level with a stall
-        # finding whose lever did not apply, while routing cost 8x in TTFT p95).
-        conf += (1.0 - conf) * data_weight(s, p) * max(0.0, 1.0 - (current or c.captured) / best.captured)
+        if best.captured > 0:
+            # A replay of this very traffic through the better policy is positive evidence: the
+            # larger the share of its reuse the current policy misses, the surer the finding (on
+            # the GPU fleet, round robin's 33% against ttft's 65% replayed ranked only level with
+            # a stall finding whose lever did not apply, while routing cost 8x in TTFT p95).
+            missed = 1.0 - (c.captured if current is None else current) / best.captured
+            conf += (1.0 - conf) * data_weight(s, p) * max(0.0, missed)
     return Finding("cache_routing", TUNE, cause, summary, conf, tuple(evidence), tuple(levers))
 
 

@@ -125,10 +125,6 @@ class TtftCost:
     def running(self, worker: WorkerSnapshot) -> int:
         return self.pending.running(worker)
 
-    def waiting(self, worker: WorkerSnapshot) -> int:
-        """Requests ahead there without a first token (0 when ``waiting_requests`` is off)."""
-        return self.pending.waiting(worker) if self.params.waiting_requests else 0
-
     def saturated(self, worker: WorkerSnapshot) -> bool:
         return saturated(worker, self.params)
 
@@ -150,9 +146,10 @@ class TtftCost:
                 blocks = blocks_within(exact.tokens, request.block_tokens, len(request.block_hashes))
                 if blocks >= matched or exact.evicted:
                     matched, tokens = blocks, min(exact.tokens, request.prompt_tokens)
-        unseen, queued = self.pending_prefill(worker)
+        unseen, queued, waiting = self.pending.ahead(worker)
         uncached = request.prompt_tokens - tokens if tokens is not None else uncached_tokens(request, matched)
-        x = Features(uncached, unseen, queued, self.running(worker), self.waiting(worker))
+        x = Features(uncached, unseen, queued, self.running(worker),
+                     waiting if self.params.waiting_requests else 0)
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running

@@ -92,39 +92,33 @@ class PendingWork:
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
         """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
         scrape's queue."""
+        unseen, queued, _ = self.ahead(worker)
+        return unseen, queued
+
+    def ahead(self, worker: WorkerSnapshot) -> tuple[int, int, int]:
+        """What waits on ``worker`` ahead of a new request, in one walk: (unseen, queued) as
+        ``pending_prefill``, and the requests still without a first token: ours (and our peers'
+        streamed ones) before any scrape; once scraped, its reported queue plus ours sent since."""
         own = self.in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
         current = signature(worker)
         peers = self._peer_unseen(worker.url, current)
         if not scraped:
-            return sum(int(e.features.uncached) for e in own.values() if not e.prefilled) + peers, 0
-        unseen = peers
+            mine = [e for e in own.values() if not e.prefilled]
+            waiting = len(mine) + len(self.peer_pending.get(worker.url, {}))
+            return sum(int(e.features.uncached) for e in mine) + peers, 0, waiting
+        unseen, waiting = peers, worker.queued or 0
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
                 break
             if not entry.prefilled:
                 unseen += int(entry.features.uncached)
+                waiting += 1
         if worker.waiting_uncached_tokens is not None:
             queued = worker.waiting_uncached_tokens
         else:
             queued = int((worker.queued or 0) * self.mean_uncached)
-        return unseen, queued
-
-    def waiting(self, worker: WorkerSnapshot) -> int:
-        """Requests ahead of a new one on ``worker`` still without a first token: ours (and our
-        peers' streamed ones) without one, or, once scraped, its reported queue plus ours sent
-        since that scrape."""
-        own = self.in_flight.get(worker.url, {})
-        scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
-        if not scraped:
-            return sum(1 for e in own.values() if not e.prefilled) + len(self.peer_pending.get(worker.url, {}))
-        current = signature(worker)
-        unseen = 0
-        for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
-            if entry.signature != current:
-                break
-            unseen += not entry.prefilled
-        return (worker.queued or 0) + unseen
+        return unseen, queued, waiting
 
     def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
         """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen

@@ -5,6 +5,7 @@
 #                                               (shared and unique prompts), baselines at the knee
 #   bash loadtests/gpu/run_fleet.sh compare     every router at the knee and past it, per cell
 #   CELLS="text:minimal:oracle,ttft,smg ids:full" RATES=3,4.5 bash loadtests/gpu/run_fleet.sh compare
+#   LADDER=3,4.5,6 ONE_RATES=1,2,3,4 UNIQUE_RATES=1,2,3 ROUTERS=none bash loadtests/gpu/run_fleet.sh calibrate
 #   GPUS=4 bash loadtests/gpu/run_fleet.sh calibrate   (nvidia-h200-x4: one engine per GPU)
 # Engines start detached (setsid) and are reused by a later call while the machine stays warm.
 # Results go to $OUT (requests.jsonl, summary.jsonl, logs).
@@ -47,12 +48,17 @@ F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15
 case "${1:-calibrate}" in
   calibrate)
     "${F[@]}" --workers "${URLS[@]}" --routers oracle --rates "${LADDER:-3,6,10,15}" --warmup-s 15 --phase-base 100
-    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates 1,2,4 --phase-s 15 --warmup-s 0 --phase-base 200
-    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates 1,2 --phase-s 15 --workload unique --warmup-s 0 --phase-base 300
+    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates "${ONE_RATES:-1,2,4}" --phase-s "${ONE_PHASE_S:-15}" \
+      --warmup-s 0 --phase-base 200
+    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates "${UNIQUE_RATES:-1,2}" --phase-s "${ONE_PHASE_S:-15}" \
+      --workload unique --warmup-s 0 --phase-base 300
     RATES=$(python3 -m loadtests.gpu.fleet --knee "$OUT/summary.jsonl")
     echo "knee,past = $RATES"
-    "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
-      --warmup-s 0 --phase-base 400
+    # ROUTERS=none: the simulator's calibration points only (oracle ladder, one engine alone)
+    if [ "${ROUTERS:-}" != none ]; then
+      "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
+        --warmup-s 0 --phase-base 400
+    fi
     ;;
   compare)
     # CELLS: "prompts:reports[:routers]" entries, e.g. "text:minimal:oracle,ttft,smg ids:full".

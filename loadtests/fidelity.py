@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
+from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, text_key, trace
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
@@ -163,7 +163,8 @@ def simulate(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], 
         phase_s = float(_argv_value(argv, "--phase-s", "30"))
         drain_s = float(_argv_value(argv, "--drain-s", "20"))
         arrivals = trace(rate, phase_s, shape, seed)
-        phase = _phase_of(cell, router, rate)
+        phase = text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), rate,
+                         _phase_of(cell, router, rate))
         key = (phase, rate, shape)
         if key not in cache:
             cache[key] = [encoder.encode(s + "\n\n" + q) for s, q in phase_texts(arrivals, shape, phase)]

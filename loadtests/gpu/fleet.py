@@ -16,7 +16,11 @@ Routers: ``oracle`` (no proxy: group g goes to worker g mod N, the static-affini
 All routers run at once on their own ports. Per rate, the arrival trace (Poisson times, group of
 each request) is drawn once from ``--seed`` and the rate and replayed for every router; prompt
 text is fresh for every phase (no phase inherits another's cache), of the same lengths. Routers
-run in an order rotated by one per rate, after a warm-up phase. A request still unanswered
+run in an order rotated by one per rate, after a warm-up phase. Every router at one rate gets the
+same prompt text (``--text same``, the default: the engines' caches are flushed between phases,
+and each router runs once per rate, so none inherits a cache; the text's token count varies by
+~10% between draws, which moved a p95 at the knee by up to 2x); ``--text fresh`` draws new text
+for every phase (runs before 2026-12-01 evening). A request still unanswered
 ``--drain-s`` after its phase's last arrival is cancelled and counts as failed, at that time.
 
 The engines' ``GET /bench/stats`` (true prompt and cached tokens, which no router reads) gives the
@@ -171,7 +175,7 @@ class Routers:
             if name in ("oracle", "direct0"):
                 continue
             port = free_port()
-            log = (self.workdir / f"router-{name.replace('/', '_')}.log").open("wb")
+            log = (self.workdir / f"router-{name.replace('/', '_')}.log").open("ab")  # cells of a call add up
             if name == "smg":
                 cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                        "--worker-urls", *self.workers, "--policy", "cache_aware",
@@ -311,8 +315,14 @@ def trace(rate: float, seconds: float, shape: Shape, seed: int) -> list[tuple[fl
     return [(t, rng.randrange(shape.groups)) for t in times]
 
 
-def phase_texts(arrivals: list[tuple[float, int]], shape: Shape, phase: int) -> list[tuple[str, str]]:
-    """(system, question) of each arrival: fresh text per phase, one system prompt per group."""
+def text_key(text: str, phase_base: int, rate: float, phase: int) -> int | str:
+    """What seeds a phase's prompt text: the rate (``same``: every router at this rate gets the
+    same prompts) or the phase number (``fresh``)."""
+    return f"{phase_base}@{rate:g}" if text == "same" else phase
+
+
+def phase_texts(arrivals: list[tuple[float, int]], shape: Shape, phase: int | str) -> list[tuple[str, str]]:
+    """(system, question) of each arrival: fresh text per key, one system prompt per group."""
     rng = random.Random(f"text:{phase}")
     systems: dict[int, str] = {}
     out = []
@@ -327,9 +337,9 @@ def phase_texts(arrivals: list[tuple[float, int]], shape: Shape, phase: int) -> 
 
 async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: str, rate: float, phase: int,
                     arrivals: list[tuple[float, int]], shape: Shape, prompts: str, drain_s: float,
-                    encode: Any) -> list[Record]:
+                    encode: Any, key: int | str | None = None) -> list[Record]:
     bodies = [request_body(prompts, system, question, shape.output_tokens, encode)
-              for system, question in phase_texts(arrivals, shape, phase)]
+              for system, question in phase_texts(arrivals, shape, phase if key is None else key)]
     records = [Record(router, rate, phase, i, g, t) for i, (t, g) in enumerate(arrivals)]
     tasks: list[asyncio.Task[None]] = []
     start = time.perf_counter() + 0.1
@@ -430,7 +440,8 @@ async def main_async(args: argparse.Namespace) -> None:
                         before = await engine_stats(session, workers)
                         await engine_traces(session, workers)  # drop what the last phase left
                         records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
-                                                  args.prompts, args.drain_s, encode)
+                                                  args.prompts, args.drain_s, encode,
+                                                  text_key(args.text, args.phase_base, rate, phase))
                         await wait_idle(session, workers, 30)
                         after = await engine_stats(session, workers)
                         traces = await engine_traces(session, workers)
@@ -465,7 +476,7 @@ async def main_async(args: argparse.Namespace) -> None:
             # Even when cut short (SIGTERM from a time limit): the phases measured so far count.
             complete = all(f"{r:g}" in summary[n] for n in names for r in rates)
             cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape),
-                    "seed": args.seed, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
+                    "seed": args.seed, "text": args.text, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
                     "engine": "sim:" + args.sim_profile if args.sim else "gpu", "complete": complete}
             if any(summary.values()):
                 with (out / "summary.jsonl").open("a") as f:
@@ -589,7 +600,9 @@ def main() -> None:
     p.add_argument("--phase-s", type=float, default=30.0)
     p.add_argument("--drain-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=10.0)
-    p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (fresh text per phase)")
+    p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (text keyed by it)")
+    p.add_argument("--text", choices=("same", "fresh"), default="same",
+                   help="same: one prompt text per rate for every router; fresh: new text per phase")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tokenizer", default=str(TOKENIZER))
     p.add_argument("--out", default="/tmp/radixgate-fleet")

@@ -104,7 +104,10 @@ def main() -> None:
             if not a.whole_cell:
                 engines, start = None, 0.0
             for k, router in enumerate(order):
-                outcomes, fleet = cell(router, rate, shape, seed, 1000 + 10 * r + k, a.phase_s, a.workers, encoder,
+                # one prompt text per rate for every router (fleet.py's --text same), fresh per
+                # phase only where a phase inherits the one before's caches
+                phase = 1000 + 10 * r + (k if carry else 0)
+                outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                        a.reports == "minimal", engines, start)
                 if carry:
                     engines = fleet

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from loadtests.gpu.fleet import Record, Shape, knee, phase_texts, routing_section, summarize, trace
+from loadtests.gpu.fleet import Record, Shape, knee, phase_texts, routing_section, summarize, text_key, trace
 
 
 def test_every_router_gets_the_same_arrivals_at_a_rate_and_a_new_seed_gives_new_ones() -> None:
@@ -30,6 +30,19 @@ def test_each_phase_has_fresh_text_and_a_group_shares_its_system_prompt_within_a
     assert all(len(systems) == 1 for systems in by_group.values())
     unique = phase_texts(arrivals, Shape(groups=4, system_chars=800, question_chars=50, workload="unique"), 1)
     assert len({s for s, _ in unique}) == len(arrivals)
+
+
+def test_same_text_gives_every_router_at_a_rate_the_same_prompts_and_each_rate_its_own() -> None:
+    shape = Shape(groups=4, system_chars=800, question_chars=50)
+    arrivals = trace(3, 10, shape, seed=1)
+    # two routers at 3/s (phases 11 and 12 of a cell based at 10), one at 4.5/s, the warm-up (10)
+    first, second = (phase_texts(arrivals, shape, text_key("same", 10, 3, phase)) for phase in (11, 12))
+    assert first == second
+    other_rate = phase_texts(arrivals, shape, text_key("same", 10, 4.5, 13))
+    warmup = phase_texts(arrivals, shape, 10)
+    assert {s for s, _ in first}.isdisjoint({s for s, _ in other_rate} | {s for s, _ in warmup})
+    assert phase_texts(arrivals, shape, text_key("fresh", 10, 3, 11)) != phase_texts(
+        arrivals, shape, text_key("fresh", 10, 3, 12))
 
 
 def test_a_failed_request_counts_as_infinitely_slow_in_the_percentiles() -> None:

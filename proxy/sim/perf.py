@@ -86,9 +86,9 @@ class Profile:
     seq_overhead_s: float = 0.0  # per sequence in the step (engines without CUDA graphs)
     # per context token the step's attention reads (paged attention gathering its KV blocks)
     ctx_overhead_s: float = 0.0
-    # The per-sequence and per-context-token costs are GPU work (small kernels per sequence), so
-    # engines sharing a GPU queue for them (SharedGpu); else host time.
-    seq_cost_on_gpu: bool = False
+    # The share of the per-sequence and per-context-token costs that is GPU work (small kernels
+    # per sequence), which engines sharing a GPU queue for (SharedGpu); the rest is host time.
+    seq_gpu_share: float = 0.0
     warmup_s: float = 0.0  # extra cost of the very first step (kernel compilation, autotuning)
     mem_fraction_static: float = 0.88
     graph_reserve_bytes: float = 4e9  # activations + CUDA graphs, left out of the KV pool
@@ -145,8 +145,8 @@ def step_parts(profile: Profile, work: StepWork) -> tuple[float, float]:
     compute_s = flops / (profile.gpu.peak_bf16_flops * profile.mfu)
     memory_s = bytes_moved / (profile.gpu.hbm_bytes_per_s * profile.bw_eff)
     per_seq = profile.seq_overhead_s * sequences + profile.ctx_overhead_s * kv_read
-    host = profile.step_overhead_s + (0.0 if profile.seq_cost_on_gpu else per_seq)
-    device = max(compute_s, memory_s) + (per_seq if profile.seq_cost_on_gpu else 0.0)
+    host = profile.step_overhead_s + (1.0 - profile.seq_gpu_share) * per_seq
+    device = max(compute_s, memory_s) + profile.seq_gpu_share * per_seq
     return host + (profile.warmup_s if work.first_step else 0.0), device
 
 
@@ -202,7 +202,7 @@ PROFILES: dict[str, Profile] = {
         # (loadtests/results/gpu-fleet): one engine alone at 1-4 req/s and 4 engine processes sharing
         # the H200 (SharedGpu) at 3-15 req/s. Per-sequence costs are GPU work: processes queue for them.
         Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.3, bw_eff=0.70,
-                step_overhead_s=0.05, seq_overhead_s=0.004, ctx_overhead_s=1e-6, seq_cost_on_gpu=True,
+                step_overhead_s=0.05, seq_overhead_s=0.004, ctx_overhead_s=1e-6, seq_gpu_share=1.0,
                 gpu_exclusive_host=0.07, evict_most_recent=True, warmup_s=1.5,
                 chunked_prefill_size=16384, max_running_requests=256, enable_mixed_chunk=True,
                 prefill_max_requests=1),

@@ -40,7 +40,7 @@ class RuleParams:
     prefill_stall_s: float = 0.05  # …and at least this far above p10 (seconds) = decode steps wait for prefill
     prefill_heavy_tokens: float = 1024.0  # uncached prompt tokens p95 at or above this = big prefills arrive
     hot_prefix_share: float = 1.5  # one prefix's share of requests at or above this x (1 / workers)…
-    # …served by fewer workers than that share needs, while its own TTFT p95 misses the SLO = a hot prefix
+    # …on each worker that served it, while its own TTFT p95 misses the SLO = a hot prefix
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, float], base: RuleParams | None = None) -> RuleParams:

@@ -39,7 +39,7 @@ def _signal(value: float | None, n: int, window_s: float, unit: str = "") -> dic
 
 def _signals(s: Signals) -> dict[str, Any]:
     w = s.window.span_s
-    c, o, lat = s.cache, s.occupancy, s.latency
+    c, o, lat, hot = s.cache, s.occupancy, s.latency, s.hot_prefix
     return {
         "cache_hit_rate_captured": _signal(c.captured, c.reporting_requests, w, "ratio"),
         "cache_hit_rate_available": _signal(c.available, c.reporting_requests, w, "ratio"),
@@ -61,6 +61,11 @@ def _signals(s: Signals) -> dict[str, Any]:
         "uncached_tokens_p95": _signal(lat.uncached_tokens_p95, lat.ttft.n, w, "tokens"),
         "gpu_idle_share": _signal(s.gpu.idle_share, sum(g.samples for g in s.gpu.gpus), s.gpu.window_s, "ratio"),
         "proxy_overhead_share": _signal(lat.proxy_overhead_share, lat.proxy_overhead.n, w, "ratio"),
+        # The most requested shared prefix (signals.hot_prefix): its share, how many workers served
+        # it and its own TTFT p95; n = its requests.
+        "hot_prefix_share": _signal(hot.share if hot else None, hot.requests if hot else 0, w, "ratio"),
+        "hot_prefix_workers": _signal(float(hot.workers) if hot else None, hot.requests if hot else 0, w, "workers"),
+        "hot_prefix_ttft_p95": _signal(hot.ttft_p95 if hot else None, hot.requests if hot else 0, w, "seconds"),
     }
 
 

@@ -29,6 +29,25 @@ def requests_queue(s: Signals, p: RuleParams) -> tuple[bool, list[Evidence]]:
     return any(e.holds for e in evidence), evidence
 
 
+def queue_concentration(s: Signals) -> float | None:
+    """The most-queued worker's share of the fleet's engine queue (1 / workers when even, 1.0 when
+    one worker holds all of it); ``None`` with fewer than two workers reporting a queue, or none queued."""
+    queued = [w.queued_mean for w in s.occupancy.workers if w.queued_mean is not None]
+    total = sum(queued)
+    if len(queued) < 2 or total <= 0:
+        return None
+    return max(queued) / total
+
+
+def queue_balance(s: Signals) -> float:
+    """How evenly the engine queue stands over the workers: 1.0 even (or unknown), 0.0 when one
+    worker holds all of it while the others have none."""
+    conc, n = queue_concentration(s), sum(1 for w in s.occupancy.workers if w.queued_mean is not None)
+    if conc is None:
+        return 1.0
+    return max(0.0, min(1.0, (1.0 - conc) / (1.0 - 1.0 / n)))
+
+
 def saturation(s: Signals) -> float | None:
     known = [v for v in (s.occupancy.occupancy_mean, s.occupancy.token_usage_mean) if v is not None]
     return max(known) if known else None

@@ -9,7 +9,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 |---|---|---|---|
 | cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
 | cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
-| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom | tune | --max-running-requests, --schedule-conservativeness |
+| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom (confidence halved as the queue concentrates on one worker) | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
 | prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
 | prefill_stall | the median request's worst token gap ≥ prefill_stall_ratio × ITL p10 and ≥ p10 + prefill_stall_s, with big prefills (uncached p95 ≥ prefill_heavy_tokens) | tune | --enable-mixed-chunk, --chunked-prefill-size, PD disaggregation |
@@ -18,7 +18,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
 | latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
-| hot_prefix | one prefix's share of requests ≥ hot_prefix_share / workers, on fewer workers than it needs, its TTFT p95 > SLO | tune | spill sooner (routing.params), replicas |
+| hot_prefix | one prefix's share of requests, per worker that served it, ≥ hot_prefix_share / workers, its TTFT p95 > SLO | tune | spill sooner (cache_aware balance_abs_threshold, ttft work_weight / tie_rel), routing.policy ttft, replicas |
 | missing_signals | no cached tokens, or no queue / batch state, reported | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events |
 
 The tune rules live by topic: ``rules_cache.py`` (cache_routing, cache_capacity, mixed_page_sizes,

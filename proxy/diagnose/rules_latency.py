@@ -4,7 +4,13 @@ jitter, the proxy's own overhead (``rules.py`` lists every rule)."""
 from __future__ import annotations
 
 from proxy.diagnose.findings import TUNE, Evidence, Finding, Lever, RuleParams, ev
-from proxy.diagnose.rule_common import data_weight, requests_queue, strength
+from proxy.diagnose.rule_common import (
+    data_weight,
+    queue_balance,
+    queue_concentration,
+    requests_queue,
+    strength,
+)
 from proxy.diagnose.signals import Signals, ratio
 
 
@@ -33,7 +39,15 @@ def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
     conf = data_weight(s, p) * strength(s.occupancy.token_usage_mean, p.kv_headroom, above=False)
     if s.occupancy.occupancy_mean is None:
         conf *= 0.7
-    return Finding("admission", TUNE, cause, summary, conf, (*qev, usage, at_cap), levers)
+    # An engine setting holds back every worker alike; a queue standing on one worker while the
+    # others have none is where routing piled the load (a hot prefix pinned by cache_aware: 18
+    # queued on one of 4 workers, 0 on the rest, fleet KV 4%), so the setting explains it less.
+    balance = queue_balance(s)
+    conf *= 0.5 + 0.5 * balance
+    spread = () if queue_concentration(s) is None else (
+        ev("queue balance over workers", balance, ">", 0.0,
+           note="1 = even, 0 = one worker holds the whole queue; confidence x (0.5 + 0.5 x balance)"),)
+    return Finding("admission", TUNE, cause, summary, conf, (*qev, usage, at_cap, *spread), levers)
 
 
 def rule_idle_gaps(s: Signals, p: RuleParams) -> Finding | None:

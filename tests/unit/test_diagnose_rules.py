@@ -259,8 +259,45 @@ def test_a_hot_prefix_on_too_few_workers_is_named() -> None:
     # Spread over enough workers, or fast enough: no finding.
     spread = {"hot_prefix": HotPrefix(share=0.8, workers=4, requests=160, ttft_p95=3.0), "workers": 4}
     fast = {"hot_prefix": HotPrefix(share=0.8, workers=1, requests=160, ttft_p95=0.3), "workers": 4}
-    for case in (spread, fast):
+    # On 3 of 4 workers each carries 1.07 workers' share: a slow TTFT there is the fleet's capacity.
+    nearly = {"hot_prefix": HotPrefix(share=0.8, workers=3, requests=160, ttft_p95=3.0), "workers": 4}
+    for case in (spread, fast, nearly):
         assert "hot_prefix" not in {f.rule for f in rules.verdict(with_(healthy_signals(), **case), P).findings}
+
+
+def test_the_hot_prefix_lever_is_the_spill_setting_of_the_policy_in_use() -> None:
+    from proxy.diagnose.signals import HotPrefix
+
+    def finding(policy: str, workers: int = 1) -> rules.Finding:
+        hot = HotPrefix(share=0.8, workers=workers, requests=160, ttft_p95=2.5)
+        v = rules.verdict(with_(healthy_signals(), hot_prefix=hot, workers=8, policies=(policy,)), P)
+        return next(f for f in v.findings if f.rule == "hot_prefix")
+
+    # cache_aware takes no work_weight: its spill is the balance threshold, or the ttft policy.
+    aware = [lv.setting for lv in finding("cache_aware").levers]
+    assert aware[0].startswith("routing.params.balance_abs_threshold") and "routing.policy" in aware
+    assert not any("work_weight" in lv for lv in aware)
+    ttft = [lv.setting for lv in finding("ttft").levers]
+    assert ttft[0] == "routing.params (work_weight, tie_rel)" and "routing.policy" not in ttft
+    # The further its spread falls short of what its share needs, the surer the finding.
+    assert finding("cache_aware", workers=1).confidence > finding("cache_aware", workers=4).confidence
+
+
+def test_a_queue_on_one_worker_while_the_others_have_none_is_less_surely_admission() -> None:
+    from proxy.diagnose.signals import WorkerOccupancy
+
+    def worker(i: int, queued: float) -> WorkerOccupancy:
+        return WorkerOccupancy(f"http://w{i}", 100, 0.4, 0.5, 0.05, 0.1, 8.0, queued, 256, 200_000, 1)
+
+    def admission(queued: tuple[float, ...]) -> rules.Finding:
+        occ = {"queued_mean": sum(queued) / len(queued), "token_usage_mean": 0.05, "occupancy_mean": 0.4,
+               "workers": tuple(worker(i, q) for i, q in enumerate(queued))}
+        v = rules.verdict(with_(healthy_signals(), occupancy=occ), P)
+        return next(f for f in v.findings if f.rule == "admission")
+
+    even, pinned = admission((3.0, 3.0, 3.0, 3.0)), admission((12.0, 0.0, 0.0, 0.0))
+    assert pinned.confidence == pytest.approx(even.confidence / 2)
+    assert admission((4.0, 2.0, 3.0, 3.0)).confidence > 0.8 * even.confidence
 
 
 def test_the_hot_prefix_signal_groups_requests_by_their_first_blocks() -> None:

@@ -245,19 +245,23 @@ def fit(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base:
 
 def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base: perf.Profile,
           encoder: Encoder) -> None:
-    """Print the fleet error (these points' oracle phases) and the one-engine error (run 1's
-    ``direct0`` phases) over a grid of the constants that shape a loaded fleet, best first."""
+    """Print the fleet error (the oracle phases given) and the one-engine error (the ``direct0``
+    phases given; run 1's when none is) over a grid of the constants that shape a loaded fleet,
+    best total first."""
     cache: dict[Any, Any] = {}
     fleet = [p for p in points if p[1] == "oracle"]
-    alone = [p for p in real_points(RESULTS) if p[1] == "direct0"]
+    alone = [p for p in points if p[1] == "direct0"] or [p for p in real_points(RESULTS) if p[1] == "direct0"]
     rows = []
-    for seq, ctx, excl, step in itertools.product((0.003, 0.0035, 0.004), (0.0, 5e-7, 1e-6), (0.0, 0.03, 0.07),
-                                                  (0.045, 0.05)):
-        cand = dataclasses.replace(base, seq_overhead_s=seq, ctx_overhead_s=ctx, gpu_exclusive_host=excl,
-                                   step_overhead_s=step)
-        rows.append((error(simulate(fleet, cand, encoder, cache)), error(simulate(alone, cand, encoder, cache)),
-                     f"seq_overhead_s={seq} ctx_overhead_s={ctx} gpu_exclusive_host={excl} step_overhead_s={step}"))
-    for fleet_err, alone_err, label in sorted(rows):
+    for share, seq, excl, step, mfu in itertools.product((0.6, 0.8, 1.0), (0.003, 0.004, 0.005), (0.0, 0.07),
+                                                         (0.04, 0.05), (0.22, 0.3)):
+        cand = dataclasses.replace(base, seq_gpu_share=share, seq_overhead_s=seq, gpu_exclusive_host=excl,
+                                   step_overhead_s=step, mfu=mfu)
+        f, a = error(simulate(fleet, cand, encoder, cache)), error(simulate(alone, cand, encoder, cache))
+        label = f"seq_gpu_share={share} seq_overhead_s={seq} gpu_exclusive_host={excl} step_overhead_s={step} mfu={mfu}"
+        print(f"fleet {f:.3f} one-engine {a:.3f}: {label}", flush=True)
+        rows.append((f + a, f, a, label))
+    print("best first:")
+    for _, fleet_err, alone_err, label in sorted(rows)[:10]:
         print(f"fleet {fleet_err:.3f} one-engine {alone_err:.3f}: {label}")
 
 

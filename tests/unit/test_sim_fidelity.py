@@ -54,3 +54,16 @@ def test_one_gpu_shared_by_engines_is_slower_than_a_gpu_each(points: list[fideli
     shared = fidelity.simulate(real, profile, encoder, {})[0]
     own = fidelity.simulate(real, profile, encoder, {}, shared_gpu=False)[0]
     assert shared.sim["itl_p50"] > own.sim["itl_p50"] * 1.2
+
+
+def test_where_the_real_fleet_served_every_request_past_its_knee_the_simulator_does_too() -> None:
+    """The flushed runs (one engine alone and the 4-engine oracle up to 6 req/s, where the real fleet
+    still answered everything with a p50 under 2 s): the profile fitted to them serves them too (the
+    one fitted to run 1 alone left requests unanswered at 6 req/s, p95 infinite)."""
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    results = fidelity.RESULTS.parent
+    real = [pt for run in ("gpu-fleet-calibrate-2", "gpu-fleet-compare-4") for pt in fidelity.real_points(results / run)]
+    served = [pt for pt in real if math.isfinite(pt[3]["ttft_p95"]) and pt[3]["ttft_p50"] < fidelity.OVERLOAD_S]
+    assert any(pt[1] == "oracle" and pt[2] == 6.0 for pt in served)
+    for p in fidelity.simulate(served, perf.PROFILES["h200-transformers-7b"], encoder, {}):
+        assert math.isfinite(p.sim["ttft_p95"]) and p.sim["ttft_p50"] < fidelity.OVERLOAD_S, (p.cell, p.rate, p.sim)

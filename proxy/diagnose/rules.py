@@ -152,7 +152,10 @@ def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
                             "report cached_tokens on every answer (OpenAI usage included)"))
         levers.append(Lever("--kv-events-config + kv_events.endpoint", "sglang",
                             "publish the KV cache so radixgate routes and counts on what each engine holds"))
-    if s.occupancy.queued_mean is None or s.latency.worker_queue.p95 is None:
+    # Only the scraped queue: per-request queue times come in SGLang's meta_info alone, so OpenAI
+    # traffic never has them whatever the engine's flags (the GPU fleet's chat phases, with /v1/loads
+    # scraped, were told to set --enable-metrics).
+    if s.occupancy.queued_mean is None:
         missing.append("queue and batch state")
         evidence.append(Evidence("engine queue / occupancy samples", None, "known", None, True,
                                  "no /metrics or /v1/loads from the workers"))

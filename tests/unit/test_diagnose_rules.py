@@ -224,6 +224,18 @@ def test_a_slow_fleet_that_reports_no_queue_is_not_a_latency_floor() -> None:
     assert "queue and batch state" in v.summary
 
 
+def test_scraped_queue_state_without_per_request_queue_times_is_not_missing_metrics() -> None:
+    # OpenAI chat through engines whose /v1/loads is scraped: no meta_info queue_time, yet the
+    # queue is known; --enable-metrics would change nothing.
+    s = with_(healthy_signals(), latency={"worker_queue": dist(None, None, 0)})
+    v = rules.verdict(s, P)
+    assert "missing_signals" not in {f.rule for f in v.findings}
+    assert "--enable-metrics" not in {lv.setting for lv in v.levers}
+    # ...and still no latency floor claimed on it (that needs both).
+    slow = with_(s, latency={"ttft": dist(0.2, 7.0), "worker_queue": dist(None, None, 0)})
+    assert "latency_floor" not in {f.rule for f in rules.verdict(slow, P).findings}
+
+
 def test_the_ceiling_needs_the_cache_figure() -> None:
     saturated = {"latency": {"ttft": dist(2.0, 3.0)}, "occupancy": {"occupancy_mean": 0.95, "token_usage_mean": 0.9},
                  "gpu": gpu(0.05)}

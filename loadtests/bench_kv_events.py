@@ -7,7 +7,8 @@ Prints p50 / p99 of:
 * ``chain_keys`` of a prompt (our key of each engine block: what matching a request costs once
   per decision) and one worker's match against a table holding it;
 * encoding a prompt of that many tokens with the BPE of ``loadtests/gpu/tokenizer`` (the
-  ``tokenizers`` library), for what ``routing.tokenizer`` would add to a decision.
+  ``tokenizers`` library), for what ``routing.tokenizer`` would add to a decision, and the same
+  prompt as chat through the directory's chat template (render, then render + encode).
 One process, one core, on whatever machine runs it (the figures quoted in docs/routing.md say
 which).
 """
@@ -84,6 +85,16 @@ def main() -> None:
         n = len(bpe.encode(text).ids)
         enc = timed(lambda: bpe.encode(text), max(5, a.reps // 10))
         print(f"BPE encode of a {len(text):,}-character prompt ({n:,} tokens): {pcts(enc, 1e6)}")
+        from proxy.routing.tokenizer import PromptTokenizer
+
+        tok = PromptTokenizer(str(TOKENIZER.parent))
+        template = tok.chat
+        if template is not None:  # the same prompt as a system turn and a short user turn
+            chat = [{"role": "system", "content": text}, {"role": "user", "content": "Summarize it."}]
+            render = timed(lambda: template.render(chat), a.reps)
+            print(f"chat template render of it: {pcts(render, 1e6)}")
+            whole = timed(lambda: tok.encode_chat(chat), max(5, a.reps // 10))
+            print(f"encode_chat of it (render + encode): {pcts(whole, 1e6)}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ uses the BPE under ``loadtests/gpu/tokenizer``), else the simulated worker's det
 working set. ``--minimal-reports`` answers as a deployment without ``--enable-cache-report`` /
 ``--enable-metrics``: no ``cached_tokens``, no ``/v1/loads`` and no ``/metrics`` (404).
 OpenAI ``/v1/completions`` and ``/v1/chat/completions`` render chat turns as the simulated worker
-does (``proxy.sim.protocol.render_chat``).
+does (the tokenizer directory's chat template, else ``proxy.sim.protocol.render_chat``).
 
 Eviction is the engine's own: a finished request's complete blocks stay hashed for reuse and are
 taken back when free blocks run out, most recently freed first (``BlockManager``'s
@@ -320,7 +320,8 @@ class Server:
         body = await request.json()
         try:
             if chat:
-                ids = self.engine.encoder.encode(render_chat(body.get("messages")))
+                text = render_chat(body.get("messages"))  # validates; the tokenizer's template renders
+                ids = self.engine.encoder.encode_chat(body["messages"]) or self.engine.encoder.encode(text)
             else:
                 prompt = body.get("prompt")
                 ids = list(prompt) if isinstance(prompt, list) else self.engine.encoder.encode(str(prompt or ""))

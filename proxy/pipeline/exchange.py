@@ -145,8 +145,11 @@ class Exchange:
         if not serving:
             raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0)
         text_ids = None
-        if p.tokenizer is not None and self.req.text is not None and self.req.input_ids is None:
-            text_ids = await p.tokenizer.encode_async(self.req.text)  # in a thread: ~1.3 µs a token
+        if p.tokenizer is not None and self.req.input_ids is None:  # in a thread: ~1.3 µs a token
+            if self.req.messages is not None:
+                text_ids = await p.tokenizer.encode_chat_async(self.req.messages)
+            elif self.req.text is not None:
+                text_ids = await p.tokenizer.encode_async(self.req.text)
         route = build_route_request(
             self.req, block_tokens=block_tokens_for(s.page_size for s in serving),
             chars_per_token=cfg.routing.chars_per_token, max_blocks=cfg.routing.max_blocks,

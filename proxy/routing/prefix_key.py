@@ -231,8 +231,9 @@ def build_route_request(
 
     ``chars_per_token`` sizes the text hash unit (the prior); ``bytes_per_token`` (learned, None =
     the prior) counts a text prompt's tokens and its unit block's tokens (rule 5). ``text_ids``: a
-    text prompt's token ids from the model's tokenizer (``routing.tokenizer``): it is then keyed
-    and counted as those token ids, exactly as the same prompt sent as ``input_ids``.
+    text prompt's token ids from the model's tokenizer (``routing.tokenizer``), or a chat prompt's
+    from its chat template: it is then keyed and counted as those token ids, exactly as the same
+    prompt sent as ``input_ids``.
     """
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
@@ -243,7 +244,7 @@ def build_route_request(
     max_blocks = max(0, max_blocks)
     prompt_ids: Sequence[int] = ()
     prompt_bytes = 0
-    ids = req.input_ids if req.input_ids is not None else (text_ids if req.messages is None else None)
+    ids = req.input_ids if req.input_ids is not None else text_ids
     if ids is not None:
         prompt_ids = ids
         hashes = hash_token_ids(

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from proxy.routing.chat_template import ChatTemplateError
 from proxy.sim import tokenizer
 from proxy.sim.scheduler import SimRequest
 
@@ -128,13 +129,22 @@ def render_chat(messages: Any) -> str:
     return "".join(parts)
 
 
-def parse_openai(body: Any, chat: bool,
-                 encode: Callable[[str], list[int]] = tokenizer.encode) -> tuple[SimRequest, bool, bool]:
-    """/v1/completions or /v1/chat/completions body -> (request, stream, include_usage)."""
+def parse_openai(body: Any, chat: bool, encode: Callable[[str], list[int]] = tokenizer.encode,
+                 encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None,
+                 ) -> tuple[SimRequest, bool, bool]:
+    """/v1/completions or /v1/chat/completions body -> (request, stream, include_usage).
+
+    ``encode_chat``: the model's chat template (``Encoder.encode_chat``); without one, or when it
+    gives None, the turns are rendered by ``render_chat``."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if chat:
-        input_ids = encode(render_chat(body.get("messages")))
+        text = render_chat(body.get("messages"))  # validates the messages whatever renders them
+        try:
+            ids = encode_chat(body["messages"]) if encode_chat is not None else None
+        except ChatTemplateError as e:
+            raise BadRequest(str(e)) from e
+        input_ids = ids if ids is not None else encode(text)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

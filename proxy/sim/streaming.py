@@ -89,7 +89,8 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
             body = await read_json(request)
             if openai:
                 req, stream, include_usage = protocol.parse_openai(body, chat=dialect == "chat",
-                                                                   encode=worker.encoder.encode)
+                                                                   encode=worker.encoder.encode,
+                                                                   encode_chat=worker.encoder.encode_chat)
             else:
                 req, stream = protocol.parse_generate(body, worker.encoder.encode)
                 include_usage = False

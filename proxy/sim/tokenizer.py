@@ -14,6 +14,8 @@ sends back (a multi-turn chat) reproduces the generated ids and hits the prefix 
 
 from __future__ import annotations
 
+from typing import Any
+
 import xxhash
 
 VOCAB_SIZE = 128_000  # Llama-3 has 128,256 ids; the top 256 are special tokens
@@ -76,6 +78,8 @@ class Encoder:
     prefix matches follow a real vocabulary.
     """
 
+    chat: Any = None  # the directory's ChatTemplate, if it has one
+
     def __init__(self, path: str | None = None) -> None:
         self.path = path
         self._bpe = None
@@ -92,8 +96,20 @@ class Encoder:
             file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
             self._bpe = Tokenizer.from_file(file)
             self.vocab_size = self._bpe.get_vocab_size(with_added_tokens=True)
+            from proxy.routing.chat_template import ChatTemplate
+
+            # The directory's chat template renders chat prompts, as SGLang's tokenizer manager does.
+            self.chat = ChatTemplate.from_dir(path)
 
     def encode(self, text: str) -> list[int]:
         if self._bpe is None:
             return encode(text)
         return list(self._bpe.encode(text, add_special_tokens=True).ids)
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int] | None:
+        """A chat prompt through the tokenizer's chat template, special tokens left to it (None
+        without a template: the caller renders the turns its own way). ``ChatTemplateError``
+        when the template refuses the messages."""
+        if self.chat is None or self._bpe is None:
+            return None
+        return list(self._bpe.encode(self.chat.render(messages), add_special_tokens=False).ids)

@@ -117,6 +117,42 @@ async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
     assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
 
 
+async def test_with_the_models_chat_template_chat_prompts_match_the_events_exactly(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # The tokenizer directory's chat template renders OpenAI chat on the engines (as SGLang does)
+    # and on the proxy: chat prompts are keyed by the engine's token ids too. Without the template
+    # they would be keyed by bytes and the predictions could not equal the reports token for token.
+    configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=4096, enable_cache_report=True,
+                         kv_events_config=KV, tokenizer=str(TOKENIZER)) for _ in range(2)]
+    fleet = await harness.fleet(configs)
+    workers = []
+    for w in fleet.workers:
+        assert w.worker is not None and w.worker.kv_publisher is not None
+        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
+                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
+                                     "routing.tokenizer": str(TOKENIZER)})
+    await joined(app, fleet)
+    rng = random.Random(6)
+    systems = [texts.prose(rng, 2500) for _ in range(6)]
+    prompt_tokens = []
+    for _ in range(30):
+        await caught_up(app, fleet)
+        content: object = texts.prose(rng, 200)
+        if rng.random() < 0.3:  # text parts, as the SDKs send them
+            content = [{"type": "text", "text": str(content)}]
+        body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 2, "messages": [
+            {"role": "system", "content": rng.choice(systems)}, {"role": "user", "content": content}]}
+        async with client.post(base(app) + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            prompt_tokens.append((await r.json())["usage"]["prompt_tokens"])
+    m = await scrape(client, admin(app))
+    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
+    assert reported > 0
+    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
+    assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
+
+
 async def test_auto_follows_each_workers_own_kv_events_config(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     # No endpoint configured per worker: each worker's /get_server_info says where its events are.

@@ -299,20 +299,22 @@ class Metrics:
     # Tokens are counted in the worker's units: our own estimates (predicted, available) are
     # rescaled by reported prompt tokens / estimated prompt tokens of the same request.
     def _init_routing(self, r: CollectorRegistry) -> None:
-        # policy -> children of the predicted, reported and prompt counters.
-        self._routing_rates: dict[str, tuple[CounterChild, ...]] = {}
+        # (policy, index) -> children of the predicted, reported and prompt counters. ``index``:
+        # where the prediction came from, the worker's KV events ("events": an exact match in
+        # tokens) or the proxy's own approximate index ("approximate").
+        self._routing_rates: dict[tuple[str, str], tuple[CounterChild, ...]] = {}
         self.routing_predicted_cached = FastCounter(
             "radixgate_routing_predicted_cached_tokens_total",
             "Cached tokens the policy predicted on the worker it chose (requests with a cache report).",
-            ["policy"], registry=r)
+            ["policy", "index"], registry=r)
         self.routing_reported_cached = FastCounter(
             "radixgate_routing_reported_cached_tokens_total",
             "Cached tokens workers reported, for the same requests as the predicted counter.",
-            ["policy"], registry=r)
+            ["policy", "index"], registry=r)
         self.routing_prediction_error = FastCounter(
             "radixgate_routing_cache_prediction_error_tokens_total",
             "Predicted minus reported cached tokens, split by sign (over = predicted too many).",
-            ["policy", "direction"], registry=r)
+            ["policy", "index", "direction"], registry=r)
         self.routing_available_cached = FastCounter(
             "radixgate_routing_available_cached_tokens_total",
             "Cached tokens one fleet-wide cache of the same total KV capacity would have hit.",
@@ -320,7 +322,7 @@ class Metrics:
         self.routing_prompt_tokens = FastCounter(
             "radixgate_routing_prompt_tokens_total",
             "Prompt tokens of the requests counted by the routing hit-rate counters.",
-            ["policy"], registry=r)
+            ["policy", "index"], registry=r)
         self.routing_match_tokens = FastHistogram(
             "radixgate_routing_match_tokens",
             "Prefix match length the policy saw on the worker it chose, in (estimated) tokens.",
@@ -350,14 +352,15 @@ class Metrics:
         scale = t.prompt_tokens / route.prompt_tokens
         predicted_reported = round(predicted * scale)
         error = predicted_reported - t.cached_tokens
-        rates = self._routing_rates.get(policy)
-        if rates is None:  # created on a policy's first counted request, as the counters' children were
-            rates = self._routing_rates[policy] = tuple(self.child(m, policy) for m in (
+        index = "approximate" if matched is None else "events"
+        rates = self._routing_rates.get((policy, index))
+        if rates is None:  # created on a first counted request, as the counters' children were
+            rates = self._routing_rates[policy, index] = tuple(self.child(m, policy, index) for m in (
                 self.routing_predicted_cached, self.routing_reported_cached, self.routing_prompt_tokens))
         predicted_c, reported_c, prompt_c = rates
         predicted_c.inc(predicted_reported)
         reported_c.inc(t.cached_tokens)
-        self.child(self.routing_prediction_error, policy, "over" if error > 0 else "under").inc(abs(error))
+        self.child(self.routing_prediction_error, policy, index, "over" if error > 0 else "under").inc(abs(error))
         prompt_c.inc(t.prompt_tokens)
 
     def count_available(self, policy: str, tokens: int) -> None:

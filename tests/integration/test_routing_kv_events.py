@@ -77,6 +77,8 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
     assert reported > 0
     assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
     assert total(m, "radixgate_routing_cache_prediction_error_tokens_total", policy="ttft") == 0
+    # every prediction came from the events (the approximate index would be counted apart)
+    assert total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft", index="events") == reported
     for url in fleet.urls:
         assert total(m, "radixgate_kv_events_state", worker=url, state="live") == 1
         assert total(m, "radixgate_kv_events_batches_total", worker=url) > 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, text_key, trace
+from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_order, phase_texts, text_key, trace
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
@@ -141,15 +141,12 @@ def _argv_value(argv: list[str], flag: str, default: str) -> str:
 
 
 def _phase_of(cell: dict[str, Any], router: str, rate: float) -> int:
-    """The phase number fleet.py gave (router, rate) in this cell (same loop, same rotation)."""
+    """The phase number fleet.py gave (router, rate) in this cell (its first round, same order)."""
     base = int(_argv_value(cell["argv"], "--phase-base", "0"))
-    names, rates = cell["routers"], cell["rates"]
-    phase = base
-    for k, r in enumerate(rates):
-        for name in names[k % len(names):] + names[: k % len(names)]:
-            phase += 1
-            if name == router and r == rate:
-                return phase
+    order = phase_order(cell["routers"], cell["rates"], int(cell.get("repeat", 1)))
+    for k, (r, _, name) in enumerate(order):
+        if name == router and r == rate:
+            return base + 1 + k
     raise KeyError((router, rate))
 
 

@@ -315,6 +315,17 @@ def trace(rate: float, seconds: float, shape: Shape, seed: int) -> list[tuple[fl
     return [(t, rng.randrange(shape.groups)) for t in times]
 
 
+def phase_order(names: list[str], rates: list[float], repeat: int = 1) -> list[tuple[float, int, str]]:
+    """(rate, round, router) of every phase in run order: per rate, ``repeat`` rounds of every
+    router, the order rotated by one per round (and so per rate), so none always runs first."""
+    out = []
+    for k, rate in enumerate(rates):
+        for rep in range(repeat):
+            turn = (k * repeat + rep) % len(names)
+            out.extend((rate, rep, name) for name in names[turn:] + names[:turn])
+    return out
+
+
 def text_key(text: str, phase_base: int, rate: float, phase: int) -> int | str:
     """What seeds a phase's prompt text: the rate (``same``: every router at this rate gets the
     same prompts) or the phase number (``fresh``)."""
@@ -389,7 +400,11 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], rou
                 continue
             reuse = "-" if s["reuse"] is None else f"{s['reuse']:.0%}"
             fail = f" ({s['failed']} failed)" if s["failed"] else ""
-            cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}")
+            spread = ""
+            if s.get("p95_repeats"):
+                each = s["p95_repeats"]
+                spread = f" (p95 of {len(each)} rounds {ms(min(each))}-{ms(max(each))})"
+            cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}{spread}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -430,44 +445,50 @@ async def main_async(args: argparse.Namespace) -> None:
                                 arrivals, shape, args.prompts, args.drain_s, encode)
                 await wait_idle(session, workers, 30)
             started = time.monotonic()
+            pooled: dict[tuple[str, float], tuple[list[Record], list[float], list[int]]] = {}
             with (out / "requests.jsonl").open("a") as log:
-                for k, rate in enumerate(rates):
+                for rate, _, name in phase_order(names, rates, args.repeat):
                     arrivals = trace(rate, args.phase_s, shape, args.seed)
-                    order = names[k % len(names):] + names[: k % len(names)]
-                    for name in order:
-                        phase += 1
-                        await wait_idle(session, workers, 30)
-                        before = await engine_stats(session, workers)
-                        await engine_traces(session, workers)  # drop what the last phase left
-                        records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
-                                                  args.prompts, args.drain_s, encode,
-                                                  text_key(args.text, args.phase_base, rate, phase))
-                        await wait_idle(session, workers, 30)
-                        after = await engine_stats(session, workers)
-                        traces = await engine_traces(session, workers)
-                        if any(t.get("requests") for t in traces):
-                            with (out / "engines.jsonl").open("a") as f:
+                    phase += 1
+                    await wait_idle(session, workers, 30)
+                    before = await engine_stats(session, workers)
+                    await engine_traces(session, workers)  # drop what the last phase left
+                    records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
+                                              args.prompts, args.drain_s, encode,
+                                              text_key(args.text, args.phase_base, rate, phase))
+                    await wait_idle(session, workers, 30)
+                    after = await engine_stats(session, workers)
+                    traces = await engine_traces(session, workers)
+                    if any(t.get("requests") for t in traces):
+                        with (out / "engines.jsonl").open("a") as f:
+                            f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
+                                                "prompts": args.prompts, "reports": args.reports,
+                                                "engines": traces}) + "\n")
+                    if name in routers.admins:
+                        await asyncio.sleep(2.5)  # past the diagnosis' refresh period (2 s)
+                        doc = await routers.diagnosis(session, name)
+                        if doc is not None:
+                            with (out / "diagnoses.jsonl").open("a") as f:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                     "prompts": args.prompts, "reports": args.reports,
-                                                    "engines": traces}) + "\n")
-                        if name in routers.admins:
-                            await asyncio.sleep(2.5)  # past the diagnosis' refresh period (2 s)
-                            doc = await routers.diagnosis(session, name)
-                            if doc is not None:
-                                with (out / "diagnoses.jsonl").open("a") as f:
-                                    f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
-                                                        "prompts": args.prompts, "reports": args.reports,
-                                                        "diagnosis": doc}) + "\n")
-                        prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
-                        cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
-                        s = summarize(records, cached / prompt if prompt else None)
-                        summary[name][f"{rate:g}"] = s
-                        for rec in records:
-                            log.write(json.dumps({**asdict(rec), "prompts": args.prompts, "reports": args.reports,
-                                                  "workload": shape.workload}) + "\n")
-                        print(f"[{time.monotonic() - started:6.1f}s] {name:>14} @ {rate:g}/s: "
-                              f"p50 {s['ttft_p50']:.3f} p95 {s['ttft_p95']:.3f} reuse {s['reuse'] or 0:.0%} "
-                              f"failed {s['failed']}/{s['n']} prompt~{s['prompt_tokens_mean']:.0f}", flush=True)
+                                                    "diagnosis": doc}) + "\n")
+                    prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
+                    cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
+                    s = summarize(records, cached / prompt if prompt else None)
+                    # --repeat: the table's cell pools every round; each round's p95 is kept beside it
+                    recs, p95s, tokens = pooled.setdefault((name, rate), ([], [], [0, 0]))
+                    recs.extend(records)
+                    p95s.append(s["ttft_p95"])
+                    tokens[0] += prompt
+                    tokens[1] += cached
+                    whole = summarize(recs, tokens[1] / tokens[0] if tokens[0] else None)
+                    summary[name][f"{rate:g}"] = whole if len(p95s) == 1 else {**whole, "p95_repeats": p95s}
+                    for rec in records:
+                        log.write(json.dumps({**asdict(rec), "prompts": args.prompts, "reports": args.reports,
+                                              "workload": shape.workload}) + "\n")
+                    print(f"[{time.monotonic() - started:6.1f}s] {name:>14} @ {rate:g}/s: "
+                          f"p50 {s['ttft_p50']:.3f} p95 {s['ttft_p95']:.3f} reuse {s['reuse'] or 0:.0%} "
+                          f"failed {s['failed']}/{s['n']} prompt~{s['prompt_tokens_mean']:.0f}", flush=True)
         finally:
             await routers.stop()
             for proc in sims:
@@ -476,7 +497,7 @@ async def main_async(args: argparse.Namespace) -> None:
             # Even when cut short (SIGTERM from a time limit): the phases measured so far count.
             complete = all(f"{r:g}" in summary[n] for n in names for r in rates)
             cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape),
-                    "seed": args.seed, "text": args.text, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
+                    "seed": args.seed, "text": args.text, "repeat": args.repeat, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
                     "engine": "sim:" + args.sim_profile if args.sim else "gpu", "complete": complete}
             if any(summary.values()):
                 with (out / "summary.jsonl").open("a") as f:
@@ -601,6 +622,8 @@ def main() -> None:
     p.add_argument("--drain-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=10.0)
     p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (text keyed by it)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of every router per rate (the spread between runs of one router, in one run)")
     p.add_argument("--text", choices=("same", "fresh"), default="same",
                    help="same: one prompt text per rate for every router; fresh: new text per phase")
     p.add_argument("--seed", type=int, default=1)

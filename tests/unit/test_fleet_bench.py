@@ -6,7 +6,17 @@ import json
 import math
 from pathlib import Path
 
-from loadtests.gpu.fleet import Record, Shape, knee, phase_texts, routing_section, summarize, text_key, trace
+from loadtests.gpu.fleet import (
+    Record,
+    Shape,
+    knee,
+    phase_order,
+    phase_texts,
+    routing_section,
+    summarize,
+    text_key,
+    trace,
+)
 
 
 def test_every_router_gets_the_same_arrivals_at_a_rate_and_a_new_seed_gives_new_ones() -> None:
@@ -43,6 +53,14 @@ def test_same_text_gives_every_router_at_a_rate_the_same_prompts_and_each_rate_i
     assert {s for s, _ in first}.isdisjoint({s for s, _ in other_rate} | {s for s, _ in warmup})
     assert phase_texts(arrivals, shape, text_key("fresh", 10, 3, 11)) != phase_texts(
         arrivals, shape, text_key("fresh", 10, 3, 12))
+
+
+def test_rounds_of_every_router_rotate_so_none_always_runs_first() -> None:
+    # one round per rate: the order rotates by one per rate (the runs before --repeat)
+    assert [n for _, _, n in phase_order(["a", "b", "c"], [3, 4.5])] == ["a", "b", "c", "b", "c", "a"]
+    order = phase_order(["a", "b"], [3, 4.5], repeat=2)
+    assert [(r, k, n) for r, k, n in order] == [(3, 0, "a"), (3, 0, "b"), (3, 1, "b"), (3, 1, "a"),
+                                                (4.5, 0, "a"), (4.5, 0, "b"), (4.5, 1, "b"), (4.5, 1, "a")]
 
 
 def test_a_failed_request_counts_as_infinitely_slow_in_the_percentiles() -> None:

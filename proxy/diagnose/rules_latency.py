@@ -28,6 +28,15 @@ def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
             Lever("--max-running-requests", "sglang", "raise it until KV usage nears saturation"),
         )
     else:
+        # Free slots and free KV: the queue is the engine taking waiting prompts in turn, which is
+        # a lever only where that wait costs latency (its queue time a share of the SLO, or the SLO
+        # missed). Otherwise it fired on fleets meeting the SLO with a prompt or two in line per
+        # worker (the hot-prefix scenario's spread runs: 0.89-0.93 with the SLO met).
+        wait_limit = p.queue_wait_fraction * p.slo_ttft_p95_s
+        waits = [d.p95 for d in (s.latency.worker_queue, s.latency.admission_wait) if d.p95 is not None]
+        slow = s.latency.ttft.p95 is not None and s.latency.ttft.p95 > p.slo_ttft_p95_s
+        if not slow and not any(w >= wait_limit for w in waits):
+            return None
         cause = "schedule_conservativeness"
         summary = (f"requests queue while KV usage is {s.occupancy.token_usage_mean:.0%} and the batch has "
                    "free slots: the scheduler admits too conservatively")

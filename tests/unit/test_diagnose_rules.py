@@ -51,9 +51,13 @@ CASES = [
     ("queueing with a full batch and empty KV means max_running_requests is too low",
      {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.2, "occupancy_mean": 1.0}},
      {"admission"}, rules.TUNE, "max_running_requests"),
-    ("queueing with free slots and empty KV means admission is too conservative",
-     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
+    ("queueing that costs latency with free slots and empty KV means admission is too conservative",
+     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5},
+      "latency": {"worker_queue": dist(0.3, 0.8)}},
      {"admission"}, rules.TUNE, "schedule_conservativeness"),
+    ("a prompt or two in line per worker with free slots, free KV and the SLO met is no finding",
+     {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
+     set(), rules.HEALTHY, None),
     ("a long worker queue time alone also counts as queueing",
      {"occupancy": {"token_usage_mean": 0.3, "occupancy_mean": 1.0}, "latency": {"worker_queue": dist(0.2, 1.0)}},
      {"admission"}, rules.TUNE, "max_running_requests"),
@@ -304,7 +308,7 @@ def test_a_queue_on_one_worker_while_the_others_have_none_is_less_surely_admissi
     def admission(queued: tuple[float, ...]) -> rules.Finding:
         occ = {"queued_mean": sum(queued) / len(queued), "token_usage_mean": 0.05, "occupancy_mean": 0.4,
                "workers": tuple(worker(i, q) for i, q in enumerate(queued))}
-        v = rules.verdict(with_(healthy_signals(), occupancy=occ), P)
+        v = rules.verdict(with_(healthy_signals(), occupancy=occ, latency={"worker_queue": dist(0.3, 0.8)}), P)
         return next(f for f in v.findings if f.rule == "admission")
 
     even, pinned = admission((3.0, 3.0, 3.0, 3.0)), admission((12.0, 0.0, 0.0, 0.0))

@@ -9,7 +9,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 |---|---|---|---|
 | cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
 | cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
-| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom (confidence halved as the queue concentrates on one worker) | tune | --max-running-requests, --schedule-conservativeness |
+| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom; with free batch slots only where the wait costs latency (queue time ≥ queue_wait_fraction x SLO, or the SLO missed); confidence halved as the queue concentrates on one worker | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
 | prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
 | prefill_stall | the median request's worst token gap ≥ prefill_stall_ratio × ITL p10 and ≥ p10 + prefill_stall_s, with big prefills (uncached p95 ≥ prefill_heavy_tokens) | tune | --enable-mixed-chunk, --chunked-prefill-size, PD disaggregation |

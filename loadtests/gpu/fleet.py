@@ -539,6 +539,44 @@ def report(paths: list[Path]) -> str:
     return "\n".join(out)
 
 
+def standing(paths: list[Path], router: str = "ttft") -> str:
+    """``router`` against the better SGLang gateway in the same run, cell by cell and rate by rate
+    over these ``summary.jsonl`` files (the routing issue's goal: p95 TTFT <= 0.7x the better of
+    smg and sglang-router), with the oracle where the run had one; then the geometric mean."""
+    peers = ("smg", "sglang-router")
+    rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
+            "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            cell = json.loads(line)
+            summary = cell["summary"]
+            if router not in summary:
+                continue
+            for rate in cell["rates"]:
+                key = f"{rate:g}"
+                mine = summary[router].get(key, {}).get("ttft_p95")
+                there = [(summary[n][key]["ttft_p95"], n) for n in peers if key in summary.get(n, {})]
+                if mine is None or not there:
+                    continue
+                best, name = min(there)
+                ratio = mine / best if math.isfinite(mine) and math.isfinite(best) else math.nan
+                oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
+                to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
+                if math.isfinite(ratio):
+                    ratios.append(ratio)
+                rows.append(f"| {path.parent.name} | {cell['prompts']}, {cell['reports']}, {cell['seed']}, "
+                            f"{cell.get('text', 'fresh')} | {rate:g} | {mine * 1e3:,.0f} | {name} {best * 1e3:,.0f} | "
+                            f"{ratio:.2f}x | {to_oracle} |")
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        rows.append(f"\n{len(ratios)} points: geometric mean {geo:.2f}x, {sum(r <= 0.7 for r in ratios)} at or under "
+                    f"0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
+    return "\n".join(rows)
+
+
 def engines_report(path: Path) -> str:
     """Per phase and engine (``engines.jsonl``): requests it served, its worst and 90th-percentile
     TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +
@@ -632,6 +670,9 @@ def main() -> None:
     p.add_argument("--knee", metavar="SUMMARY", help="print 'knee,past' from the last oracle ladder in SUMMARY and exit")
     p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
     p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
+    p.add_argument("--standing", nargs="+", metavar="SUMMARY",
+                   help="print --router against the better of smg and sglang-router in each cell of these files, and exit")
+    p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
     p.add_argument("--diagnoses", metavar="DIAGNOSES", help="print the verdicts of a diagnoses.jsonl and exit")
     args = p.parse_args()
@@ -642,6 +683,9 @@ def main() -> None:
         return
     if args.report:
         print(report([Path(p) for p in args.report]))
+        return
+    if args.standing:
+        print(standing([Path(p) for p in args.standing], args.router))
         return
     if args.engines:
         print(engines_report(Path(args.engines)))

@@ -13,6 +13,7 @@ from loadtests.gpu.fleet import (
     phase_order,
     phase_texts,
     routing_section,
+    standing,
     summarize,
     text_key,
     trace,
@@ -117,3 +118,15 @@ def test_the_engine_view_names_each_engines_load_reuse_and_least_free_kv(tmp_pat
     text = engines_report(path)
     assert "http://a: 10 requests, TTFT max 1.00 s p90 0.90 s, reuse 60%, least free KV 250/1500 blocks" in text
     assert "http://b: no requests" in text
+
+
+def test_standing_ranks_a_router_against_the_better_gateway_of_each_run(tmp_path: Path) -> None:
+    def cell(**p95: float) -> str:
+        return json.dumps({"prompts": "text", "reports": "minimal", "seed": 1, "rates": [4.5],
+                           "summary": {n: {"4.5": {"ttft_p95": v}} for n, v in p95.items()}})
+    path = tmp_path / "summary.jsonl"
+    path.write_text("\n".join([cell(ttft=0.5, smg=1.0, oracle=1.0), cell(ttft=2.0, smg=1.0, **{"sglang-router": 4.0}),
+                                cell(ttft=1.0, oracle=2.0)]) + "\n")  # the last ran no gateway: left out
+    out = standing([path])
+    assert "| smg 1,000 | 0.50x | 0.50x |" in out and "| smg 1,000 | 2.00x | - |" in out
+    assert "2 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x" in out

@@ -86,3 +86,18 @@ def test_a_sim_config_round_trips_through_the_command_line() -> None:
     assert parse_args(cli_args(config)) == config
     assert parse_args(cli_args(SimConfig(port=0))) == SimConfig(port=0)
     assert parse_cli([*cli_args(config), "--count", "4", "--shared-gpu"]) == (config, 4, True)
+
+
+def test_chat_through_a_chat_template_and_its_refusal_as_a_400() -> None:
+    from proxy.routing.chat_template import ChatTemplate
+
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
+    req, _, _ = parse_openai(body, chat=True,
+                             encode_chat=lambda msgs: tokenizer.encode(template.render(msgs), add_bos=False))
+    assert req.input_ids == tokenizer.encode("user: hello there\n", add_bos=False)
+    plain, _, _ = parse_openai(body, chat=True)  # no template: the worker's own rendering
+    assert plain.input_ids == tokenizer.encode(render_chat(body["messages"]))
+    refusing = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(BadRequest, match="roles must alternate"):
+        parse_openai(body, chat=True, encode_chat=lambda msgs: tokenizer.encode(refusing.render(msgs)))

@@ -56,7 +56,6 @@ class ChatTemplate:
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = time.strftime
-        self._errors: tuple[type[Exception], ...] = (TemplateError, TypeError, ValueError, KeyError, IndexError)
         try:
             self._template = env.from_string(source)
         except TemplateError as e:
@@ -95,5 +94,5 @@ class ChatTemplate:
                                              bos_token=self.bos_token, eos_token=self.eos_token, tools=None))
         except ChatTemplateError:
             raise
-        except self._errors as e:
-            raise ChatTemplateError(f"chat template failed on these messages: {e}") from e
+        except Exception as e:  # the template is foreign code: whatever it raises is its failure
+            raise ChatTemplateError(f"chat template failed on these messages: {e!r:.200}") from e

@@ -256,6 +256,18 @@ async def test_unique_long_prompts_at_saturation_are_at_the_ceiling(policy: str)
     assert findings(doc) == {"ceiling": "saturated"}
     shadow = [r["captured"] for r in doc["four_numbers"]["cache"]["shadow"]]
     assert shadow and max(shadow) - min(shadow) < doc["params"]["capture_gap"]
+    if policy != "ttft":
+        return
+    # The verdict's own lever, pulled on the same traffic: twice the replicas (the "hardware"
+    # lever; no setting of these workers was named) takes the TTFT tail down and the verdict off
+    # the ceiling.
+    doubled = await run(dataclasses.replace(CEILING, policy=policy, workers=CEILING.workers * 2))
+
+    def ttft_p95(d: dict[str, Any]) -> float:
+        return float(d["four_numbers"]["prefill_decode"]["ttft"]["p95"])
+
+    assert ttft_p95(doubled) <= 0.7 * ttft_p95(doc), (ttft_p95(doc), ttft_p95(doubled))
+    assert doubled["verdict"]["kind"] != "at_ceiling", doubled["verdict"]
 
 
 async def test_decode_stalled_by_big_prefills_names_the_mixed_chunk_lever() -> None:

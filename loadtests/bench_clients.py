@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -582,8 +583,12 @@ async def main_async(args: argparse.Namespace) -> int:
           f"logs in {workdir}", flush=True)
     results: list[Result] = []
     try:
-        if args.serve:
-            await asyncio.Event().wait()
+        if args.serve:   # until SIGTERM / SIGINT (SIGINT is ignored in a background job)
+            stop = asyncio.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            await stop.wait()
+            return 0
         for name in tools:
             if name not in bins:
                 continue

@@ -59,6 +59,9 @@ def _signals(s: Signals) -> dict[str, Any]:
         "itl_p10": _signal(lat.itl_floor, lat.itl.n, w, "seconds"),
         "itl_max_p50": _signal(lat.itl_max.p50, lat.itl_max.n, w, "seconds"),
         "uncached_tokens_p95": _signal(lat.uncached_tokens_p95, lat.ttft.n, w, "tokens"),
+        # Median TTFT of the first and last third of the window's requests (rules_latency.rule_overload).
+        "ttft_early_p50": _signal(lat.ttft_early_p50, lat.ttft.n // 3, w, "seconds"),
+        "ttft_late_p50": _signal(lat.ttft_late_p50, lat.ttft.n // 3, w, "seconds"),
         "gpu_idle_share": _signal(s.gpu.idle_share, sum(g.samples for g in s.gpu.gpus), s.gpu.window_s, "ratio"),
         "proxy_overhead_share": _signal(lat.proxy_overhead_share, lat.proxy_overhead.n, w, "ratio"),
         # The most requested shared prefix (signals.hot_prefix): its share, how many workers served

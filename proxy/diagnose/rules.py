@@ -17,6 +17,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
 | latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+| overload | TTFT p95 > SLO and the median TTFT of the window's last third of requests ≥ overload_growth × its first third's and ≥ overload_min_s above it (the queue grows: arrivals outrun the fleet) | tune | replicas, admission.queue_size / queue_timeout_s |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
 | hot_prefix | one prefix's share of requests, per worker that served it, ≥ hot_prefix_share / workers, its TTFT p95 > SLO | tune | spill sooner (cache_aware balance_abs_threshold, ttft work_weight / tie_rel), routing.policy ttft, replicas |
 | missing_signals | no cached tokens, or no queue / batch state, reported | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events |
@@ -59,6 +60,7 @@ from proxy.diagnose.rules_latency import (
     rule_admission,
     rule_decode_jitter,
     rule_idle_gaps,
+    rule_overload,
     rule_prefill_stall,
     rule_prefill_tail,
     rule_proxy_overhead,
@@ -87,7 +89,7 @@ __all__ = [
 
 TUNE_RULES = (rule_cache_routing, rule_cache_capacity, rule_admission, rule_idle_gaps,
               rule_prefill_tail, rule_prefill_stall, rule_decode_jitter, rule_proxy_overhead, rule_mixed_page_sizes,
-              rule_hot_prefix)
+              rule_hot_prefix, rule_overload)
 
 
 def rule_ceiling(s: Signals, p: RuleParams) -> Finding | None:

@@ -59,6 +59,32 @@ def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
     return Finding("admission", TUNE, cause, summary, conf, (*qev, usage, at_cap, *spread), levers)
 
 
+def rule_overload(s: Signals, p: RuleParams) -> Finding | None:
+    """Arrivals outrun what the fleet serves: the TTFT of the window's last third of requests is
+    a multiple of its first third's, seconds apart, and the SLO is missed. Evidence that needs no
+    engine report (the GPU fleet past its knee: 0.4 s early, 6-8 s late, its engines' batch caps
+    far from full), and one no engine setting removes: every other finding only buys capacity by
+    what it saves."""
+    lat = s.latency
+    over = ev("latency.ttft.p95_s", lat.ttft.p95, ">", p.slo_ttft_p95_s)
+    early, late = lat.ttft_early_p50, lat.ttft_late_p50
+    if early is None or late is None or not over.holds:
+        return None
+    grew = ev("ttft p50, last third / first third", ratio(late, early) if early > 0 else None, ">=", p.overload_growth)
+    gap = ev("ttft p50, last third - first third (s)", late - early, ">=", p.overload_min_s)
+    if not (grew.holds and gap.holds):
+        return None
+    summary = (f"the queue grows through the window: median TTFT {early:.2f}s for the first third of requests, "
+               f"{late:.2f}s for the last; arrivals exceed what the fleet serves")
+    levers = (
+        Lever("replicas", "model_or_hardware", "more workers (or faster ones) until TTFT stops growing"),
+        Lever("admission.queue_size / admission.queue_timeout_s", "radixgate",
+              "bound the proxy's queue so excess load is refused (503) instead of waiting without end"),
+    )
+    conf = data_weight(s, p) * strength(ratio(late, early), p.overload_growth)
+    return Finding("overload", TUNE, "over_capacity", summary, conf, (over, grew, gap), levers)
+
+
 def rule_idle_gaps(s: Signals, p: RuleParams) -> Finding | None:
     idle = ev("gpu.idle_share", s.gpu.idle_share, ">=", p.idle_gap_share,
               note="" if s.gpu.available else f"unknown: {s.gpu.reason}")

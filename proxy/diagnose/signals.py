@@ -156,6 +156,10 @@ class LatencySignal:
     # p95 of the prefill each request brought (prompt - cached tokens): the size of the big prefills.
     uncached_tokens_p95: float | None = None
     proxy_overhead_share: float | None = None
+    # Median TTFT of the window's first and last third of requests by arrival (30 or more
+    # requests): a fleet past its capacity queues more the longer the window runs.
+    ttft_early_p50: float | None = None
+    ttft_late_p50: float | None = None
     # Every stage of the request path, in path order (name, distribution), for the report.
     stages: tuple[tuple[str, Distribution], ...] = ()
 
@@ -176,6 +180,7 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
     admission_wait = Distribution.of(t.admission_wait for t in timings)
     proxy_overhead = Distribution.of(t.proxy_overhead for t in timings)
     itl = Distribution.of(gaps)
+    early, late = _thirds(timings)
     stages = (
         ("admission_wait", admission_wait),
         # Only the requests routing held for a prefix being prefilled (routing.hold_max_s).
@@ -200,8 +205,19 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         uncached_tokens_p95=percentile([float(u) for t in timings if (u := t.uncached_prompt_tokens) is not None],
                                        0.95),
         proxy_overhead_share=ratio(overhead_sum, ttft_sum),
+        ttft_early_p50=early,
+        ttft_late_p50=late,
         stages=stages,
     )
+
+
+def _thirds(timings: Sequence[RequestTiming]) -> tuple[float | None, float | None]:
+    """Median TTFT of the first and the last third of requests by arrival time."""
+    ordered = [t.ttft for t in sorted(timings, key=lambda t: t.received) if t.ttft is not None]
+    if len(ordered) < 30:
+        return None, None
+    third = len(ordered) // 3
+    return percentile(ordered[:third], 0.5), percentile(ordered[-third:], 0.5)
 
 
 def _prefill(t: RequestTiming) -> float | None:

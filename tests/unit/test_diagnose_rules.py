@@ -344,3 +344,35 @@ def test_a_replayed_better_policy_puts_routing_first_ahead_of_a_level_stall_find
     assert shadowed["prefill_stall"] == plain["prefill_stall"]
     assert v.findings[0].rule == "cache_routing"
     assert v.levers[0].setting == "routing.policy" and v.levers[0].change.startswith("ttft")
+
+
+def test_a_queue_that_grows_through_the_window_is_overload_with_the_capacity_levers() -> None:
+    # The GPU fleet past its knee: median TTFT 0.4 s in the first third of a phase, 6 s in the last.
+    grows = with_(healthy_signals(), latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4, "ttft_late_p50": 6.0})
+    v = rules.verdict(grows, P)
+    assert v.kind == rules.TUNE and v.findings[0].rule == "overload" and v.findings[0].cause == "over_capacity"
+    assert {"replicas", "admission.queue_size / admission.queue_timeout_s"} <= {lv.setting for lv in v.levers}
+    # A slow fleet whose TTFT does not grow (a steady tail), or a growing one within the SLO: no.
+    steady = with_(grows, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 2.0, "ttft_late_p50": 2.4})
+    assert "overload" not in {f.rule for f in rules.verdict(steady, P).findings}
+    within = with_(grows, latency={"ttft": dist(0.3, 1.5), "ttft_early_p50": 0.1, "ttft_late_p50": 0.9})
+    assert "overload" not in {f.rule for f in rules.verdict(within, P).findings}
+    # Fewer than 30 requests give no thirds: silent, never assumed.
+    unknown = with_(grows, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": None, "ttft_late_p50": None})
+    assert "overload" not in {f.rule for f in rules.verdict(unknown, P).findings}
+
+
+def test_the_thirds_are_taken_by_arrival_time() -> None:
+    from proxy.diagnose.signals import latency_signal
+    from proxy.diagnose.window import RequestRecord
+    from proxy.timing import RequestTiming
+
+    def record(received: float, ttft: float) -> RequestRecord:
+        return RequestRecord(timing=RequestTiming(received=received, first_token=received + ttft), worker="w")
+
+    # arrivals out of order in the list; TTFT rising with arrival time: 0.1 s early, 5 s late
+    records = [record(float(i), 0.1 + 0.1 * i if i < 20 else 5.0) for i in reversed(range(45))]
+    lat = latency_signal(records)
+    assert lat.ttft_early_p50 is not None and lat.ttft_late_p50 is not None
+    assert lat.ttft_early_p50 < 1.0 and lat.ttft_late_p50 == 5.0
+    assert latency_signal(records[:29]).ttft_late_p50 is None

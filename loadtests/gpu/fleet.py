@@ -577,6 +577,36 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     return "\n".join(rows)
 
 
+def growth_report(paths: list[Path]) -> str:
+    """Per rate, over these ``requests.jsonl`` files: in how many phases the client's TTFT met the
+    diagnosis' overload rule (``proxy/diagnose/rules_latency.rule_overload``, default thresholds:
+    p95 over the SLO, the last third's median TTFT a multiple of the first third's and seconds
+    above it) — where the rule would call a phase past the fleet's capacity."""
+    from proxy.diagnose.findings import RuleParams
+
+    p = RuleParams()
+    phases: dict[tuple[str, int, str, float], list[tuple[float, float]]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if r["router"] != "direct0":
+                    ttft = r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf
+                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append((r["at"], ttft))
+    by_rate: dict[float, list[str]] = {}
+    for key, rows in phases.items():
+        ttfts = [t for _, t in sorted(rows)]
+        third = len(ttfts) // 3
+        if third < 10:
+            continue
+        early, late = pct(ttfts[:third], 0.5), pct(ttfts[-third:], 0.5)
+        fires = (pct(ttfts, 0.95) > p.slo_ttft_p95_s and late >= p.overload_growth * early
+                 and late - early >= p.overload_min_s)
+        by_rate.setdefault(key[3], []).append(f"{key[2]}{'*' if fires else ''}")
+    return "\n".join(f"{rate:g}/s: {sum(x.endswith('*') for x in names)} of {len(names)} phases past capacity "
+                     f"(* = fires): {' '.join(sorted(names))}" for rate, names in sorted(by_rate.items()))
+
+
 def engines_report(path: Path) -> str:
     """Per phase and engine (``engines.jsonl``): requests it served, its worst and 90th-percentile
     TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +
@@ -673,6 +703,8 @@ def main() -> None:
     p.add_argument("--standing", nargs="+", metavar="SUMMARY",
                    help="print --router against the better of smg and sglang-router in each cell of these files, and exit")
     p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank")
+    p.add_argument("--growth", nargs="+", metavar="REQUESTS",
+                   help="per rate, the phases of these requests.jsonl the diagnosis' overload rule calls past capacity")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
     p.add_argument("--diagnoses", metavar="DIAGNOSES", help="print the verdicts of a diagnoses.jsonl and exit")
     args = p.parse_args()
@@ -683,6 +715,9 @@ def main() -> None:
         return
     if args.report:
         print(report([Path(p) for p in args.report]))
+        return
+    if args.growth:
+        print(growth_report([Path(p) for p in args.growth]))
         return
     if args.standing:
         print(standing([Path(p) for p in args.standing], args.router))

@@ -60,6 +60,16 @@ class ModelNotFound(RadixgateError):
     status, grpc_code, cause, kind = 404, grpc.StatusCode.NOT_FOUND, "model_not_found", "invalid_request_error"
 
 
+class RouteNotFound(RadixgateError):
+    """No such endpoint on this port (JSON, as the engines' own servers answer, not aiohttp's text)."""
+
+    status, grpc_code, cause, kind = 404, grpc.StatusCode.UNIMPLEMENTED, "not_found", "invalid_request_error"
+
+
+class MethodNotAllowed(RadixgateError):
+    status, grpc_code, cause, kind = 405, grpc.StatusCode.UNIMPLEMENTED, "method_not_allowed", "invalid_request_error"
+
+
 class Overloaded(RadixgateError):
     status, grpc_code, cause, kind = 429, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded", "rate_limit_error"
 

@@ -30,9 +30,11 @@ from proxy import safejson
 from proxy.config import Config
 from proxy.errors import (
     BadRequest,
+    MethodNotAllowed,
     ModelNotFound,
     PayloadTooLarge,
     RadixgateError,
+    RouteNotFound,
     Unauthorized,
     UnsupportedEncoding,
     to_body,
@@ -204,12 +206,27 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         headers=fwd, body=raw)
 
 
+@web.middleware
+async def json_route_errors(request: web.Request,
+                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """An unknown path or method answered in the OpenAI error shape, with the methods the path takes."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as e:
+        resp = error_response(MethodNotAllowed(f"{request.method} {request.path[:200]}: allowed "
+                                               f"{', '.join(sorted(e.allowed_methods))}"), None)
+        resp.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
+        return resp
+    except web.HTTPNotFound:
+        return error_response(RouteNotFound(f"{request.method} {request.path[:200]}: no such endpoint"), None)
+
+
 def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, ready: Callable[[], bool], *,
                      authorized: Callable[[web.Request], bool] | None = None) -> web.Application:
     """The public port. ``authorized``: whether a request presents an accepted API key, None when the
     port checks none (the key itself is checked by ``security.guard_http_app``'s middleware; this is
     for the ``Expect`` handler, which runs before it, and ``/flush_cache``, served only with keys)."""
-    app = web.Application(client_max_size=cfg.limits.max_body_bytes)
+    app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[json_route_errors])
     clock = pipeline.clock
 
     async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:

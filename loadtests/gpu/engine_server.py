@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.routing.chat_template import ChatTemplateError
 from proxy.sim import tokenizer as tok
 from proxy.sim.protocol import BadRequest, render_chat
 
@@ -325,7 +326,7 @@ class Server:
             else:
                 prompt = body.get("prompt")
                 ids = list(prompt) if isinstance(prompt, list) else self.engine.encoder.encode(str(prompt or ""))
-        except BadRequest as e:
+        except (BadRequest, ChatTemplateError) as e:  # a template's refusal is the caller's 400, as SGLang's
             return web.json_response({"object": "error", "message": str(e), "code": 400}, status=400)
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_order, phase_texts, text_key, trace
+from loadtests.gpu.fleet import TOKENIZER, Shape, phase_order, phase_texts, text_key, trace
+from loadtests.gpu.fleet_report import pct
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine

@@ -49,6 +49,16 @@ import aiohttp
 import yaml
 
 from loadtests.bench_overhead import free_port, stop_processes
+from loadtests.gpu.fleet_report import (
+    diagnoses_report,
+    engines_report,
+    growth_report,
+    knee,
+    pct,
+    report,
+    standing,
+    table,
+)
 from proxy.loadgen import texts
 from proxy.loadgen.arrivals import poisson_times
 
@@ -364,13 +374,6 @@ async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: st
     return records
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def summarize(records: list[Record], reuse: float | None) -> dict[str, Any]:
     # A failed request counts as infinitely slow: a p95 never improves by dropping requests.
     ttft = [r.ttft if r.ok and r.ttft is not None else math.inf for r in records]
@@ -383,30 +386,6 @@ def summarize(records: list[Record], reuse: float | None) -> dict[str, Any]:
         "reuse": reuse,
         "prompt_tokens_mean": sum(r.prompt_tokens for r in ok) / len(ok) if ok else 0,
     }
-
-
-def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], routers: list[str]) -> str:
-    def ms(v: float) -> str:
-        return "fail" if v == math.inf else ("-" if math.isnan(v) else f"{v * 1e3:,.0f}")
-
-    head = "| router | " + " | ".join(f"{r:g}/s p50 / p95 / ITL ms, reuse" for r in rates) + " |"
-    lines = [head, "|---" * (len(rates) + 1) + "|"]
-    for name in routers:
-        cells = []
-        for rate in rates:
-            s = summary[name].get(f"{rate:g}")
-            if s is None:
-                cells.append("not run")
-                continue
-            reuse = "-" if s["reuse"] is None else f"{s['reuse']:.0%}"
-            fail = f" ({s['failed']} failed)" if s["failed"] else ""
-            spread = ""
-            if s.get("p95_repeats"):
-                each = s["p95_repeats"]
-                spread = f" (p95 of {len(each)} rounds {ms(min(each))}-{ms(max(each))})"
-            cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}{spread}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -505,167 +484,6 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
           f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")
     print(table(summary, rates, names))
-
-
-def report(paths: list[Path]) -> str:
-    """Every cell of these ``summary.jsonl`` files: its table, then each router's TTFT p95 over
-    the oracle's and over smg's (the reference peer) at each rate of that cell."""
-    out = []
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            cell = json.loads(line)
-            rates, names, summary = cell["rates"], cell["routers"], cell["summary"]
-            cut = "" if cell.get("complete", True) else " (cut short by its time limit)"
-            out.append(f"\n{path.parent.name}: {cell['engine']}, {cell['workers']} workers, prompts={cell['prompts']}, "
-                       f"reports={cell['reports']}, workload={cell['shape']['workload']}, seed {cell['seed']}{cut}")
-            out.append(table(summary, rates, names))
-            for ref in ("oracle", "smg", "sglang-router"):
-                if ref not in names or len(names) < 2:
-                    continue
-                ratios = []
-                for name in names:
-                    if name == ref:
-                        continue
-                    cells = []
-                    for rate in rates:
-                        nan = {"ttft_p95": math.nan}
-                        a = summary[name].get(f"{rate:g}", nan)["ttft_p95"]
-                        b = summary[ref].get(f"{rate:g}", nan)["ttft_p95"]
-                        cells.append(f"{a / b:.2f}x @{rate:g}" if math.isfinite(a) and math.isfinite(b) and b else f"- @{rate:g}")
-                    ratios.append(f"{name} {', '.join(cells)}")
-                out.append(f"p95 / {ref}: " + "; ".join(ratios))
-    return "\n".join(out)
-
-
-def standing(paths: list[Path], router: str = "ttft") -> str:
-    """``router`` against the better SGLang gateway in the same run, cell by cell and rate by rate
-    over these ``summary.jsonl`` files (the routing issue's goal: p95 TTFT <= 0.7x the better of
-    smg and sglang-router), with the oracle where the run had one; then the geometric mean."""
-    peers = ("smg", "sglang-router")
-    rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
-            "|---|---|---|---|---|---|---|"]
-    ratios = []
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            cell = json.loads(line)
-            summary = cell["summary"]
-            if router not in summary:
-                continue
-            for rate in cell["rates"]:
-                key = f"{rate:g}"
-                mine = summary[router].get(key, {}).get("ttft_p95")
-                there = [(summary[n][key]["ttft_p95"], n) for n in peers if key in summary.get(n, {})]
-                if mine is None or not there:
-                    continue
-                best, name = min(there)
-                ratio = mine / best if math.isfinite(mine) and math.isfinite(best) else math.nan
-                oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
-                to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
-                if math.isfinite(ratio):
-                    ratios.append(ratio)
-                rows.append(f"| {path.parent.name} | {cell['prompts']}, {cell['reports']}, {cell['seed']}, "
-                            f"{cell.get('text', 'fresh')} | {rate:g} | {mine * 1e3:,.0f} | {name} {best * 1e3:,.0f} | "
-                            f"{ratio:.2f}x | {to_oracle} |")
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        rows.append(f"\n{len(ratios)} points: geometric mean {geo:.2f}x, {sum(r <= 0.7 for r in ratios)} at or under "
-                    f"0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
-    return "\n".join(rows)
-
-
-def growth_report(paths: list[Path]) -> str:
-    """Per rate, over these ``requests.jsonl`` files: in how many phases the client's TTFT met the
-    diagnosis' overload rule (``proxy/diagnose/rules_latency.rule_overload``, default thresholds:
-    p95 over the SLO, the last third's median TTFT a multiple of the first third's and seconds
-    above it) — where the rule would call a phase past the fleet's capacity."""
-    from proxy.diagnose.findings import RuleParams
-
-    p = RuleParams()
-    phases: dict[tuple[str, int, str, float], list[tuple[float, float]]] = {}
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if r["router"] != "direct0":
-                    ttft = r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf
-                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append((r["at"], ttft))
-    by_rate: dict[float, list[str]] = {}
-    for key, rows in phases.items():
-        ttfts = [t for _, t in sorted(rows)]
-        third = len(ttfts) // 3
-        if third < 10:
-            continue
-        early, late = pct(ttfts[:third], 0.5), pct(ttfts[-third:], 0.5)
-        fires = (pct(ttfts, 0.95) > p.slo_ttft_p95_s and late >= p.overload_growth * early
-                 and late - early >= p.overload_min_s)
-        by_rate.setdefault(key[3], []).append(f"{key[2]}{'*' if fires else ''}")
-    return "\n".join(f"{rate:g}/s: {sum(x.endswith('*') for x in names)} of {len(names)} phases past capacity "
-                     f"(* = fires): {' '.join(sorted(names))}" for rate, names in sorted(by_rate.items()))
-
-
-def engines_report(path: Path) -> str:
-    """Per phase and engine (``engines.jsonl``): requests it served, its worst and 90th-percentile
-    TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +
-    freed but still cached) it fell to: where a router's tail came from."""
-    out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        out.append(f"{row['router']} @ {row['rate']:g}/s, {row['prompts']}, {row['reports']} reports")
-        for e in row["engines"]:
-            reqs = e.get("requests") or []
-            if not reqs:
-                out.append(f"  {e['worker']}: no requests")
-                continue
-            ttft = sorted(r["first"] - r["at"] for r in reqs if r.get("first"))
-            prompt = sum(r["prompt"] for r in reqs)
-            free = min((t[4] + t[5] for t in e.get("timeline") or []), default=-1)
-            out.append(f"  {e['worker']}: {len(reqs)} requests, TTFT max {ttft[-1]:.2f} s p90 "
-                       f"{pct(ttft, 0.9):.2f} s, reuse {sum(r['cached'] for r in reqs) / max(1, prompt):.0%}, "
-                       f"least free KV {free}/{e.get('blocks')} blocks" if ttft else f"  {e['worker']}: no first tokens")
-    return "\n".join(out)
-
-
-def diagnoses_report(path: Path) -> str:
-    """Per radixgate phase (``diagnoses.jsonl``): the verdict the router's own ``/diagnosis`` gave
-    for that phase, its levers, and the reuse it saw (measured or estimated) beside what the
-    shadow replay of the other policies would have captured."""
-    out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        d = row["diagnosis"]
-        v, cache = d["verdict"], d["four_numbers"]["cache"]
-
-        def share(x: Any) -> str:
-            return "-" if x is None else f"{100 * x:.0f}%"
-
-        shadow = ", ".join(f"{s['policy']} {share(s['captured'])}" for s in cache["shadow"]) or "none"
-        levers = "; ".join(f"{lv['setting']}: {lv['change']}" for lv in v["levers"][:2]) or "-"
-        rules = ", ".join(f["rule"] for f in v["findings"]) or "-"
-        out.append(f"{row['router']} @ {row['rate']:g}/s, {row['prompts']}, {row['reports']} reports: "
-                   f"{v['kind']} ({v['confidence_label']}), ttft p95 {v['ttft_p95_s']} s; captured "
-                   f"{share(cache['captured'])}{' (estimated)' if cache['estimated'] else ''} of available "
-                   f"{share(cache['available'])}; shadow: {shadow}\n    findings: {rules}\n    levers: {levers}")
-    return "\n".join(out)
-
-
-def knee(path: Path, slo_s: float) -> str:
-    """The highest rate of the last cell with an oracle ladder whose oracle p95 TTFT is under
-    ``slo_s``, and the next rate of that ladder (or 1.5x the knee if it was the last)."""
-    cells = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    ladder = next(c for c in reversed(cells) if "oracle" in c["summary"] and len(c["rates"]) > 2)
-    rates = sorted(ladder["rates"])
-    under = [r for r in rates if ladder["summary"]["oracle"][f"{r:g}"]["ttft_p95"] < slo_s] or rates[:1]
-    k = under[-1]
-    above = [r for r in rates if r > k]
-    return f"{k:g},{above[0] if above else k * 1.5:g}"
 
 
 def main() -> None:

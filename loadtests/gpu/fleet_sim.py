@@ -19,7 +19,8 @@ from collections.abc import Hashable, Sequence
 
 import yaml
 
-from loadtests.gpu.fleet import TOKENIZER, Shape, pct, phase_texts, trace
+from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, trace
+from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, RouteRequest, WorkerSnapshot

@@ -9,15 +9,14 @@ from pathlib import Path
 from loadtests.gpu.fleet import (
     Record,
     Shape,
-    knee,
     phase_order,
     phase_texts,
     routing_section,
-    standing,
     summarize,
     text_key,
     trace,
 )
+from loadtests.gpu.fleet_report import knee, standing
 
 
 def test_every_router_gets_the_same_arrivals_at_a_rate_and_a_new_seed_gives_new_ones() -> None:
@@ -90,7 +89,7 @@ def test_a_policy_variant_names_routing_settings_and_policy_params() -> None:
 
 
 def test_a_cell_cut_short_reports_its_measured_phases_and_marks_the_rest_not_run(tmp_path: Path) -> None:
-    from loadtests.gpu.fleet import report
+    from loadtests.gpu.fleet_report import report
 
     done = summarize([Record("ttft", 3, 1, i, 0, 0.0, ttft=0.2, e2e=1.0, ok=True) for i in range(20)], 0.6)
     cell = {"argv": [], "prompts": "text", "reports": "minimal", "shape": {"workload": "shared"}, "seed": 1,
@@ -105,7 +104,7 @@ def test_a_cell_cut_short_reports_its_measured_phases_and_marks_the_rest_not_run
 
 
 def test_the_engine_view_names_each_engines_load_reuse_and_least_free_kv(tmp_path: Path) -> None:
-    from loadtests.gpu.fleet import engines_report
+    from loadtests.gpu.fleet_report import engines_report
 
     reqs = [{"at": 10.0, "first": 10.0 + 0.1 * k, "done": 12.0, "prompt": 1000, "cached": 600, "queued": 0.01}
             for k in range(1, 11)]

@@ -99,7 +99,8 @@ class RoutingConfig:
     # Characters per token when no tokenizer is available (prefix hashing estimate).
     chars_per_token: float = 4.0
     # The model's tokenizer.json (a file or its directory), for exact token counts and KV-event
-    # matches of text prompts (proxy/routing/tokenizer.py; needs the "bpe" extra). "" = none.
+    # matches of text prompts, and of chat prompts through the directory's chat template
+    # (proxy/routing/tokenizer.py, chat_template.py; needs the "bpe" extra). "" = none.
     tokenizer: str = ""
     # Cap on blocks hashed per prompt.
     max_blocks: int = 2048

@@ -87,10 +87,9 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
     assert {w["kv_events"]["source"] for w in described} == {"events"}
 
 
-async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
-        harness: Harness, client: aiohttp.ClientSession) -> None:
-    # The engines and the proxy tokenize with the same BPE (characters per token differ from the
-    # proxy's prior): text prompts are then keyed by the engine's token ids and match its events.
+async def bpe_fleet(harness: Harness) -> tuple[App, Fleet]:
+    """Two simulated workers publishing KV events and tokenizing with the BPE (its chat template
+    too), and the default policy following them with the same tokenizer."""
     configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=4096, enable_cache_report=True,
                          kv_events_config=KV, tokenizer=str(TOKENIZER)) for _ in range(2)]
     fleet = await harness.fleet(configs)
@@ -102,6 +101,23 @@ async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
                                      "routing.tokenizer": str(TOKENIZER)})
     await joined(app, fleet)
+    return app, fleet
+
+
+async def predictions_equal_reports(client: aiohttp.ClientSession, app: App, prompt_tokens: list[int]) -> None:
+    m = await scrape(client, admin(app))
+    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
+    assert reported > 0
+    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
+    # Token counts are the engine's own: the prompt-token counter equals the reported tokens.
+    assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
+
+
+async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # The engines and the proxy tokenize with the same BPE (characters per token differ from the
+    # proxy's prior): text prompts are then keyed by the engine's token ids and match its events.
+    app, fleet = await bpe_fleet(harness)
     rng = random.Random(5)
     systems = [texts.prose(rng, 2500) for _ in range(6)]
     prompt_tokens = []
@@ -111,12 +127,7 @@ async def test_with_the_models_tokenizer_text_prompts_match_the_events_exactly(
         async with client.post(base(app) + "/generate", json=body) as r:
             assert r.status == 200
             prompt_tokens.append((await r.json())["meta_info"]["prompt_tokens"])
-    m = await scrape(client, admin(app))
-    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
-    assert reported > 0
-    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
-    # Token counts are the engine's own: the prompt-token counter equals the reported tokens.
-    assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
+    await predictions_equal_reports(client, app, prompt_tokens)
 
 
 async def test_with_the_models_chat_template_chat_prompts_match_the_events_exactly(
@@ -124,17 +135,7 @@ async def test_with_the_models_chat_template_chat_prompts_match_the_events_exact
     # The tokenizer directory's chat template renders OpenAI chat on the engines (as SGLang does)
     # and on the proxy: chat prompts are keyed by the engine's token ids too. Without the template
     # they would be keyed by bytes and the predictions could not equal the reports token for token.
-    configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=4096, enable_cache_report=True,
-                         kv_events_config=KV, tokenizer=str(TOKENIZER)) for _ in range(2)]
-    fleet = await harness.fleet(configs)
-    workers = []
-    for w in fleet.workers:
-        assert w.worker is not None and w.worker.kv_publisher is not None
-        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
-                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
-    app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
-                                     "routing.tokenizer": str(TOKENIZER)})
-    await joined(app, fleet)
+    app, fleet = await bpe_fleet(harness)
     rng = random.Random(6)
     systems = [texts.prose(rng, 2500) for _ in range(6)]
     prompt_tokens = []
@@ -148,11 +149,7 @@ async def test_with_the_models_chat_template_chat_prompts_match_the_events_exact
         async with client.post(base(app) + "/v1/chat/completions", json=body) as r:
             assert r.status == 200, await r.text()
             prompt_tokens.append((await r.json())["usage"]["prompt_tokens"])
-    m = await scrape(client, admin(app))
-    reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
-    assert reported > 0
-    assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
-    assert total(m, "radixgate_routing_prompt_tokens_total", policy="ttft") == sum(prompt_tokens)
+    await predictions_equal_reports(client, app, prompt_tokens)
 
 
 async def test_auto_follows_each_workers_own_kv_events_config(

@@ -29,6 +29,11 @@ def requests_queue(s: Signals, p: RuleParams) -> tuple[bool, list[Evidence]]:
     return any(e.holds for e in evidence), evidence
 
 
+def queue_waits(s: Signals) -> list[float]:
+    """The reported queue waits' p95s: the worker's own queue time and our admission wait."""
+    return [d.p95 for d in (s.latency.worker_queue, s.latency.admission_wait) if d.p95 is not None]
+
+
 def queue_concentration(s: Signals) -> float | None:
     """The most-queued worker's share of the fleet's engine queue (1 / workers when even, 1.0 when
     one worker holds all of it); ``None`` with fewer than two workers reporting a queue, or none queued."""

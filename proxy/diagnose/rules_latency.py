@@ -8,6 +8,7 @@ from proxy.diagnose.rule_common import (
     data_weight,
     queue_balance,
     queue_concentration,
+    queue_waits,
     requests_queue,
     strength,
 )
@@ -33,7 +34,7 @@ def rule_admission(s: Signals, p: RuleParams) -> Finding | None:
         # missed). Otherwise it fired on fleets meeting the SLO with a prompt or two in line per
         # worker (the hot-prefix scenario's spread runs: 0.89-0.93 with the SLO met).
         wait_limit = p.queue_wait_fraction * p.slo_ttft_p95_s
-        waits = [d.p95 for d in (s.latency.worker_queue, s.latency.admission_wait) if d.p95 is not None]
+        waits = queue_waits(s)
         slow = s.latency.ttft.p95 is not None and s.latency.ttft.p95 > p.slo_ttft_p95_s
         if not slow and not any(w >= wait_limit for w in waits):
             return None
@@ -108,7 +109,7 @@ def rule_prefill_tail(s: Signals, p: RuleParams) -> Finding | None:
     over = ev("latency.ttft.p95_s", lat.ttft.p95, ">", p.slo_ttft_p95_s)
     spread = ev("latency.ttft.p95 / p50", lat.ttft.spread, ">=", p.tail_spread)
     flat = ev("latency.itl.p95 / p50", lat.itl_jitter, "<=", p.flat_decode_jitter)
-    waits = [d.p95 for d in (lat.worker_queue, lat.admission_wait) if d.p95 is not None]
+    waits = queue_waits(s)
     queue_p95 = sum(waits) if waits else None
     share = ev("(worker_queue + admission_wait).p95 / ttft.p95",
                queue_p95 / lat.ttft.p95 if queue_p95 is not None and lat.ttft.p95 else None,

@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loadtests.gpu.kv_tracker import BlockChains, KvTracker
 from proxy.routing.chat_template import ChatTemplateError
 from proxy.sim import tokenizer as tok
 from proxy.sim.protocol import BadRequest, render_chat
@@ -58,6 +59,9 @@ class Engine:
         self.encoder = tok.Encoder(args.tokenizer)
         self.matched_tokens: dict[str, int] = {}
         self.cache: Any = None  # the PagedAttentionCache, seen at its first prefix match
+        # --kv-events-config: prompts submitted since the publisher's last look (it names their
+        # blocks with the engine's own hash once the cache is known)
+        self.recent_prompts: deque[list[int]] = deque(maxlen=10_000)
         original = cb_cache.PagedAttentionCache.search_prefix_match
         engine = self
 
@@ -119,6 +123,8 @@ class Engine:
         with self.lock:
             self.queues[rid] = (asyncio.get_running_loop(), q)
             self.waiting[rid] = len(ids)
+        if self.args.kv_events_config:
+            self.recent_prompts.append(ids)
         # eos -1: never stop early (random weights; the client asked for ignore_eos semantics)
         self.manager.add_request(input_ids=ids, request_id=rid, max_new_tokens=max_new_tokens, streaming=True,
                                  eos_token_id=-1)
@@ -186,6 +192,9 @@ class Server:
         # so a router's tail can be traced to what the engine did (waits for memory, a long queue).
         self.trace: deque[dict[str, Any]] = deque(maxlen=20_000)
         self.timeline: deque[list[float]] = deque(maxlen=20_000)
+        self.kv_endpoints: dict[str, str | None] = {}  # where --kv-events-config publishes, once open
+        self.kv_tracker: KvTracker | None = None
+        self.kv_publisher: Any = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -231,6 +240,7 @@ class Server:
             "scheduler_info": {"status": "ok", "max_total_num_tokens": self.kv_tokens},
             "internal_states": [{"effective_max_running_requests_per_dp": a.max_running_requests}],
             "version": "transformers-cb-shim",
+            **({"kv_events_config": json.dumps({"publisher": "zmq", **self.kv_endpoints})} if self.kv_endpoints else {}),
         })
 
     def _load_snapshot(self) -> dict[str, Any]:
@@ -266,7 +276,35 @@ class Server:
         freed = self.engine.flush_prefix_cache()
         if freed < 0:
             return web.Response(status=400, text="Cache not flushed: requests are in flight.\n")
+        if self.kv_tracker is not None and self.kv_publisher is not None:
+            await self.kv_publisher.publish_events(self.kv_tracker.cleared())
         return web.Response(text=f"Cache flushed ({freed} blocks).\n")
+
+    async def publish_kv_events(self, every_s: float = 0.05) -> None:
+        """--kv-events-config: diff the engine's table of cached blocks (``kv_tracker.py``) and
+        publish what changed, on SGLang's wire (``proxy.sim.kv_publish``), forever."""
+        from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
+
+        publisher = KvPublisher(KvEventsSettings.parse(self.args.kv_events_config))
+        publisher.start()
+        self.kv_publisher = publisher
+        self.kv_endpoints = {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint}
+        while True:
+            await asyncio.sleep(every_s)
+            bm = getattr(self.engine.cache, "_block_manager", None)
+            if bm is None:
+                continue
+            if self.kv_tracker is None:  # the engine's own hash, once its cache exists
+                self.kv_tracker = KvTracker(BlockChains(bm.compute_hash, self.args.block_size))
+            while self.engine.recent_prompts:
+                self.kv_tracker.chains.add_prompt(self.engine.recent_prompts.popleft())
+            try:
+                present = list(bm._hash_to_id)  # one C-level copy under the GIL
+            except RuntimeError:  # resized mid-copy by the engine thread: next look
+                continue
+            events = self.kv_tracker.diff(present)
+            if events:
+                await publisher.publish_events(events)
 
     async def bench_mode(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -460,8 +498,13 @@ async def main_async(args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
+    kv_task = asyncio.create_task(server.publish_kv_events()) if args.kv_events_config else None
     print(f"READY http://{args.host}:{args.port} params={engine.params / 1e9:.2f}B", flush=True)
-    await server.sample()  # forever: the timeline of /bench/trace
+    try:
+        await server.sample()  # forever: the timeline of /bench/trace
+    finally:
+        if kv_task is not None:
+            kv_task.cancel()
 
 
 def main() -> None:
@@ -480,6 +523,9 @@ def main() -> None:
                    help="KV pool in tokens (0: the engine sizes it from --mem-fraction)")
     p.add_argument("--kv-tokens-hint", type=int, default=400_000,
                    help="KV capacity reported to the proxy when --kv-tokens is 0")
+    p.add_argument("--kv-events-config", default="",
+                   help='SGLang\'s: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": ...}; '
+                        "the cached prompt blocks of the engine's table as BlockStored / BlockRemoved (kv_tracker.py)")
     p.add_argument("--minimal-reports", action="store_true",
                    help="no cached_tokens, /v1/loads or /metrics (no --enable-cache-report / --enable-metrics)")
     asyncio.run(main_async(p.parse_args()))

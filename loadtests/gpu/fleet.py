@@ -173,9 +173,9 @@ class Routers:
     """Every router of the run, started once, each on its own port."""
 
     def __init__(self, names: list[str], workers: list[str], workdir: Path, tokenizer: Path,
-                 window_s: float = 300.0) -> None:
+                 window_s: float = 300.0, kv_events: str = "") -> None:
         self.names, self.workers, self.workdir, self.tokenizer = names, workers, workdir, tokenizer
-        self.window_s = window_s
+        self.window_s, self.kv_events = window_s, kv_events
         self.bases: dict[str, str] = {}
         self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis)
         self.procs: list[asyncio.subprocess.Process] = []
@@ -206,6 +206,8 @@ class Routers:
                     # the diagnosis read after a phase covers that phase alone
                     "diagnose": {"window_s": self.window_s},
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
+                    # --kv-events auto: follow each engine's own events (engine_server --kv-events-config)
+                    **({"kv_events": {"endpoint": self.kv_events}} if self.kv_events else {}),
                     "telemetry": {"log_level": "info", "log_requests": True}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
             self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
@@ -408,7 +410,8 @@ async def main_async(args: argparse.Namespace) -> None:
     if task is not None:  # a time limit's SIGTERM ends the run through the finally below
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     names = [n for n in args.routers.split(",") if n]
-    routers = Routers(names, workers, out, Path(args.tokenizer), window_s=args.phase_s + args.drain_s + 5)
+    routers = Routers(names, workers, out, Path(args.tokenizer), window_s=args.phase_s + args.drain_s + 5,
+                      kv_events=args.kv_events)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=0)
     summary: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
@@ -508,6 +511,8 @@ def main() -> None:
     p.add_argument("--drain-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=10.0)
     p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (text keyed by it)")
+    p.add_argument("--kv-events", default="", help='radixgate routers\' kv_events.endpoint ("auto": each '
+                   "engine's own, started with engine_server --kv-events-config)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of every router per rate (the spread between runs of one router, in one run)")
     p.add_argument("--text", choices=("same", "fresh"), default="same",

@@ -203,6 +203,7 @@ def validate(cfg: Config) -> None:
         (cfg.upstream.max_scrape_bytes >= 1024, "upstream.max_scrape_bytes: must be >= 1024"),
         (cfg.routing.chars_per_token > 0, "routing.chars_per_token: must be > 0"),
         (cfg.routing.max_blocks >= 1, "routing.max_blocks: must be >= 1"),
+        (cfg.routing.response_homes >= 1, "routing.response_homes: must be >= 1"),
         (cfg.routing.peer_sync_interval_s >= 0, "routing.peer_sync_interval_s: must be >= 0"),
         (cfg.routing.hold_max_s >= 0, "routing.hold_max_s: must be >= 0 (0 = never hold)"),
         (cfg.routing.peer_timeout_s > 0, "routing.peer_timeout_s: must be > 0"),

@@ -105,6 +105,9 @@ class RoutingConfig:
     # Cap on blocks hashed per prompt.
     max_blocks: int = 2048
     session_header: str = "x-session-id"
+    # Stored Responses ids remembered with the worker that holds each (GET / cancel and
+    # previous_response_id go there); the oldest are forgotten first, then found by asking the workers.
+    response_homes: int = 100_000
     # Other replicas' admin base URLs (http://host:admin_port): each decision is told to them and
     # theirs to us (proxy/peers.py), so replicas find prefixes the others placed. () = share nothing.
     peers: tuple[str, ...] = ()

@@ -7,6 +7,7 @@
     ├── Unauthorized                    (401 / UNAUTHENTICATED)    missing or wrong API key
     ├── Forbidden                       (403 / PERMISSION_DENIED)  an operator's endpoint on a port without keys
     ├── ModelNotFound                   (404 / NOT_FOUND)          no worker serves the model
+    ├── ResponseNotFound                (404 / NOT_FOUND)          no worker holds that stored response
     ├── Overloaded                      (429 / RESOURCE_EXHAUSTED) admission queue full / wait timed out / rate limit
     ├── NoHealthyWorker                 (503 / UNAVAILABLE)        every worker down or ejected
     ├── ShuttingDown                    (503 / UNAVAILABLE)        draining after SIGTERM
@@ -58,6 +59,12 @@ class Forbidden(RadixgateError):
 
 class ModelNotFound(RadixgateError):
     status, grpc_code, cause, kind = 404, grpc.StatusCode.NOT_FOUND, "model_not_found", "invalid_request_error"
+
+
+class ResponseNotFound(RadixgateError):
+    """A Responses id (GET /v1/responses/{id}, ``previous_response_id``) no worker of the fleet holds."""
+
+    status, grpc_code, cause, kind = 404, grpc.StatusCode.NOT_FOUND, "response_not_found", "invalid_request_error"
 
 
 class RouteNotFound(RadixgateError):

@@ -2,7 +2,8 @@
 
 ``CompletedRequest`` — one finished request, as metrics, the request log line and observers
 (diagnosis) see it. ``Finished`` — the last item of ``Exchange.events()``. ``body_with_rid`` — the
-bytes sent to the worker: the caller's own, with a ``rid`` spliced in when they gave none (and
+bytes sent to the worker: the caller's own, with a ``rid`` (Responses: ``request_id``) spliced in
+when they gave none (and
 ``include_usage`` on an OpenAI stream that did not ask for it).
 """
 
@@ -62,7 +63,7 @@ def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = Fa
     raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
     add: dict[str, Any] = {}
     if rid is not None and not _is_batch(req.payload):
-        add["rid"] = rid
+        add[req.dialect.rid_field] = rid
     if ask_usage:
         opts = req.payload.get("stream_options")
         add["stream_options"] = {"include_usage": True}
@@ -86,8 +87,8 @@ def wants_usage_hidden(req: GenerateRequest) -> bool:
     worker for it anyway (the token counters, the cache-hit numbers and routing learn from it) and
     drops the usage chunk from what the caller receives (``sse_frames.drop_usage_events``). A
     ``stream_options`` that is not an object is the caller's error, forwarded as sent."""
-    if req.dialect is Dialect.SGLANG or not req.stream:
-        return False
+    if req.dialect is Dialect.SGLANG or req.dialect is Dialect.RESPONSES or not req.stream:
+        return False  # native meta_info and Responses' response.completed always carry usage
     opts = req.payload.get("stream_options")
     if opts is None:
         return True

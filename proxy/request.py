@@ -7,6 +7,7 @@ except for an added ``rid`` when the caller gave none.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -18,12 +19,22 @@ class Dialect(StrEnum):
     SGLANG = "sglang"  # POST /generate
     COMPLETIONS = "completions"  # POST /v1/completions
     CHAT = "chat"  # POST /v1/chat/completions
+    RESPONSES = "responses"  # POST /v1/responses (OpenAI Responses API)
 
     @property
     def path(self) -> str:
-        return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}[
-            self.value
-        ]
+        return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
+                "responses": "/v1/responses"}[self.value]
+
+    @property
+    def rid_field(self) -> str:
+        """The body field that names the request to the engine (its rid, what ``/abort_request``
+        takes): SGLang's and vLLM's Responses servers take ``request_id`` and make it the
+        response's id, which must start with ``resp_`` to be retrievable."""
+        return "request_id" if self is Dialect.RESPONSES else "rid"
+
+    def new_rid(self) -> str:
+        return ("resp_" if self is Dialect.RESPONSES else "") + uuid.uuid4().hex
 
     @property
     def error_style(self) -> str:
@@ -42,6 +53,9 @@ class GenerateRequest:
     input_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     rid: str | None = None
+    # The worker this request must go to, whatever the policy would pick: a Responses follow-up
+    # (``previous_response_id``) is served only by the worker that stored the conversation.
+    pinned: str | None = None
     session_key: str | None = None
     priority: int = 0
     # Frontend name for metric labels: "http" or "grpc".

@@ -48,7 +48,8 @@ from proxy.request import Dialect
 
 OPEN_PATHS = frozenset({"/health", "/ready"})
 GENERATION_PATHS: Mapping[str, Dialect] = {
-    "/generate": Dialect.SGLANG, "/v1/completions": Dialect.COMPLETIONS, "/v1/chat/completions": Dialect.CHAT}
+    "/generate": Dialect.SGLANG, "/v1/completions": Dialect.COMPLETIONS, "/v1/chat/completions": Dialect.CHAT,
+    "/v1/responses": Dialect.RESPONSES}
 GRPC_GENERATION_SERVICE = "/radixgate.v1.Generation/"
 GRPC_OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 KEY_HINT = "send Authorization: Bearer <key> or x-api-key: <key>"

@@ -43,6 +43,8 @@ class FinalMeta:
     first_token_latency: float | None = None
     e2e_latency: float | None = None
     error: Mapping[str, Any] | None = None
+    # A Responses answer's id (what GET /v1/responses/{id} and previous_response_id name).
+    response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,8 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
     if isinstance(obj.get("error"), Mapping):
         m.error = obj["error"]
         return m
+    if dialect is Dialect.RESPONSES:
+        return _responses_meta(obj, m)
     if dialect is Dialect.SGLANG:
         info = obj.get("meta_info")
         if isinstance(info, Mapping):
@@ -128,6 +132,46 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
         if isinstance(details, Mapping):
             m.cached_tokens = _int(details.get("cached_tokens"))
     return m
+
+
+_MAX_ID = 256  # a response id longer than this is no id this proxy keeps
+
+
+def _responses_meta(obj: Mapping[str, Any], m: FinalMeta) -> FinalMeta:
+    """A Responses object (a whole answer, or the ``response`` a stream event carries): its id,
+    status and usage (``input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``)."""
+    inner = obj.get("response")
+    resp: Mapping[str, Any] = inner if isinstance(inner, Mapping) else obj
+    rid = resp.get("id")
+    if isinstance(rid, str) and 0 < len(rid) <= _MAX_ID:
+        m.response_id = rid
+    status = resp.get("status")
+    if isinstance(status, str) and status not in ("queued", "in_progress"):
+        details = resp.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        m.finish_reason = "length" if reason == "max_output_tokens" else status[:40]
+        if status == "failed":
+            err = resp.get("error")
+            m.error = err if isinstance(err, Mapping) else {"message": "the response failed"}
+    usage = resp.get("usage")
+    if isinstance(usage, Mapping):
+        m.prompt_tokens = _int(usage.get("input_tokens"))
+        m.completion_tokens = _int(usage.get("output_tokens"))
+        details = usage.get("input_tokens_details")
+        if isinstance(details, Mapping):
+            m.cached_tokens = _int(details.get("cached_tokens"))
+    return m
+
+
+# A Responses stream ends with one of these (no [DONE]); "error" is the spec's error event.
+RESPONSES_END = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def responses_has_output(obj: Mapping[str, Any]) -> bool:
+    """Whether a Responses stream event carries generated output: a non-empty ``*.delta`` (text,
+    reasoning, refusal, function-call arguments); created / in_progress / item events do not."""
+    kind, delta = obj.get("type"), obj.get("delta")
+    return isinstance(kind, str) and kind.endswith(".delta") and isinstance(delta, str) and bool(delta)
 
 
 def error_of(obj: Any) -> ErrorEvent | None:
@@ -191,6 +235,8 @@ class StreamAccountant:
 
     def feed(self, data: bytes) -> bool:
         """Account one run of complete events; True when it carried new output."""
+        if self.dialect is Dialect.RESPONSES:
+            return self._feed_responses(data)
         if self.dialect is not Dialect.SGLANG:
             return self._feed_openai(data)
         # Native chunks are counted, not parsed: an event starts a run or follows a blank line,
@@ -231,6 +277,33 @@ class StreamAccountant:
                     carried = True
                     self.token_events += 1
                 meta_from(self.dialect, obj, self.meta)
+        return carried
+
+    def _feed_responses(self, data: bytes) -> bool:
+        """Every event is parsed (each is small: one delta, or the response at its start and end)."""
+        carried = False
+        for payload in iter_payloads(data):
+            self.events += 1
+            if payload == DONE:  # not Responses' own, but an end all the same
+                self.done = True
+                continue
+            obj = parse_event(payload)
+            if not isinstance(obj, Mapping):
+                raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
+            kind = obj.get("type")
+            if isinstance(obj.get("error"), Mapping) and kind is None:
+                self.error = obj["error"]
+            elif kind == "error":
+                self.error = {"message": str(obj.get("message", ""))[:500], "code": obj.get("code")}
+            elif responses_has_output(obj):
+                carried = True
+                self.token_events += 1
+            elif isinstance(obj.get("response"), Mapping):
+                _responses_meta(obj, self.meta)
+                if kind in RESPONSES_END:
+                    self.done = True
+                    if self.meta.error is not None:
+                        self.error = self.meta.error
         return carried
 
     def final(self) -> FinalMeta:

@@ -1,7 +1,8 @@
 """The HTTP frontend (aiohttp): SGLang native and OpenAI endpoints, and the admin endpoints.
 
-Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream and
-non-stream), ``GET /v1/models`` (union of the workers' models), ``GET /v1/models/{id}``,
+Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``POST /v1/responses`` (stream and non-stream; the stored responses' endpoints are
+``frontends/responses_api.py``'s), ``GET /v1/models`` (union of the workers' models), ``GET /v1/models/{id}``,
 ``GET /health`` (the proxy is up), ``GET /ready`` (at least one healthy worker, not draining), and
 SGLang's own server endpoints (``frontends/sglang_server.py``: ``/health_generate``, model and server
 info, ``/flush_cache`` — with API keys only).
@@ -26,7 +27,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy import safejson
+from proxy import responses, safejson
 from proxy.config import Config
 from proxy.errors import (
     BadRequest,
@@ -40,6 +41,7 @@ from proxy.errors import (
     to_body,
 )
 from proxy.frontends import sglang_server
+from proxy.frontends.responses_api import ResponsesFront
 from proxy.frontends.sampling import check_sampling
 from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
@@ -141,8 +143,10 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream: must be true or false")
-    rid = payload.get("rid")
-    if rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(r, str) for r in rid))):
+    rid = payload.get(dialect.rid_field)
+    if dialect is Dialect.RESPONSES:
+        rid = None if rid is None else responses.check_id("request_id", rid)
+    elif rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and all(isinstance(r, str) for r in rid))):
         raise BadRequest("rid: must be a string (a list of strings for a batch)")
     params = payload.get("sampling_params")
     if params is not None and not (isinstance(params, dict)
@@ -171,6 +175,10 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
                     isinstance(content, list) and all(isinstance(part, dict) for part in content))):
                 raise BadRequest(f"messages[{i}].content: must be a string or a list of content parts")
         messages, size = msgs, len(raw)
+    elif dialect is Dialect.RESPONSES:
+        messages, size = responses.conversation(payload), len(raw)
+        if payload.get("previous_response_id") is not None:
+            responses.check_id("previous_response_id", payload["previous_response_id"])
     else:
         names = ("text", "input_ids") if dialect is Dialect.SGLANG else ("prompt",)
         given = [n for n in names if payload.get(n) is not None]
@@ -228,6 +236,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     for the ``Expect`` handler, which runs before it, and ``/flush_cache``, served only with keys)."""
     app = web.Application(client_max_size=cfg.limits.max_body_bytes, middlewares=[json_route_errors])
     clock = pipeline.clock
+    stored = ResponsesFront(pipeline, upstream, lambda err: error_response(err, Dialect.RESPONSES))
 
     async def serve(request: web.Request, dialect: Dialect) -> web.StreamResponse:
         received = clock.now()
@@ -252,6 +261,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
             except TimeoutError:
                 raise RequestTimeout(f"body: not received within {cfg.limits.body_timeout_s:g} s") from None
             req = parse_request(dialect, raw, request.headers, cfg)
+            await stored.pin(req, request)
         except RadixgateError as e:
             pipeline.reject(FRONTEND, dialect.value, e, received)
             return error_response(e, dialect)
@@ -259,6 +269,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
         try:
             async with pipeline.exchange(req, received=received) as ex:
                 if not ex.streaming:
+                    stored.answered(req, ex.worker, ex.status, ex.meta.response_id, ex.rid)
                     return web.Response(status=ex.status, body=ex.body, content_type=ex.content_type)
                 resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
                 await resp.prepare(request)
@@ -268,6 +279,8 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
                     else:
                         await resp.write(chunk)
                 await resp.write_eof()  # no-op unless the stream ended without a last event
+                if ex.error is None:
+                    stored.answered(req, ex.worker, ex.status, ex.meta.response_id, ex.rid)
                 return resp
         except RadixgateError as e:
             return error_response(e, dialect)
@@ -348,6 +361,8 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_put("/generate", route(Dialect.SGLANG), expect_handler=expect(Dialect.SGLANG))
     app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS), expect_handler=expect(Dialect.COMPLETIONS))
     app.router.add_post("/v1/chat/completions", route(Dialect.CHAT), expect_handler=expect(Dialect.CHAT))
+    app.router.add_post("/v1/responses", route(Dialect.RESPONSES), expect_handler=expect(Dialect.RESPONSES))
+    stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)

@@ -93,6 +93,7 @@ def _token_ids(v: Any) -> str | None:
 # Native (SGLang sampling_params) and OpenAI names share one table: where both exist they mean the same.
 RULES: dict[str, Callable[[Any], str | None]] = {
     "max_new_tokens": _count, "max_tokens": _count, "max_completion_tokens": _count,
+    "max_output_tokens": _count,
     "min_new_tokens": _count, "min_tokens": _count,
     "temperature": _at_least_zero,
     "top_p": _between(0.0, 1.0, open_lo=True),

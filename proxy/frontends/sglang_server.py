@@ -42,10 +42,11 @@ FLUSH_PATH = "/flush_cache"
 _HEALTH_GENERATE_MIN_S = 20.0
 
 
-async def _forward(pipeline: Pipeline, upstream: UpstreamPool, url: str, method: str, path: str, request: web.Request,
-                   timeout_s: float) -> tuple[int, bytes, str]:
-    """One small request to one worker: (status, body, content type); ``UpstreamError`` /
-    ``UpstreamTimeout`` when the worker cannot be reached or does not answer in time."""
+async def forward(pipeline: Pipeline, upstream: UpstreamPool, url: str, method: str, path: str, request: web.Request,
+                  timeout_s: float, max_bytes: int | None = None) -> tuple[int, bytes, str]:
+    """One small request to one worker, without a body: (status, body, content type);
+    ``UpstreamError`` / ``UpstreamTimeout`` when the worker cannot be reached or does not answer
+    in time. An answer over ``max_bytes`` (default ``upstream.max_scrape_bytes``) is an ``UpstreamError``."""
     headers = {"Accept-Encoding": "identity"}
     auth = pipeline.upstream_authorization(request.headers.get("Authorization"))
     if auth:
@@ -55,7 +56,7 @@ async def _forward(pipeline: Pipeline, upstream: UpstreamPool, url: str, method:
         async with upstream.session(url).request(
                 method, url + path, headers=headers, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            body = await read_capped(resp, cfg.max_scrape_bytes, f"{method} {path}")
+            body = await read_capped(resp, cfg.max_scrape_bytes if max_bytes is None else max_bytes, f"{method} {path}")
             return resp.status, body, resp.content_type or "application/octet-stream"
     except TimeoutError:
         raise UpstreamTimeout(f"{url}{path}: no answer within {timeout_s:g} s") from None
@@ -81,7 +82,7 @@ def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond:
             last: RadixgateError | None = None
             for url in _healthy(pipeline):
                 try:
-                    status, body, ctype = await _forward(pipeline, upstream, url, "GET", path, request, timeout_s)
+                    status, body, ctype = await forward(pipeline, upstream, url, "GET", path, request, timeout_s)
                 except RadixgateError as e:
                     last = e
                     continue
@@ -104,7 +105,7 @@ def flush_handler(pipeline: Pipeline, upstream: UpstreamPool) -> Handler:
 
     async def one(url: str, request: web.Request) -> dict[str, Any]:
         try:
-            status, body, _ = await _forward(pipeline, upstream, url, request.method, FLUSH_PATH, request, timeout_s)
+            status, body, _ = await forward(pipeline, upstream, url, request.method, FLUSH_PATH, request, timeout_s)
         except RadixgateError as e:
             return {"worker": url, "status": e.status, "flushed": False, "message": e.message}
         return {"worker": url, "status": status, "flushed": status == 200,

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from enum import StrEnum
 from types import TracebackType
 
 from proxy import safejson
 from proxy.admission import Lease
-from proxy.errors import ModelNotFound, NoHealthyWorker, RadixgateError, UpstreamError
+from proxy.errors import ModelNotFound, NoHealthyWorker, RadixgateError, ResponseNotFound, UpstreamError
 from proxy.pipeline.attempt import Opened, Retry, Target, Whole, attempt
 from proxy.pipeline.end import Ending, finish
 from proxy.pipeline.holds import hold_limit
@@ -74,7 +73,7 @@ class Exchange:
     def __init__(self, parts: Parts, req: GenerateRequest, received: float) -> None:
         self._parts, self.req = parts, req
         self.timing = RequestTiming(received=received)
-        self.rid = req.rid or uuid.uuid4().hex
+        self.rid = req.rid or req.dialect.new_rid()
         self.phase = Phase.NEW
         self.streaming = req.stream
         self.status = 0
@@ -156,6 +155,10 @@ class Exchange:
             bytes_per_token=p.token_estimate.bytes_per_token(self.req.model), text_ids=text_ids)
         if cfg.routing.hold_max_s <= 0:  # holds are off: a policy routes it at once
             route = dataclasses.replace(route, held=True)
+        if self.req.pinned is not None:
+            # Its worker's prompt is the stored conversation, then this input: these blocks are no
+            # prefix of it, and an index told they are cached there would mislead the next request.
+            route = dataclasses.replace(route, block_hashes=())
         self.route = route
         self.phase = Phase.ADMITTING
         self._lease = lease = p.admission.lease(priority=self.req.priority, timeout_s=self._deadline - p.clock.now())
@@ -175,10 +178,16 @@ class Exchange:
             if not candidates and last is not None:
                 err, last = last.error, None  # no frame -> Retry -> error -> frame cycle keeps buffers alive
                 raise err
-            try:
-                decision = p.policy.select(self.route, candidates)
-            except NoWorkerAvailable:
-                raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
+            if self.req.pinned is not None:
+                if self.req.pinned in tried and last is not None:
+                    err, last = last.error, None
+                    raise err
+                decision = self._pinned(self.req.pinned, snaps)
+            else:
+                try:
+                    decision = p.policy.select(self.route, candidates)
+                except NoWorkerAvailable:
+                    raise NoHealthyWorker("no healthy worker can take the request", retry_after=1.0) from None
             p.metrics.inc(p.metrics.decisions, p.policy.name, decision.branch)
             if decision.after is not None:
                 await self._hold(decision)
@@ -203,6 +212,17 @@ class Exchange:
                 continue
             self._answered(got, decision.worker)
             return
+
+    def _pinned(self, worker: str, snaps: Sequence[WorkerSnapshot]) -> Decision:
+        """The one worker a pinned request may go to (the policy is not asked, and no other worker
+        is tried: none holds what it needs). Gone from the fleet: 404, what it stored went with it;
+        down: 503, to come back later."""
+        if not any(s.url == worker for s in snaps):
+            raise ResponseNotFound(f"the worker that stored the previous response ({worker}) left the fleet")
+        if not any(s.url == worker for s in self._serving(snaps)):
+            raise NoHealthyWorker(f"the worker that stored the previous response ({worker}) is not healthy now",
+                                  retry_after=1.0)
+        return Decision(worker=worker, branch="pinned", reason="previous_response_id")
 
     async def _hold(self, decision: Decision) -> None:
         """Wait for the prefill ``decision.after`` names, at most ``routing.hold_max_s``, the decision's

@@ -61,6 +61,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     p.add_argument("--enable-mixed-chunk", action="store_true")
     p.add_argument("--context-length", type=int)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--responses-store-max", type=int, default=d.responses_store_max,
+                   help="stored /v1/responses responses kept (least recently stored dropped first)")
     p.add_argument("--fault-die-after-tokens", type=int)
     p.add_argument("--fault-hang-before-first-token", action="store_true")
     p.add_argument("--fault-error-rate", type=float, default=0.0)

@@ -54,6 +54,10 @@ class SimConfig:
     enable_mixed_chunk: bool = False
     context_length: int | None = None
     seed: int = 0  # seeds the fault-injection random.Random
+    # Responses (POST /v1/responses with store) kept for previous_response_id and GET; the
+    # least recently stored goes first. SGLang keeps them all (an unbounded dict); a bound keeps a
+    # long load test's worker from growing without end.
+    responses_store_max: int = 1024
     # Faults (runtime-settable).
     fault_die_after_tokens: int | None = None  # drop every connection once this many tokens were generated
     fault_hang_before_first_token: bool = False
@@ -79,6 +83,8 @@ class SimConfig:
                 raise ValueError(f"kv_events_config: {e}") from None
         if not 0.0 <= self.fault_error_rate <= 1.0:
             raise ValueError("fault_error_rate must be within [0, 1]")
+        if self.responses_store_max < 1:
+            raise ValueError("responses_store_max must be >= 1")
         for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "prefill_max_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -25,7 +25,7 @@ class BadRequest(ValueError):
     pass
 
 
-def _stop_list(value: Any) -> tuple[str, ...]:
+def stop_list(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -35,7 +35,7 @@ def _stop_list(value: Any) -> tuple[str, ...]:
     raise BadRequest("stop must be a string or a list of strings")
 
 
-def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+def int_field(body: dict[str, Any], name: str, default: int) -> int:
     value = body.get(name)
     if value is None:
         return default
@@ -69,8 +69,8 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]] = tokenizer.enc
     req = SimRequest(
         rid=rid or uuid.uuid4().hex,
         input_ids=input_ids,
-        max_new_tokens=_int_field(params, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-        stop=_stop_list(params.get("stop")),
+        max_new_tokens=int_field(params, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+        stop=stop_list(params.get("stop")),
     )
     return req, bool(body.get("stream", False))
 
@@ -129,6 +129,20 @@ def render_chat(messages: Any) -> str:
     return "".join(parts)
 
 
+def chat_prompt_ids(messages: Any, encode: Callable[[str], list[int]] = tokenizer.encode,
+                    encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None,
+                    ) -> list[int]:
+    """A chat prompt's token ids: the model's chat template (``encode_chat``) or, when it gives
+    None, ``render_chat`` + ``encode``. Chat and the Responses API both come here, so a Responses
+    turn tokenizes exactly as the same conversation sent to /v1/chat/completions."""
+    text = render_chat(messages)  # validates the messages whatever renders them
+    try:
+        ids = encode_chat(messages) if encode_chat is not None else None
+    except ChatTemplateError as e:
+        raise BadRequest(str(e)) from e
+    return ids if ids is not None else encode(text)
+
+
 def parse_openai(body: Any, chat: bool, encode: Callable[[str], list[int]] = tokenizer.encode,
                  encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None,
                  ) -> tuple[SimRequest, bool, bool]:
@@ -139,12 +153,7 @@ def parse_openai(body: Any, chat: bool, encode: Callable[[str], list[int]] = tok
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if chat:
-        text = render_chat(body.get("messages"))  # validates the messages whatever renders them
-        try:
-            ids = encode_chat(body["messages"]) if encode_chat is not None else None
-        except ChatTemplateError as e:
-            raise BadRequest(str(e)) from e
-        input_ids = ids if ids is not None else encode(text)
+        input_ids = chat_prompt_ids(body.get("messages"), encode, encode_chat)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -156,12 +165,12 @@ def parse_openai(body: Any, chat: bool, encode: Callable[[str], list[int]] = tok
         else:
             raise BadRequest("prompt must be a string or a list of token ids")
     default = DEFAULT_MAX_NEW_TOKENS if chat else OPENAI_DEFAULT_MAX_TOKENS
-    max_tokens = _int_field(body, "max_completion_tokens", -1) if chat else -1
+    max_tokens = int_field(body, "max_completion_tokens", -1) if chat else -1
     if max_tokens < 0:
-        max_tokens = _int_field(body, "max_tokens", default)
+        max_tokens = int_field(body, "max_tokens", default)
     rid = body.get("rid")
     req = SimRequest(rid=rid if isinstance(rid, str) else uuid.uuid4().hex, input_ids=input_ids,
-                     max_new_tokens=max_tokens, stop=_stop_list(body.get("stop")))
+                     max_new_tokens=max_tokens, stop=stop_list(body.get("stop")))
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     return req, bool(body.get("stream", False)), include_usage

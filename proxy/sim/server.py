@@ -1,9 +1,9 @@
 """SimWorker: one simulated SGLang worker served over HTTP with aiohttp (AppRunner + TCPSite).
 
 Endpoints follow SGLang 0.5.23 (shared/reference/sglang-protocol.md §1): /generate (POST, PUT),
-/v1/completions, /v1/chat/completions, /v1/models, /health, /health_generate, /ready,
-/get_server_info, /get_model_info, /v1/loads, /get_load, /flush_cache, /abort_request and, with
-enable_metrics, /metrics. Every reply carries ``x-simworker-id``. A client that disconnects has its
+/v1/completions, /v1/chat/completions, /v1/responses (POST; GET and cancel by id), /v1/models,
+/health, /health_generate, /ready, /get_server_info, /get_model_info, /v1/loads, /get_load,
+/flush_cache, /abort_request and, with enable_metrics, /metrics. Every reply carries ``x-simworker-id``. A client that disconnects has its
 request aborted (aiohttp handler cancellation), which frees its batch slot and KV.
 
 Faults: slow start (health 503 and generate 503 while "starting"), failing health, an error rate
@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -86,9 +86,10 @@ class SimWorker:
         app.on_response_prepare.append(self._stamp_header)
         # The handler modules depend on this one (the worker they serve, its error bodies), so the
         # worker loads them when it starts rather than at import: imports run one way only.
-        from proxy.sim import admin, streaming
+        from proxy.sim import admin, responses, streaming
 
         streaming.add_routes(app, self)
+        responses.add_routes(app, self)
         admin.add_routes(app, self)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)
@@ -133,9 +134,7 @@ class SimWorker:
             self.dead = True
             for transport in list(self._active):
                 transport.abort()
-            task = asyncio.get_running_loop().create_task(self._die())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self.spawn(self._die())
 
     async def _die(self) -> None:
         await self.engine.stop()
@@ -144,6 +143,14 @@ class SimWorker:
             await runner.cleanup()
         if self.on_die is not None:
             self.on_die()
+
+    def spawn(self, work: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
+        """Run ``work`` as a task the worker keeps a reference to (the loop holds tasks weakly) and
+        cancels on ``stop``: the die fault's shutdown, background /v1/responses generations."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def bench_stats(self) -> dict[str, int]:
         sched = self.engine.scheduler

@@ -47,7 +47,7 @@ class Watch:
         self.event.clear()
 
 
-def _server_abort(req: SimRequest) -> bool:
+def server_abort(req: SimRequest) -> bool:
     """Aborted by the server itself (shutdown, internal error): SGLang ends such a stream with an error."""
     reason = req.finish_reason
     return bool(reason and reason.get("type") == "abort" and (reason.get("status_code") or 0) >= 500)
@@ -111,13 +111,13 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
                 return web.Response(status=499)
         while not req.finished:
             await watch.changed()
-        _observe(worker, req, streaming=False)
+        observe(worker, req, streaming=False)
         return web.json_response(_final_body(worker, req, dialect))
     finally:
         worker.untrack(request, submitted)
 
 
-def _observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:
+def observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:
     worker.finished_prompt_tokens += len(req.input_ids)
     worker.finished_cached_tokens += req.cached_tokens
     worker.finished_requests += 1
@@ -144,7 +144,7 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
     first = True
     while True:
         await watch.changed()
-        if _server_abort(req):
+        if server_abort(req):
             assert req.finish_reason is not None
             await response.write(sse(stream_error(req.finish_reason["message"], req.finish_reason["status_code"])))
             break
@@ -169,10 +169,10 @@ async def _stream(worker: SimWorker, request: web.Request, req: SimRequest, watc
         sent_tokens, sent_text = n, len(text)
         if finished:
             break
-    if include_usage and not _server_abort(req):
+    if include_usage and not server_abort(req):
         await response.write(sse(protocol.openai_usage_chunk(req, cfg.served_model_name, dialect == "chat",
                                                              cfg.enable_cache_report and not cfg.minimal_reports)))
     await response.write(DONE)
-    _observe(worker, req, streaming=True)
+    observe(worker, req, streaming=True)
     await response.write_eof()
     return response

@@ -179,6 +179,11 @@ class Metrics:
         self.worker_restarts = FastCounter(
             "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
             ["worker"], registry=r)
+        self.response_lookups = FastCounter(
+            "radixgate_response_lookups_total",
+            "Responses ids looked up (GET / cancel / previous_response_id): known (remembered), found "
+            "(by asking the workers), missing (no worker holds it), unreachable (a worker could not be asked).",
+            ["outcome"], registry=r)
         self.peer_messages = FastCounter(
             "radixgate_peer_messages_total", "Messages sent to peer replicas (ok), and their connections' ends "
             "(self, http_NNN, timeout, connect_error, closed).", ["peer", "outcome"], registry=r)

@@ -419,17 +419,14 @@ def inference_perf_parse(out: Path, args: argparse.Namespace, res: Result) -> No
 
 
 ONLINE = {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""}   # "" = unset
-# SGLang 0.5.23 serves the Responses API (POST /v1/responses, GET/cancel /v1/responses/{id}); neither
-# radixgate nor the simulator does: 404
-RESPONSES = "not served: /v1/responses (404)"
-
 CASES: dict[str, list[Case]] = {
     "guidellm": [
         Case("guidellm", "/v1/chat/completions stream", guidellm_cmd("/v1/chat/completions", True), guidellm_parse),
         Case("guidellm", "/v1/completions stream", guidellm_cmd("/v1/completions", True), guidellm_parse),
         Case("guidellm", "/v1/completions", guidellm_cmd("/v1/completions", False), guidellm_parse),
         Case("guidellm", "/v1/chat/completions", guidellm_cmd("/v1/chat/completions", False), guidellm_parse),
-        Case("guidellm", "/v1/responses stream", guidellm_cmd("/v1/responses", True), guidellm_parse, gap=RESPONSES),
+        Case("guidellm", "/v1/responses stream", guidellm_cmd("/v1/responses", True), guidellm_parse),
+        Case("guidellm", "/v1/responses", guidellm_cmd("/v1/responses", False), guidellm_parse),
     ],
     "aiperf": [
         # aiperf's offline mode takes only a Hub id as --tokenizer, not a local directory: run it
@@ -438,7 +435,8 @@ CASES: dict[str, list[Case]] = {
         Case("aiperf", "/v1/chat/completions", aiperf_cmd("chat", False), aiperf_parse, env=ONLINE),
         Case("aiperf", "/v1/completions stream", aiperf_cmd("completions", True), aiperf_parse, env=ONLINE),
         Case("aiperf", "/v1/completions", aiperf_cmd("completions", False), aiperf_parse, env=ONLINE),
-        Case("aiperf", "/v1/responses", aiperf_cmd("responses", False), aiperf_parse, env=ONLINE, gap=RESPONSES),
+        Case("aiperf", "/v1/responses stream", aiperf_cmd("responses", True), aiperf_parse, env=ONLINE),
+        Case("aiperf", "/v1/responses", aiperf_cmd("responses", False), aiperf_parse, env=ONLINE),
     ],
     "sglang": [
         # one warm-up request before the run (bench_serving's --warmup-requests, default 1)

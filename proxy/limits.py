@@ -127,12 +127,14 @@ Refuse = Callable[[web.Request, RadixgateError], web.StreamResponse]
 
 
 def rate_limit_middleware(limiter: RateLimiter, clock: Clock, *, paths: frozenset[str],
-                          credential: Callable[[web.Request], str | None], refuse: Refuse) -> Any:
-    """Charge every request to ``paths`` to its client; ``refuse`` answers the ones over the rate."""
+                          credential: Callable[[web.Request], str | None], refuse: Refuse,
+                          prefixes: tuple[str, ...] = ()) -> Any:
+    """Charge every request to ``paths`` (or under ``prefixes``) to its client; ``refuse`` answers
+    the ones over the rate."""
 
     @web.middleware
     async def rate_limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in paths:
+        if request.path in paths or (prefixes and request.path.startswith(prefixes)):
             wait = limiter.check(client_identity(credential(request), request.remote), clock.now())
             if wait > 0:
                 return refuse(request, RateLimited(

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.errors import RadixgateError, ResponseNotFound, UpstreamError
+from proxy.errors import Overloaded, RadixgateError, ResponseNotFound, UpstreamError
 from proxy.frontends.sglang_server import forward
 from proxy.pipeline import Pipeline
 from proxy.request import Dialect, GenerateRequest
@@ -28,9 +28,14 @@ from proxy.responses import ResponseHomes, check_id
 from proxy.workers.upstream import UpstreamPool
 
 PATH = "/v1/responses"
+# Each search for an unknown id asks every worker: a flood of made-up ids multiplies by the fleet's
+# size, so at most this many run at once (the rest: 429), besides the rate limit that charges them.
+MAX_SEARCHES = 64
 
 
 class ResponsesFront:
+    """Where stored responses live, and the endpoints that reach them."""
+
     def __init__(self, pipeline: Pipeline, upstream: UpstreamPool, respond: Callable[[RadixgateError], web.Response]
                  ) -> None:
         self._pipeline, self._upstream, self._respond = pipeline, upstream, respond
@@ -38,6 +43,12 @@ class ResponsesFront:
         cfg = pipeline.config
         self._probe_s = cfg.scrape.timeout_s + cfg.upstream.connect_timeout_s
         self._metrics = pipeline.metrics
+        self._searching = 0  # lookups asking every worker, now
+
+    @property
+    def searching(self) -> int:
+        """Lookups asking every worker, now."""
+        return self._searching
 
     def _count(self, outcome: str) -> None:
         self._metrics.inc(self._metrics.response_lookups, outcome)
@@ -53,11 +64,18 @@ class ResponsesFront:
             return home, None
         if home is not None:
             self.homes.forget(response_id)  # its worker left the fleet, and what it stored with it
+        if self._searching >= MAX_SEARCHES:
+            raise Overloaded(f"over {MAX_SEARCHES} lookups of unknown response ids in flight, each asking every "
+                             "worker; retry shortly", retry_after=1.0)
         asked = sorted(url for url, healthy in members.items() if healthy)
         path = f"{PATH}/{response_id}"
-        answers = await asyncio.gather(*(forward(self._pipeline, self._upstream, url, "GET", path, request,
-                                                 self._probe_s, self._max_bytes) for url in asked),
-                                       return_exceptions=True)
+        self._searching += 1
+        try:
+            answers = await asyncio.gather(*(forward(self._pipeline, self._upstream, url, "GET", path, request,
+                                                     self._probe_s, self._max_bytes) for url in asked),
+                                           return_exceptions=True)
+        finally:
+            self._searching -= 1
         unreachable = 0
         for url, got in zip(asked, answers, strict=True):
             if isinstance(got, BaseException):
@@ -115,7 +133,11 @@ class ResponsesFront:
         return handle
 
     def add_routes(self, app: web.Application) -> None:
+        app[FRONT] = self
         app.router.add_get(PATH + "/{response_id}", self.handler("GET"))
         app.router.add_delete(PATH + "/{response_id}", self.handler("DELETE"))
         app.router.add_get(PATH + "/{response_id}/input_items", self.handler("GET", "/input_items"))
         app.router.add_post(PATH + "/{response_id}/cancel", self.handler("POST", "/cancel"))
+
+
+FRONT = web.AppKey("responses_front", ResponsesFront)  # the app's own, for whoever inspects it

@@ -9,14 +9,17 @@ worker has is a 404, a malformed one a 400, a follow-up whose worker is down a 5
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import App
+from proxy.frontends import responses_api
 from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.test_openai_sdk import MODES, _call, _drain, _tokens_match_worker
@@ -182,7 +185,7 @@ async def test_background_responses_are_polled_and_cancelled_on_their_worker(har
     async def completed() -> bool:
         async with client.get(base(app) + f"/v1/responses/{queued['id']}") as r:
             assert r.status == 200
-            return (await r.json())["status"] == "completed"
+            return bool((await r.json())["status"] == "completed")
     await eventually(completed, timeout_s=10.0, what="the background response completed")
     # A long one, cancelled while it runs: the cancel reaches the worker generating it.
     status, long = await _post(client, app, {"model": MODEL, "input": "a long essay", "background": True,
@@ -196,3 +199,66 @@ async def test_background_responses_are_polled_and_cancelled_on_their_worker(har
     # Every lookup knew the worker from the answer that passed through: none had to ask the fleet.
     assert await _value(client, admin(app), "radixgate_response_lookups_total", outcome="known") >= 3
     assert await _value(client, admin(app), "radixgate_response_lookups_total", outcome="found") == 0
+
+
+async def test_lookups_are_charged_to_the_rate_limit(harness: Harness, client: aiohttp.ClientSession,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RADIXGATE_API_KEYS", raising=False)
+    fleet = await harness.fleet([_sim(), _sim()])
+    app = await harness.proxy(fleet.urls, **{"limits.rate_limit_rps": 0.5, "limits.rate_limit_burst": 2})
+    statuses = []
+    for i in range(3):  # each unknown id asks both workers: a flood of them is charged like requests
+        async with client.get(base(app) + f"/v1/responses/resp_made_up_{i}") as r:
+            statuses.append(r.status)
+    assert statuses == [404, 404, 429]
+
+
+async def test_searches_for_unknown_ids_are_bounded_while_a_worker_does_not_answer(
+        harness: Harness, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = asyncio.Event()
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def hang(request: web.Request) -> web.Response:  # a worker that sits on every lookup
+        await release.wait()
+        return web.json_response({"object": "error", "message": "not found", "code": 404}, status=404)
+
+    hostile = web.Application()
+    hostile.router.add_get("/health", healthy)
+    hostile.router.add_get("/v1/responses/{rid}", hang)
+    runner = web.AppRunner(hostile)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        fleet = await harness.fleet([_sim()])
+        monkeypatch.setattr(responses_api, "MAX_SEARCHES", 2)
+        app = await harness.proxy([*fleet.urls, f"http://127.0.0.1:{port}"], **{"scrape.timeout_s": 5.0})
+
+        async def both_healthy() -> bool:
+            async with client.get(admin(app) + "/workers") as r:
+                return all(w["healthy"] for w in (await r.json())["workers"])
+        await eventually(both_healthy, timeout_s=10.0, what="both workers healthy")
+
+        async def lookup(i: int) -> int:
+            async with client.get(base(app) + f"/v1/responses/resp_unknown_{i}") as r:
+                return r.status
+        waiting = [asyncio.ensure_future(lookup(i)) for i in range(2)]
+
+        async def two_in_flight() -> bool:
+            return not any(t.done() for t in waiting) and responses_searching(app) == 2
+        await eventually(two_in_flight, timeout_s=5.0, what="two searches waiting on the silent worker")
+        assert await lookup(3) == 429  # a third would ask the silent worker too: refused at once
+        release.set()
+        assert await asyncio.gather(*waiting) == [404, 404]
+        assert await lookup(4) == 404  # the bound is on searches in flight, not a count
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+def responses_searching(app: App) -> int:
+    """Searches in flight on ``app``'s public port."""
+    return app.public_app[responses_api.FRONT].searching

@@ -304,6 +304,8 @@ class StreamAccountant:
                     self.done = True
                     if self.meta.error is not None:
                         self.error = self.meta.error
+                    elif not self.token_events and self.meta.completion_tokens:
+                        carried = True  # output sent whole at the end, no deltas: its first token is here
         return carried
 
     def final(self) -> FinalMeta:

@@ -133,3 +133,12 @@ def test_a_stream_that_fails_ends_with_its_error(end: bytes) -> None:
     acct.feed(end)
     assert acct.error is not None and "engine died" in str(acct.error.get("message"))
     assert acct.final().error is not None
+
+
+def test_output_sent_whole_at_the_end_marks_its_first_token_there() -> None:
+    acct = StreamAccountant(Dialect.RESPONSES)
+    assert not acct.feed(_event("response.created", 0, response={"id": "resp_1", "status": "in_progress"}))
+    assert acct.feed(_event("response.completed", 1, response={"id": "resp_1", "status": "completed", "usage": USAGE}))
+    empty = StreamAccountant(Dialect.RESPONSES)  # nothing generated: no token to mark
+    assert not empty.feed(_event("response.completed", 0, response={"id": "resp_2", "status": "completed",
+                                                                     "usage": {**USAGE, "output_tokens": 0}}))

@@ -120,10 +120,10 @@ async def test_queued_request_waits_for_a_slot_instead_of_failing(harness: Harne
 async def test_an_unknown_endpoint_or_method_is_an_openai_error_not_aiohttps_text(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     app = await harness.proxy((await harness.fleet()).urls)
-    async with client.post(base(app) + "/v1/responses", json={"model": "x", "input": "hi"}) as r:
+    async with client.post(base(app) + "/v1/no_such_endpoint", json={"model": "x", "input": "hi"}) as r:
         assert r.status == 404 and r.content_type == "application/json"
         body = await r.json()
-    assert is_openai_error(body, 404) and "/v1/responses" in body["error"]["message"]
+    assert is_openai_error(body, 404) and "/v1/no_such_endpoint" in body["error"]["message"]
     async with client.get(base(app) + "/generate") as r:
         assert r.status == 405 and r.headers["Allow"] == "POST, PUT"
         assert is_openai_error(await r.json(), 405)

@@ -31,7 +31,7 @@ def _bodies() -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     for i in range(REQUESTS):
         system = f"shared system prompt number {i % 6}. " * 10
-        kind = i % 8
+        kind = i % 10
         if kind == 0:
             out.append(("/generate", {"text": system + f"q{i}", "sampling_params": {"max_new_tokens": 3}}))
         elif kind == 1:
@@ -49,8 +49,11 @@ def _bodies() -> list[tuple[str, dict[str, Any]]]:
             out.append(("/v1/completions", {"model": MODEL, "max_tokens": 3, "stream": True, "prompt": system}))
         elif kind == 6:
             out.append(("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}))
-        else:
+        elif kind == 7:
             out.append(("/generate", {"sampling_params": {"max_new_tokens": 3}}))  # no prompt: 400
+        else:
+            out.append(("/v1/responses", {"model": MODEL, "max_output_tokens": 3, "stream": kind == 9,
+                                          "instructions": system, "input": f"q{i}"}))
     return out
 
 
@@ -65,7 +68,7 @@ async def _loaded_exposition(harness: Harness, client: aiohttp.ClientSession) ->
             return r.status
 
     statuses = await asyncio.gather(*(one(p, b) for p, b in _bodies()))
-    assert statuses.count(200) == REQUESTS * 6 // 8 and statuses.count(404) == statuses.count(400) == REQUESTS // 8
+    assert statuses.count(200) == REQUESTS * 8 // 10 and statuses.count(404) == statuses.count(400) == REQUESTS // 10
     async with client.get(admin(app) + "/metrics") as r:
         assert r.status == 200
         text = await r.text()

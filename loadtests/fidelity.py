@@ -62,9 +62,7 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
            shared_gpu: bool = True) -> dict[str, float]:
     """N engines sharing one GPU on a virtual clock. A request unanswered ``horizon_s`` after the
     last arrival counts as infinitely slow, as the fleet benchmark cancels it then."""
-    engines = [Engine(dataclasses.replace(config)) for _ in range(n_engines)]
-    for e in engines:
-        e.profile = profile
+    engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
     one = perf.SharedGpu(profile.gpu_exclusive_host)
     gpus = [one if shared_gpu else perf.SharedGpu(profile.gpu_exclusive_host) for _ in engines]
     stamps: dict[int, list[float]] = defaultdict(list)
@@ -241,8 +239,13 @@ def fit(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base:
     return shared
 
 
+SWEEP_GRID: dict[str, tuple[float, ...]] = {
+    "seq_gpu_share": (0.6, 0.8, 1.0), "seq_overhead_s": (0.003, 0.004, 0.005), "gpu_exclusive_host": (0.0, 0.07),
+    "step_overhead_s": (0.04, 0.05), "mfu": (0.22, 0.3)}
+
+
 def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], base: perf.Profile,
-          encoder: Encoder) -> None:
+          encoder: Encoder, grid: dict[str, tuple[float, ...]] | None = None) -> None:
     """Print the fleet error (the oracle phases given) and the one-engine error (the ``direct0``
     phases given; run 1's when none is) over a grid of the constants that shape a loaded fleet,
     best total first."""
@@ -250,17 +253,29 @@ def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], bas
     fleet = [p for p in points if p[1] == "oracle"]
     alone = [p for p in points if p[1] == "direct0"] or [p for p in real_points(RESULTS) if p[1] == "direct0"]
     rows = []
-    for share, seq, excl, step, mfu in itertools.product((0.6, 0.8, 1.0), (0.003, 0.004, 0.005), (0.0, 0.07),
-                                                         (0.04, 0.05), (0.22, 0.3)):
-        cand = dataclasses.replace(base, seq_gpu_share=share, seq_overhead_s=seq, gpu_exclusive_host=excl,
-                                   step_overhead_s=step, mfu=mfu)
+    grid = grid or SWEEP_GRID
+    for values in itertools.product(*grid.values()):
+        fields = dict(zip(grid, values, strict=True))
+        cand = dataclasses.replace(base, **fields)
         f, a = error(simulate(fleet, cand, encoder, cache)), error(simulate(alone, cand, encoder, cache))
-        label = f"seq_gpu_share={share} seq_overhead_s={seq} gpu_exclusive_host={excl} step_overhead_s={step} mfu={mfu}"
+        label = " ".join(f"{k}={v}" for k, v in fields.items())
         print(f"fleet {f:.3f} one-engine {a:.3f}: {label}", flush=True)
         rows.append((f + a, f, a, label))
     print("best first:")
     for _, fleet_err, alone_err, label in sorted(rows)[:10]:
         print(f"fleet {fleet_err:.3f} one-engine {alone_err:.3f}: {label}")
+
+
+def profile_value(current: Any, text: str) -> Any:
+    """``--set``'s text as the field's type (a field that is None takes a number)."""
+    if isinstance(current, bool):
+        return text == "True"
+    if isinstance(current, str):
+        return text
+    if text == "None":
+        return None
+    number = float(text)
+    return int(number) if isinstance(current, int) or (current is None and number.is_integer()) else number
 
 
 def main() -> None:
@@ -270,15 +285,18 @@ def main() -> None:
     p.add_argument("--fit", action="store_true")
     p.add_argument("--sweep", action="store_true", help="grid of the loaded-fleet constants, best first")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="with --sweep: the values of one field to sweep (replaces the default grid)")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     points = [pt for results in a.results for pt in real_points(results)]
     profile = perf.PROFILES[a.profile]
     for item in a.set:
         key, value = item.split("=", 1)
-        profile = dataclasses.replace(profile, **{key: type(getattr(profile, key))(value == "True" if value in ("True", "False") else float(value))})
+        profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
     if a.sweep:
-        sweep(points, profile, encoder)
+        grid = {k: tuple(float(v) for v in vs.split(",")) for k, vs in (g.split("=", 1) for g in a.grid)}
+        sweep(points, profile, encoder, grid or None)
         return
     if a.fit:
         profile = fit(points, profile, encoder)

@@ -28,11 +28,13 @@ THROUGHPUT_WINDOW_S = 5.0
 
 
 class Engine:
-    def __init__(self, config: SimConfig, clock: Clock | None = None, gpu: SharedGpu | None = None) -> None:
+    def __init__(self, config: SimConfig, clock: Clock | None = None, gpu: SharedGpu | None = None,
+                 profile: Profile | None = None) -> None:
         config.validate()
         self.config = config
         self.clock = clock or MonotonicClock()
-        self.profile: Profile = PROFILES[config.profile]
+        # ``profile``: one not in PROFILES (a fit's candidate); else the config's, by name.
+        self.profile: Profile = profile or PROFILES[config.profile]
         # Several engines on one GPU share one timeline (see perf.SharedGpu); None = a GPU of its own.
         self.gpu = gpu
         self.max_total_tokens = config.max_total_tokens or self.profile.kv_pool_tokens
@@ -47,6 +49,9 @@ class Engine:
             enable_mixed_chunk=config.enable_mixed_chunk or self.profile.enable_mixed_chunk,
             prefill_max_requests=config.prefill_max_requests or self.profile.prefill_max_requests,
             context_length=self.context_length,
+            kind=self.profile.scheduler,
+            kv_read_budget=self.profile.kv_read_budget,
+            safety_margin=self.profile.safety_margin,
         )
         self.cache = RadixCache(self.max_total_tokens, config.page_size, self.profile.evict_most_recent)
         # Where the cache's events go after each step (SimWorker sets it when publishing).

@@ -100,6 +100,11 @@ class Profile:
     gpu_exclusive_host: float = 0.0
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False
+    # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,
+    # with its per-step KV-read budget: None = the KV pool's size, as the engine sets it).
+    scheduler: str = "sglang"
+    kv_read_budget: int | None = None
+    safety_margin: float = 0.0  # hf_fifo: decodes + one prefill below this free share of KV
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -198,15 +203,18 @@ PROFILES: dict[str, Profile] = {
         Profile("llama-3.1-8b-h200", LLAMA_31_8B, H200_SXM, mfu=0.62, bw_eff=0.75,
                 step_overhead_s=0.0012),
         # HF transformers ContinuousBatchingManager behind the HTTP shim (loadtests/gpu/engine_server.py),
-        # no CUDA graphs, fitted under load (loadtests/fidelity.py --sweep) to the runs with the engines'
-        # caches flushed between phases: one engine alone at 1-4 req/s (gpu-fleet-calibrate-2) and 4
-        # engine processes sharing the H200 (SharedGpu) at 3-6 req/s (it, gpu-fleet-compare-3..5).
-        # 80% of the per-sequence cost is GPU work that the processes queue for, the rest host time.
+        # no CUDA graphs. Its scheduler as the engine's code has it (scheduler.py "hf_fifo": the
+        # shim's max_batch_tokens 8192 and max_requests_per_batch 64, the KV-read budget of the
+        # pool's size, the 0.15 safety margin); the costs fitted under load (loadtests/fidelity.py
+        # --sweep) to the runs with the engines' caches flushed between phases: one engine alone at
+        # 1-4 req/s (gpu-fleet-calibrate-2) and 4 engine processes sharing the H200 (SharedGpu) at
+        # 3-6 req/s (it, gpu-fleet-compare-3..5). 80% of the per-sequence cost is GPU work that the
+        # processes queue for, the rest host time; a fifth of a step's host time holds the GPU from
+        # the other processes (no MPS: their contexts time-slice it).
         Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.22, bw_eff=0.70,
-                step_overhead_s=0.04, seq_overhead_s=0.004, ctx_overhead_s=1e-6, seq_gpu_share=0.8,
-                gpu_exclusive_host=0.07, evict_most_recent=True, warmup_s=1.5,
-                chunked_prefill_size=16384, max_running_requests=256, enable_mixed_chunk=True,
-                prefill_max_requests=1),
+                step_overhead_s=0.06, seq_overhead_s=0.002, ctx_overhead_s=1e-6, seq_gpu_share=0.8,
+                gpu_exclusive_host=0.2, evict_most_recent=True, warmup_s=1.5,
+                scheduler="hf_fifo", chunked_prefill_size=8192, max_running_requests=64, safety_margin=0.15),
         # The same engine driven through its Python API one request at a time (gpu-calibration.md),
         # fitted by loadtests/calibrate_sim.py. Faster than the served engine under load by 30-70%:
         # the single-request points miss the HTTP shim, tokenization and per-context-token costs.

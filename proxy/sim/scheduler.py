@@ -14,6 +14,19 @@ Each call to ``next_step`` forms one forward step:
    Admission stops at the first request that does not fit (head-of-line, as SGLang).
 2. Otherwise, or also with ``enable_mixed_chunk``, one decode token for every running request.
 
+``kind="hf_fifo"`` forms steps as Hugging Face transformers' continuous batching FIFO scheduler
+does (``generation/continuous_batching/scheduler.py``, 5.13-5.24; the GPU fleet's engine):
+decoding requests first, then prompts being prefilled, then waiting ones in arrival order, one
+step budget for all of them (``chunked_prefill_size`` query tokens, a decode takes 1; a prompt is
+split at any token), at most ``max_running_requests`` requests per step (not admitted: scheduled),
+and a **KV-read budget**: the tokens already in KV of every request in the step (a decode: its
+context; a cache hit: its matched prefix) add up to at most ``kv_read_budget``; a request over it
+is skipped for this step, the next one tried (no head-of-line). So at ~3,000-token contexts a
+48k-token pool runs ~15 requests a step, whatever memory is free: a hit waits while the batch
+stays small. Below ``safety_margin`` free KV only decodes and one prefill run. Admission keeps
+this module's output reservation (the real engine allocates as it goes and preempts the newest
+when an allocation fails; the reservation leaves that out).
+
 ``finish_step`` applies the step: prefill chunks advance; a finished prompt is cached in the radix
 tree and yields the first output token; decodes yield one token each; requests end on
 ``max_new_tokens`` or a stop string and are cached (prompt + output) and unlocked. The matched
@@ -94,6 +107,9 @@ class SchedulerLimits:
     enable_mixed_chunk: bool = False
     prefill_max_requests: int | None = None  # new requests admitted per prefill step
     context_length: int = 131072
+    kind: str = "sglang"  # "sglang" | "hf_fifo" (see the module docstring)
+    kv_read_budget: int | None = None  # hf_fifo: KV tokens a step may read (None = the pool's size)
+    safety_margin: float = 0.0  # hf_fifo: below this share of KV free, decodes + one prefill only
 
 
 class Scheduler:
@@ -139,8 +155,11 @@ class Scheduler:
 
     # -- forming a step -------------------------------------------------------------------------
     def next_step(self, now: float) -> Step | None:
-        prefill = self._form_prefill(now)
-        decode = list(self.running) if (not prefill or self.limits.enable_mixed_chunk) else []
+        if self.limits.kind == "hf_fifo":
+            prefill, decode = self._form_hf_step(now)
+        else:
+            prefill = self._form_prefill(now)
+            decode = list(self.running) if (not prefill or self.limits.enable_mixed_chunk) else []
         if not prefill and not decode:
             return None
         work = StepWork(
@@ -188,13 +207,8 @@ class Scheduler:
             if extend + req.max_new_tokens > headroom or (entries and extend > input_left):
                 self.cache.dec_lock(match.node)
                 break
-            self.cache.alloc(extend)
-            self.waiting.remove(req)
-            req.state, req.admitted_at, req.lock_node = "prefilling", now, match.node
-            req.cached_tokens = req.prefilled = req.covered = match.length
-            req.private = extend
+            self._admit(req, match.node, match.length, now)
             reserved += req.max_new_tokens
-            self.prefilling.append(req)
             n = self._chunk(req, chunk_left)
             entries.append((req, n))
             chunk_left -= n
@@ -205,6 +219,56 @@ class Scheduler:
         if hit + new:
             self.last_batch_hit_rate = hit / (hit + new)
         return entries
+
+    def _form_hf_step(self, now: float) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
+        lim, cache = self.limits, self.cache
+        read_left = lim.kv_read_budget if lim.kv_read_budget is not None else cache.capacity
+        tokens_left = lim.chunked_prefill_size if lim.chunked_prefill_size > 0 else 1 << 62
+        slots = lim.max_running_requests
+        low = cache.available_tokens + cache.evictable_tokens < lim.safety_margin * cache.capacity
+        reserved = sum(r.remaining_output for r in self.running) + sum(r.remaining_output for r in self.prefilling)
+        prefill: list[tuple[SimRequest, int]] = []
+        decode: list[SimRequest] = []
+        hit = new = 0
+        for req in [*self.running, *self.prefilling, *self.waiting]:
+            if slots <= 0 or tokens_left <= 0:
+                break
+            if req.state != "running" and low and prefill:
+                continue  # short of memory: decodes and the first prefill only
+            if req.state == "waiting":
+                match = cache.match_prefix(req.input_ids[:-1])
+                cache.inc_lock(match.node)
+                extend = len(req.input_ids) - match.length
+                if extend + req.max_new_tokens > cache.available_tokens + cache.evictable_tokens - reserved:
+                    cache.dec_lock(match.node)
+                    continue
+                self._admit(req, match.node, match.length, now)
+                reserved += req.max_new_tokens
+                hit, new = hit + match.length, new + extend
+            if req.state == "running":
+                read, n = len(req.input_ids) + len(req.output_ids) - 1, 1
+            else:
+                read, n = req.prefilled, min(len(req.input_ids) - req.prefilled, tokens_left)
+            if read > read_left:
+                continue  # its KV does not fit this step's reads: it waits a step, the next is tried
+            if req.state == "running":
+                decode.append(req)
+            else:
+                prefill.append((req, n))
+            read_left, tokens_left, slots = read_left - read, tokens_left - n, slots - 1
+        if hit + new:
+            self.last_batch_hit_rate = hit / (hit + new)
+        return prefill, decode
+
+    def _admit(self, req: SimRequest, node: Node, matched: int, now: float) -> None:
+        """``req`` leaves the queue holding its matched prefix (locked) and KV for the rest."""
+        extend = len(req.input_ids) - matched
+        self.cache.alloc(extend)
+        self.waiting.remove(req)
+        req.state, req.admitted_at, req.lock_node = "prefilling", now, node
+        req.cached_tokens = req.prefilled = req.covered = matched
+        req.private = extend
+        self.prefilling.append(req)
 
     def _chunk(self, req: SimRequest, chunk_left: int) -> int:
         todo = len(req.input_ids) - req.prefilled

@@ -249,3 +249,65 @@ def test_pool_accounting_balances_after_mixed_traffic(page_size: int) -> None:
     assert s.cache.protected_tokens == 0
     assert s.cache.tree_tokens <= 600
     assert s.cache.tree_tokens % page_size == 0
+
+
+# -- hf_fifo: transformers' continuous batching FIFO scheduler ---------------------------------------
+def hf(capacity: int = 10_000, **limits: object) -> Scheduler:
+    return make(capacity, kind="hf_fifo", **limits)
+
+
+def step_of(s: Scheduler, now: float = 0.0) -> tuple[list[tuple[str, int]], list[str]]:
+    step = s.next_step(now)
+    assert step is not None
+    s.finish_step(step, now)
+    return [(r.rid, n) for r, n in step.prefill], [r.rid for r in step.decode]
+
+
+def test_hf_one_budget_takes_decodes_first_and_several_new_prompts_a_step() -> None:
+    s = hf(chunked_prefill_size=250)
+    s.submit(request("d", 10, out=10), 0.0)
+    step_of(s)  # d prefilled: decoding from now on
+    for i in range(3):
+        s.submit(request(f"n{i}", 100, base=1000 * (i + 1)), 1.0)
+    prefill, decode = step_of(s, 1.0)
+    # The decode takes 1 token of the 250, then n0 (100), n1 (100), and n2 the 49 left: split anywhere.
+    assert decode == ["d"] and prefill == [("n0", 100), ("n1", 100), ("n2", 49)]
+
+
+def test_hf_kv_read_budget_skips_a_cache_hit_while_the_batch_holds_the_pool_and_lets_a_cold_prompt_pass() -> None:
+    s = hf(kv_read_budget=1000)
+    shared = request("first", 600, out=50)
+    s.submit(shared, 0.0)
+    step_of(s)  # "first" decodes from here with 600 tokens of context
+    s.submit(request("hit", 700, out=4), 1.0)  # its first 600 tokens: the cached prompt of "first"
+    s.submit(request("cold", 50, out=4, base=50_000), 1.0)
+    prefill, decode = step_of(s, 1.0)
+    # first reads 600 of the 1,000; the hit would read its 600 cached: skipped, not blocking "cold" (reads 0).
+    assert decode == ["first"] and [rid for rid, _ in prefill] == ["cold"]
+    hit = next(r for r in s.prefilling if r.rid == "hit")
+    assert hit.cached_tokens == 600 and hit.first_token_at is None  # admitted, waiting for read budget
+    # Without the budget's limit the hit runs in the same step.
+    t = hf(kv_read_budget=None)
+    t.submit(request("first", 600, out=50), 0.0)
+    step_of(t)
+    t.submit(request("hit", 700, out=4), 1.0)
+    assert [rid for rid, _ in step_of(t, 1.0)[0]] == ["hit"]
+
+
+def test_hf_at_most_max_running_requests_a_step_the_rest_wait() -> None:
+    s = hf(max_running_requests=2)
+    for i in range(3):
+        s.submit(request(f"r{i}", 10, out=3, base=100 * i), 0.0)
+    prefill, _ = step_of(s)
+    assert [rid for rid, _ in prefill] == ["r0", "r1"]
+    assert [r.rid for r in s.waiting] == ["r2"]
+
+
+def test_hf_below_the_safety_margin_only_decodes_and_one_prefill_run() -> None:
+    s = hf(capacity=1000, safety_margin=0.5)
+    s.submit(request("big", 600, out=4), 0.0)
+    step_of(s)  # 601 of 1,000 tokens in use: under half free
+    for i in range(2):
+        s.submit(request(f"n{i}", 20, out=2, base=10_000 * (i + 1)), 1.0)
+    prefill, decode = step_of(s, 1.0)
+    assert decode == ["big"] and [rid for rid, _ in prefill] == ["n0"]

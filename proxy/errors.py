@@ -99,13 +99,27 @@ class UpstreamTimeout(RadixgateError):
 
 @dataclass(frozen=True, slots=True)
 class ErrorBody:
-    """The caller's dialect: SGLang native and OpenAI share {"error": {...}}; OpenAI adds type/code."""
+    """The caller's dialect: SGLang native and OpenAI share {"error": {...}}; OpenAI adds type/code;
+    Anthropic's is {"type": "error", "error": {"type", "message"}}."""
 
     status: int
     payload: dict[str, object]
 
 
+# Anthropic's error types by status (its SDK maps them to exception classes).
+_ANTHROPIC_KIND = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
+                   429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_kind(status: int) -> str:
+    return _ANTHROPIC_KIND.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
 def to_body(err: RadixgateError, *, dialect: str) -> ErrorBody:
+    if dialect == "anthropic":
+        return ErrorBody(err.status, {"type": "error", "error": {"type": anthropic_kind(err.status),
+                                                                 "message": err.message}})
     inner: dict[str, object] = {"message": err.message}
     if dialect == "openai":
         inner.update({"type": err.kind, "code": err.status, "param": None})

@@ -87,8 +87,8 @@ def wants_usage_hidden(req: GenerateRequest) -> bool:
     worker for it anyway (the token counters, the cache-hit numbers and routing learn from it) and
     drops the usage chunk from what the caller receives (``sse_frames.drop_usage_events``). A
     ``stream_options`` that is not an object is the caller's error, forwarded as sent."""
-    if req.dialect is Dialect.SGLANG or req.dialect is Dialect.RESPONSES or not req.stream:
-        return False  # native meta_info and Responses' response.completed always carry usage
+    if req.dialect in (Dialect.SGLANG, Dialect.RESPONSES, Dialect.MESSAGES) or not req.stream:
+        return False  # native meta_info, response.completed and message_delta always carry usage
     opts = req.payload.get("stream_options")
     if opts is None:
         return True

@@ -20,11 +20,12 @@ class Dialect(StrEnum):
     COMPLETIONS = "completions"  # POST /v1/completions
     CHAT = "chat"  # POST /v1/chat/completions
     RESPONSES = "responses"  # POST /v1/responses (OpenAI Responses API)
+    MESSAGES = "messages"  # POST /v1/messages (Anthropic Messages API, as SGLang serves it)
 
     @property
     def path(self) -> str:
         return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
-                "responses": "/v1/responses"}[self.value]
+                "responses": "/v1/responses", "messages": "/v1/messages"}[self.value]
 
     @property
     def rid_field(self) -> str:
@@ -38,7 +39,7 @@ class Dialect(StrEnum):
 
     @property
     def error_style(self) -> str:
-        return "sglang" if self is Dialect.SGLANG else "openai"
+        return "sglang" if self is Dialect.SGLANG else "anthropic" if self is Dialect.MESSAGES else "openai"
 
 
 @dataclass(slots=True)

@@ -49,9 +49,10 @@ from proxy.request import Dialect
 OPEN_PATHS = frozenset({"/health", "/ready"})
 GENERATION_PATHS: Mapping[str, Dialect] = {
     "/generate": Dialect.SGLANG, "/v1/completions": Dialect.COMPLETIONS, "/v1/chat/completions": Dialect.CHAT,
-    "/v1/responses": Dialect.RESPONSES}
-# A stored response's lookup may ask every worker (frontends/responses_api.py): charged as a request.
-STORED_RESPONSE_PREFIXES = ("/v1/responses/",)
+    "/v1/responses": Dialect.RESPONSES, "/v1/messages": Dialect.MESSAGES}
+# Charged as requests too: a stored response's lookup may ask every worker
+# (frontends/responses_api.py); a token count runs the worker's tokenizer.
+CHARGED_PREFIXES = ("/v1/responses/", "/v1/messages/count_tokens")
 GRPC_GENERATION_SERVICE = "/radixgate.v1.Generation/"
 GRPC_OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 KEY_HINT = "send Authorization: Bearer <key> or x-api-key: <key>"
@@ -170,7 +171,7 @@ def guard_http_app(app: web.Application, *, keys: ApiKeys, limiter: RateLimiter 
         # A key names the client only when keys are checked: else any caller could mint fresh buckets.
         app.middlewares.append(rate_limit_middleware(
             limiter, clock, paths=frozenset(GENERATION_PATHS), credential=_http_key if keys else _no_key,
-            refuse=refuse, prefixes=STORED_RESPONSE_PREFIXES))
+            refuse=refuse, prefixes=CHARGED_PREFIXES))
 
 
 def _no_key(request: web.Request) -> None:

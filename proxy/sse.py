@@ -108,6 +108,8 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
         return m
     if dialect is Dialect.RESPONSES:
         return _responses_meta(obj, m)
+    if dialect is Dialect.MESSAGES:
+        return _messages_meta(obj, m)
     if dialect is Dialect.SGLANG:
         info = obj.get("meta_info")
         if isinstance(info, Mapping):
@@ -161,6 +163,37 @@ def _responses_meta(obj: Mapping[str, Any], m: FinalMeta) -> FinalMeta:
         if isinstance(details, Mapping):
             m.cached_tokens = _int(details.get("cached_tokens"))
     return m
+
+
+def _messages_meta(obj: Mapping[str, Any], m: FinalMeta) -> FinalMeta:
+    """An Anthropic message (whole, or what ``message_start`` / ``message_delta`` carry): its stop
+    reason and usage. As SGLang fills it, ``input_tokens`` is the whole prompt and
+    ``cache_read_input_tokens`` its cached part (Anthropic's own API counts them apart)."""
+    inner = obj.get("message")
+    msg: Mapping[str, Any] = inner if isinstance(inner, Mapping) else obj
+    delta = obj.get("delta")
+    stop = (delta if isinstance(delta, Mapping) else msg).get("stop_reason")
+    if isinstance(stop, str) and stop:
+        m.finish_reason = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}.get(stop, stop[:40])
+    usage = obj.get("usage") if isinstance(obj.get("usage"), Mapping) else msg.get("usage")
+    if isinstance(usage, Mapping):
+        # message_start's usage comes before any output (SGLang's: zeros); message_delta's is final.
+        prompt, done = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        if prompt:
+            m.prompt_tokens = prompt
+        if done is not None and (done or m.completion_tokens is None):
+            m.completion_tokens = done
+        cached = _int(usage.get("cache_read_input_tokens"))
+        if cached is not None and (cached or m.cached_tokens is None):
+            m.cached_tokens = cached
+    return m
+
+
+def messages_has_output(obj: Mapping[str, Any]) -> bool:
+    """A ``content_block_delta`` with text, thinking or tool-call JSON in it."""
+    delta = obj.get("delta")
+    return obj.get("type") == "content_block_delta" and isinstance(delta, Mapping) and any(
+        isinstance(delta.get(k), str) and delta[k] for k in ("text", "thinking", "partial_json"))
 
 
 # A Responses stream ends with one of these (no [DONE]); "error" is the spec's error event.
@@ -237,6 +270,8 @@ class StreamAccountant:
         """Account one run of complete events; True when it carried new output."""
         if self.dialect is Dialect.RESPONSES:
             return self._feed_responses(data)
+        if self.dialect is Dialect.MESSAGES:
+            return self._feed_messages(data)
         if self.dialect is not Dialect.SGLANG:
             return self._feed_openai(data)
         # Native chunks are counted, not parsed: an event starts a run or follows a blank line,
@@ -306,6 +341,31 @@ class StreamAccountant:
                         self.error = self.meta.error
                     elif not self.token_events and self.meta.completion_tokens:
                         carried = True  # output sent whole at the end, no deltas: its first token is here
+        return carried
+
+    def _feed_messages(self, data: bytes) -> bool:
+        """Anthropic events: deltas carry tokens, ``message_start`` / ``message_delta`` the usage,
+        ``message_stop`` ends the stream, ``error`` fails it."""
+        carried = False
+        for payload in iter_payloads(data):
+            self.events += 1
+            if payload == DONE:
+                self.done = True
+                continue
+            obj = parse_event(payload)
+            if not isinstance(obj, Mapping):
+                raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
+            kind = obj.get("type")
+            if kind == "error" or (kind is None and isinstance(obj.get("error"), Mapping)):
+                err = obj.get("error")
+                self.error = err if isinstance(err, Mapping) else {"message": str(err)[:500]}
+            elif messages_has_output(obj):
+                carried = True
+                self.token_events += 1
+            elif kind in ("message_start", "message_delta"):
+                _messages_meta(obj, self.meta)
+            elif kind == "message_stop":
+                self.done = True
         return carried
 
     def final(self) -> FinalMeta:

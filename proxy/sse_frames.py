@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy import safejson
-from proxy.errors import RadixgateError
+from proxy.errors import RadixgateError, anthropic_kind
 
 DONE = b"[DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -144,7 +144,11 @@ def _is_usage_only(event: bytes) -> bool:
     return False
 
 
-def error_event(err: RadixgateError) -> bytes:
-    """An error event then ``[DONE]``: how a stream that broke after it began ends."""
+def error_event(err: RadixgateError, style: str = "openai") -> bytes:
+    """An error event then ``[DONE]``: how a stream that broke after it began ends. Anthropic
+    clients read only named events (``event: error``, its own shape; no ``[DONE]``)."""
+    if style == "anthropic":
+        body: dict[str, object] = {"type": "error", "error": {"type": anthropic_kind(err.status), "message": err.message}}
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
     body = {"error": {"message": err.message, "type": err.kind, "code": err.status}}
     return b"data: " + json.dumps(body).encode() + b"\n\n" + DONE_EVENT

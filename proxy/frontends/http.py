@@ -1,7 +1,7 @@
 """The HTTP frontend (aiohttp): SGLang native and OpenAI endpoints, and the admin endpoints.
 
 Public port: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``POST /v1/responses`` (stream and non-stream; the stored responses' endpoints are
+``POST /v1/messages`` (Anthropic), ``POST /v1/responses`` (stream and non-stream; the stored responses' endpoints are
 ``frontends/responses_api.py``'s), ``GET /v1/models`` (union of the workers' models), ``GET /v1/models/{id}``,
 ``GET /health`` (the proxy is up), ``GET /ready`` (at least one healthy worker, not draining), and
 SGLang's own server endpoints (``frontends/sglang_server.py``: ``/health_generate``, model and server
@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy import responses, safejson
+from proxy import anthropic, responses, safejson
 from proxy.config import Config
 from proxy.errors import (
     BadRequest,
@@ -175,6 +175,8 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
                     isinstance(content, list) and all(isinstance(part, dict) for part in content))):
                 raise BadRequest(f"messages[{i}].content: must be a string or a list of content parts")
         messages, size = msgs, len(raw)
+    elif dialect is Dialect.MESSAGES:
+        messages, size = anthropic.conversation(payload), len(raw)
     elif dialect is Dialect.RESPONSES:
         messages, size = responses.conversation(payload), len(raw)
         if payload.get("previous_response_id") is not None:
@@ -207,6 +209,9 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     except ValueError:
         raise BadRequest(f"{cfg.admission.priority_header}: header must be an integer") from None
     fwd = {"authorization": _forwardable("Authorization", headers["Authorization"])} if "Authorization" in headers else {}
+    if not fwd and "x-api-key" in headers:
+        # Anthropic's clients send their key as x-api-key; SGLang's --api-key checks the bearer.
+        fwd = {"authorization": "Bearer " + _forwardable("x-api-key", headers["x-api-key"])}
     return GenerateRequest(
         dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,
         messages=messages, rid=rid if isinstance(rid, str) and rid else None,
@@ -362,6 +367,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_post("/v1/completions", route(Dialect.COMPLETIONS), expect_handler=expect(Dialect.COMPLETIONS))
     app.router.add_post("/v1/chat/completions", route(Dialect.CHAT), expect_handler=expect(Dialect.CHAT))
     app.router.add_post("/v1/responses", route(Dialect.RESPONSES), expect_handler=expect(Dialect.RESPONSES))
+    app.router.add_post("/v1/messages", route(Dialect.MESSAGES), expect_handler=expect(Dialect.MESSAGES))
     stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)

@@ -11,6 +11,7 @@ Public port, behind the API key like every path but ``/health`` and ``/ready``:
   sglang-router does: the workers of one fleet run the same server arguments, and a sum of fields
   such as ``max_total_num_tokens`` would describe no engine that exists. ``/workers`` on the admin
   port has every worker's view.
+* ``POST /v1/messages/count_tokens`` — one healthy worker's count for the caller's body, as sent.
 * ``GET|POST /flush_cache`` — fanned out to every worker; the answer lists each worker's status and
   message (200 only when every worker flushed; SGLang refuses, 400, while requests run).
 
@@ -38,23 +39,27 @@ from proxy.workers.upstream import UpstreamPool, read_capped
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 INFO_PATHS = ("/get_model_info", "/model_info", "/get_server_info", "/server_info", "/health_generate")
 FLUSH_PATH = "/flush_cache"
+# Anthropic's token count: the worker's chat template decides, any healthy one answers alike.
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 # A /health_generate runs a generation: as long as the health probe may take, at least 20 s (SGLang's own).
 _HEALTH_GENERATE_MIN_S = 20.0
 
 
 async def forward(pipeline: Pipeline, upstream: UpstreamPool, url: str, method: str, path: str, request: web.Request,
-                  timeout_s: float, max_bytes: int | None = None) -> tuple[int, bytes, str]:
-    """One small request to one worker, without a body: (status, body, content type);
+                  timeout_s: float, max_bytes: int | None = None, body: bytes | None = None) -> tuple[int, bytes, str]:
+    """One small request to one worker (``body``: JSON to send): (status, body, content type);
     ``UpstreamError`` / ``UpstreamTimeout`` when the worker cannot be reached or does not answer
     in time. An answer over ``max_bytes`` (default ``upstream.max_scrape_bytes``) is an ``UpstreamError``."""
     headers = {"Accept-Encoding": "identity"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
     auth = pipeline.upstream_authorization(request.headers.get("Authorization"))
     if auth:
         headers["Authorization"] = auth
     cfg = upstream.cfg
     try:
         async with upstream.session(url).request(
-                method, url + path, headers=headers, allow_redirects=False,
+                method, url + path, headers=headers, data=body, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             body = await read_capped(resp, cfg.max_scrape_bytes if max_bytes is None else max_bytes, f"{method} {path}")
             return resp.status, body, resp.content_type or "application/octet-stream"
@@ -71,18 +76,22 @@ def _healthy(pipeline: Pipeline) -> list[str]:
     return urls
 
 
-def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond: Callable[[RadixgateError], web.Response]) -> Handler:
-    """``path`` answered by a healthy worker (the next one if the first cannot be reached)."""
+def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond: Callable[[RadixgateError], web.Response],
+                 method: str = "GET") -> Handler:
+    """``path`` answered by a healthy worker (the next one if the first cannot be reached); a
+    ``POST`` sends the caller's JSON body on (``/v1/messages/count_tokens``)."""
     timeout_s = pipeline.config.scrape.timeout_s + pipeline.config.upstream.connect_timeout_s
     if path == "/health_generate":
         timeout_s = max(_HEALTH_GENERATE_MIN_S, pipeline.config.health.timeout_s)
 
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
+            sent = await request.read() if method == "POST" else None
             last: RadixgateError | None = None
             for url in _healthy(pipeline):
                 try:
-                    status, body, ctype = await forward(pipeline, upstream, url, "GET", path, request, timeout_s)
+                    status, body, ctype = await forward(pipeline, upstream, url, method, path, request, timeout_s,
+                                                        body=sent)
                 except RadixgateError as e:
                     last = e
                     continue
@@ -131,6 +140,7 @@ def add_public_routes(app: web.Application, pipeline: Pipeline, upstream: Upstre
     """The info endpoints, and ``/flush_cache`` — served only when the port checks API keys."""
     for path in INFO_PATHS:
         app.router.add_get(path, info_handler(pipeline, upstream, path, respond))
+    app.router.add_post(COUNT_TOKENS_PATH, info_handler(pipeline, upstream, COUNT_TOKENS_PATH, respond, method="POST"))
     flush = flush_handler(pipeline, upstream)
 
     async def guarded_flush(request: web.Request) -> web.StreamResponse:

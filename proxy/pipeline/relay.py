@@ -38,6 +38,7 @@ class Relay:
         self._hide_usage = hide_usage
         self._on_first_token = on_first_token
         self._acct = StreamAccountant(req.dialect)
+        self._error_style = req.dialect.error_style
         self._cut: RadixgateError | None = None  # why the proxy itself ended the stream (drain)
         self._gen: AsyncGenerator[bytes, None] | None = None
         self._closed = False
@@ -140,4 +141,4 @@ class Relay:
             timeout = isinstance(err, UpstreamTimeout)
             parts.failed(self._worker, "timeout" if timeout else "stream_broken", sick=not timeout)
         self.error = err
-        yield error_event(err)
+        yield error_event(err, self._error_style)

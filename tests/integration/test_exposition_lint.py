@@ -31,7 +31,7 @@ def _bodies() -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     for i in range(REQUESTS):
         system = f"shared system prompt number {i % 6}. " * 10
-        kind = i % 10
+        kind = i % 12
         if kind == 0:
             out.append(("/generate", {"text": system + f"q{i}", "sampling_params": {"max_new_tokens": 3}}))
         elif kind == 1:
@@ -51,9 +51,12 @@ def _bodies() -> list[tuple[str, dict[str, Any]]]:
             out.append(("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}))
         elif kind == 7:
             out.append(("/generate", {"sampling_params": {"max_new_tokens": 3}}))  # no prompt: 400
-        else:
+        elif kind in (8, 9):
             out.append(("/v1/responses", {"model": MODEL, "max_output_tokens": 3, "stream": kind == 9,
                                           "instructions": system, "input": f"q{i}"}))
+        else:
+            out.append(("/v1/messages", {"model": MODEL, "max_tokens": 3, "stream": kind == 11, "system": system,
+                                         "messages": [{"role": "user", "content": f"q{i}"}]}))
     return out
 
 
@@ -68,7 +71,7 @@ async def _loaded_exposition(harness: Harness, client: aiohttp.ClientSession) ->
             return r.status
 
     statuses = await asyncio.gather(*(one(p, b) for p, b in _bodies()))
-    assert statuses.count(200) == REQUESTS * 8 // 10 and statuses.count(404) == statuses.count(400) == REQUESTS // 10
+    assert statuses.count(200) == REQUESTS * 10 // 12 and statuses.count(404) == statuses.count(400) == REQUESTS // 12
     async with client.get(admin(app) + "/metrics") as r:
         assert r.status == 200
         text = await r.text()

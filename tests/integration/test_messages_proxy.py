@@ -1,0 +1,126 @@
+"""The Anthropic Messages API through a real radixgate in front of simulated SGLang workers, with
+Anthropic's own SDK (sync and async): created whole and streamed, the token counters equal the
+workers' own, token counts answered by a worker, and errors (the proxy's and the workers') in
+the shape the SDK turns into its exception classes — mid-stream too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import anthropic
+import pytest
+from aiohttp import web
+
+from proxy.app import App
+from proxy.sim.config import SimConfig
+from tests.integration.conftest import FAST, Harness, base
+from tests.integration.test_openai_sdk import MODES, _tokens_match_worker
+from tests.integration.test_usage_accounting import MODEL
+
+SYSTEM = "You answer questions about prefix caches in serving engines, in one line. " * 6
+QUESTION = [{"role": "user", "content": "What does a radix tree hold?"}]
+
+
+async def _start(harness: Harness) -> tuple[App, str]:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, enable_cache_report=True)])
+    return await harness.proxy(fleet.urls), fleet.urls[0]
+
+
+async def _call(mode: str, url: str, use: Callable[[Any], Any]) -> Any:
+    """``use(client)`` with a sync client (in a thread) or an async one (awaited)."""
+    if mode == "sync":
+        def run() -> Any:
+            with anthropic.Anthropic(base_url=url, api_key="none", max_retries=0) as c:
+                return use(c)
+        return await asyncio.to_thread(run)
+    async with anthropic.AsyncAnthropic(base_url=url, api_key="none", max_retries=0) as ac:
+        return await use(ac)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_create_whole(harness: Harness, client: aiohttp.ClientSession, mode: str) -> None:
+    app, worker = await _start(harness)
+    got = await _call(mode, base(app), lambda c: c.messages.create(model=MODEL, system=SYSTEM, messages=QUESTION,
+                                                                   max_tokens=8))
+    assert got.type == "message" and got.role == "assistant" and got.content[0].text
+    assert got.stop_reason == "max_tokens" and got.usage.output_tokens == 8 and got.usage.input_tokens > 100
+    await _tokens_match_worker(client, app, worker)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_create_streamed(harness: Harness, client: aiohttp.ClientSession, mode: str) -> None:
+    app, worker = await _start(harness)
+    if mode == "sync":
+        def use(c: Any) -> Any:
+            with c.messages.stream(model=MODEL, system=SYSTEM, messages=QUESTION, max_tokens=6) as s:
+                return "".join(s.text_stream), s.get_final_message()
+    else:
+        async def use(c: Any) -> Any:  # type: ignore[misc]
+            async with c.messages.stream(model=MODEL, system=SYSTEM, messages=QUESTION, max_tokens=6) as s:
+                return "".join([t async for t in s.text_stream]), await s.get_final_message()
+    text, final = await _call(mode, base(app), use)
+    assert text and text == final.content[0].text
+    assert final.usage.output_tokens == 6 and final.stop_reason == "max_tokens"
+    await _tokens_match_worker(client, app, worker)
+
+
+async def test_count_tokens_is_the_workers_and_agrees_with_the_prompt(harness: Harness) -> None:
+    app, _ = await _start(harness)
+    counted = await _call("async", base(app), lambda c: c.messages.count_tokens(model=MODEL, system=SYSTEM,
+                                                                                messages=QUESTION))
+    made = await _call("async", base(app), lambda c: c.messages.create(model=MODEL, system=SYSTEM, messages=QUESTION,
+                                                                       max_tokens=2))
+    assert counted.input_tokens == made.usage.input_tokens > 0
+
+
+async def test_errors_reach_the_sdk_as_its_own_exceptions(harness: Harness) -> None:
+    app, _ = await _start(harness)
+    with pytest.raises(anthropic.NotFoundError):  # no worker serves the model: the proxy's 404
+        await _call("async", base(app), lambda c: c.messages.create(model="nobody-serves-this", messages=QUESTION,
+                                                                    max_tokens=2))
+    with pytest.raises(anthropic.BadRequestError) as e:  # max_tokens 0: refused before routing
+        await _call("sync", base(app), lambda c: c.messages.create(model=MODEL, messages=QUESTION, max_tokens=0))
+    assert "max_tokens" in str(e.value)
+
+
+async def test_a_worker_failing_mid_stream_ends_it_with_an_error_the_sdk_raises(harness: Harness) -> None:
+    """A worker that starts a message, sends a token and drops the connection."""
+    async def broken(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":'
+                         b'"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":1,'
+                         b'"output_tokens":0}}}\n\n')
+        await resp.write(b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+                         b'"content_block":{"type":"text","text":""}}\n\n')
+        await resp.write(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                         b'"delta":{"type":"text_delta","text":"half"}}\n\n')
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    worker = web.Application()
+    worker.router.add_post("/v1/messages", broken)
+    worker.router.add_get("/health", health)
+    runner = web.AppRunner(worker)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        app = await harness.proxy([f"http://127.0.0.1:{runner.addresses[0][1]}"])
+
+        async def use(c: Any) -> Any:
+            async with c.messages.stream(model="m", messages=QUESTION, max_tokens=4) as s:
+                return [t async for t in s.text_stream]
+        with pytest.raises(anthropic.APIStatusError) as e:
+            await _call("async", base(app), use)
+        assert "closed the stream" in str(e.value) or "broke" in str(e.value)
+    finally:
+        await runner.cleanup()

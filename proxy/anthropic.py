@@ -12,8 +12,9 @@ from proxy.errors import BadRequest
 
 
 def _blocks_text(blocks: list[Any], where: str) -> tuple[str, list[dict[str, Any]]]:
-    """A message's content blocks: its text (text blocks, tool calls as ``name(input)``; an image
-    keys by its JSON), and the tool results, which become turns of their own."""
+    """A message's content blocks: its text (text blocks joined by spaces, as the chat template
+    path joins parts; a tool call as Llama 3.1's template writes it; an image keys by its JSON),
+    and the tool results, which become turns of their own (SGLang's translation to chat)."""
     pieces: list[str] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
@@ -25,15 +26,16 @@ def _blocks_text(blocks: list[Any], where: str) -> tuple[str, list[dict[str, Any
             if not isinstance(text, str):
                 raise BadRequest(f"{where}.content[{j}].text: must be a string")
             pieces.append(text)
-        elif kind == "tool_use":
-            pieces.append(f"{block.get('name', '')}({json.dumps(block.get('input') or {}, sort_keys=True)})")
+        elif kind == "tool_use":  # as Llama 3.1's template writes a call
+            pieces.append(json.dumps({"name": block.get("name", ""), "parameters": block.get("input") or {}}))
         elif kind == "tool_result":
             content = block.get("content", "")
-            text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
-            results.append({"role": "tool", "content": text})
+            if isinstance(content, list):
+                content = "\n".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+            results.append({"role": "tool", "content": content if isinstance(content, str) else str(content)})
         elif kind not in ("thinking", "redacted_thinking"):
             pieces.append(json.dumps(block, sort_keys=True))
-    return "\n".join(pieces), results
+    return " ".join(pieces), results
 
 
 def conversation(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -48,8 +50,9 @@ def conversation(payload: dict[str, Any]) -> list[dict[str, Any]]:
         if system:
             out.append({"role": "system", "content": system})
     elif isinstance(system, list):
-        text, _ = _blocks_text(system, "system")
-        out.append({"role": "system", "content": text})
+        if system:  # its text blocks joined by newlines, as SGLang does
+            out.append({"role": "system", "content": "\n".join(
+                str(b.get("text", "")) for b in system if isinstance(b, dict) and b.get("type") == "text")})
     elif system is not None:
         raise BadRequest("system: must be a string or a list of text blocks")
     msgs = payload.get("messages")

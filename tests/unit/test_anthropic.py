@@ -28,7 +28,7 @@ def test_system_and_messages_read_as_chat_turns() -> None:
                                                            "content": "42"}]},
                          ]})
     assert msgs == [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "q"},
-                    {"role": "assistant", "content": 'f({"x": 1})'}, {"role": "tool", "content": "42"}]
+                    {"role": "assistant", "content": '{"name": "f", "parameters": {"x": 1}}'}, {"role": "tool", "content": "42"}]
 
 
 @pytest.mark.parametrize(("payload", "field"), [

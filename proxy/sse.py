@@ -126,14 +126,18 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
         for c in choices:
             if isinstance(c, Mapping) and c.get("finish_reason"):
                 m.finish_reason = _finish(c["finish_reason"])
-    usage = obj.get("usage")
-    if isinstance(usage, Mapping):
-        m.prompt_tokens = _int(usage.get("prompt_tokens"))
-        m.completion_tokens = _int(usage.get("completion_tokens"))
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, Mapping):
-            m.cached_tokens = _int(details.get("cached_tokens"))
+    _usage(obj.get("usage"), m, "prompt_tokens", "completion_tokens", "prompt_tokens_details")
     return m
+
+
+def _usage(usage: Any, m: FinalMeta, prompt: str, completion: str, details: str) -> None:
+    """An OpenAI-style usage object (chat / completions, or Responses' names for the same)."""
+    if isinstance(usage, Mapping):
+        m.prompt_tokens = _int(usage.get(prompt))
+        m.completion_tokens = _int(usage.get(completion))
+        inner = usage.get(details)
+        if isinstance(inner, Mapping):
+            m.cached_tokens = _int(inner.get("cached_tokens"))
 
 
 _MAX_ID = 256  # a response id longer than this is no id this proxy keeps
@@ -155,13 +159,7 @@ def _responses_meta(obj: Mapping[str, Any], m: FinalMeta) -> FinalMeta:
         if status == "failed":
             err = resp.get("error")
             m.error = err if isinstance(err, Mapping) else {"message": "the response failed"}
-    usage = resp.get("usage")
-    if isinstance(usage, Mapping):
-        m.prompt_tokens = _int(usage.get("input_tokens"))
-        m.completion_tokens = _int(usage.get("output_tokens"))
-        details = usage.get("input_tokens_details")
-        if isinstance(details, Mapping):
-            m.cached_tokens = _int(details.get("cached_tokens"))
+    _usage(resp.get("usage"), m, "input_tokens", "output_tokens", "input_tokens_details")
     return m
 
 

@@ -23,7 +23,7 @@ from proxy.sim.protocol import BadRequest
 from proxy.sim.responses_protocol import sse_event
 from proxy.sim.scheduler import SimRequest
 from proxy.sim.server import SimWorker, read_json
-from proxy.sim.streaming import SSE_HEADERS, Watch, observe, server_abort
+from proxy.sim.streaming import SSE_HEADERS, Watch, admit, observe, server_abort
 
 
 def add_routes(app: web.Application, worker: SimWorker) -> None:
@@ -63,13 +63,9 @@ class MessagesApi:
             except BadRequest as e:
                 return _error(str(e), 400)
             req = SimRequest(rid=body.rid, input_ids=ids, max_new_tokens=body.max_tokens, stop=body.stop)
-            refused = worker.gate()
-            if refused is None:
-                await worker.hang_if_faulted()
-                watch = Watch(worker, req)
-                refused = worker.submit(req)
-            if refused is not None:
-                return _error(*refused)
+            watch = await admit(worker, req)
+            if not isinstance(watch, Watch):
+                return _error(*watch)
             submitted = req
             message_id = mp.new_message_id()
             if body.stream:

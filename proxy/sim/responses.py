@@ -29,7 +29,7 @@ from proxy.sim import responses_protocol as rp
 from proxy.sim.protocol import BadRequest
 from proxy.sim.scheduler import SimRequest
 from proxy.sim.server import SimWorker, error_response, read_json
-from proxy.sim.streaming import SSE_HEADERS, Watch, observe, server_abort
+from proxy.sim.streaming import SSE_HEADERS, Watch, admit, observe, server_abort
 
 CANCEL_WAIT_S = 5.0  # a cancelled generation ends on the engine's next wake-up; this only bounds it
 
@@ -133,13 +133,9 @@ class ResponsesApi:
             except BadRequest as e:
                 return error_response(str(e), 400, openai=True)
             req = SimRequest(rid=body.request_id, input_ids=ids, max_new_tokens=body.max_new_tokens, stop=body.stop)
-            refused_by = worker.gate()
-            if refused_by is None:
-                await worker.hang_if_faulted()
-                watch = Watch(worker, req)
-                refused_by = worker.submit(req)
-            if refused_by is not None:
-                return error_response(*refused_by, openai=True)
+            watch = await admit(worker, req)
+            if not isinstance(watch, Watch):
+                return error_response(*watch, openai=True)
             created_at = int(time.time())
             if body.background:  # not ``submitted``: the generation outlives this connection
                 return self._start_background(body, req, watch, messages, created_at)

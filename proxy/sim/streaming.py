@@ -96,13 +96,9 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
                 include_usage = False
         except BadRequest as e:
             return error_response(str(e), 400, openai)
-        refused = worker.gate()
-        if refused is None:
-            await worker.hang_if_faulted()
-            watch = Watch(worker, req)
-            refused = worker.submit(req)
-        if refused is not None:
-            return error_response(*refused, openai=openai)
+        watch = await admit(worker, req)
+        if not isinstance(watch, Watch):
+            return error_response(*watch, openai=openai)
         submitted = req
         if stream:
             try:
@@ -115,6 +111,18 @@ async def _serve(worker: SimWorker, request: web.Request, dialect: str) -> web.S
         return web.json_response(_final_body(worker, req, dialect))
     finally:
         worker.untrack(request, submitted)
+
+
+async def admit(worker: SimWorker, req: SimRequest) -> Watch | tuple[str, int]:
+    """The fault gate, the hang fault, then the engine: the request's watch, or the refusal
+    (message, HTTP status) to answer with. Every generation endpoint comes in this way."""
+    refused = worker.gate()
+    if refused is not None:
+        return refused
+    await worker.hang_if_faulted()
+    watch = Watch(worker, req)
+    refused = worker.submit(req)
+    return watch if refused is None else refused
 
 
 def observe(worker: SimWorker, req: SimRequest, streaming: bool) -> None:

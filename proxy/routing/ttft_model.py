@@ -8,10 +8,12 @@
   which is why it has its own coefficient); ``running``: requests in its decode batch, whose
   decode steps the prefill is interleaved with; ``waiting``: requests ahead of it there still
   without a first token, whatever their size. SGLang batches many prefills into one step, so its
-  ``c5`` stays near its prior of 0; an engine that admits a few requests per step costs each
-  waiting request a step (the GPU fleet's engines: median TTFT 0.49 s with none waiting, 0.87 s
-  with 2, 3.8 s with 5, most of them cache hits of ~100 new tokens; a fit on those traces gave
-  ~0.37 s per waiting request and no weight to their tokens), which only this term can learn.
+  ``c5`` stays near its prior of 0; on the GPU fleet's engines each waiting request cost time
+  whatever its size (median TTFT 0.49 s with none waiting, 0.87 s with 2, 3.8 s with 5, most of
+  them cache hits of ~100 new tokens; a fit on those traces gave ~0.37 s per waiting request and
+  no weight to their tokens), which only this term can learn. Why, found later in transformers'
+  scheduler: a step reads at most the pool's size of its requests' resident KV, so a hit waits
+  for running requests to finish while memory is half free (proxy/sim/README.md).
 * ``c0 .. c5``: one fleet-wide fit by recursive least squares with forgetting (token features in
   thousands, running and waiting in tens, so one prior strength suits all), fed every finished request with
   its features at decision time and its observed TTFT. Coefficients start at a prior (``c1`` =

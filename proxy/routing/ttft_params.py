@@ -68,8 +68,9 @@ class TtftParams:
     # fleet past capacity the unguarded spills spread groups and lost reuse, ttft_cost._guard_spill).
     spill_guard: float = 0.0
     # Learn a cost per request waiting for its first token on a worker (ttft_model's c5, prior 0):
-    # the GPU fleet's engines admit few requests per step, so five cache hits waiting cost ~2 s
-    # there where their tokens say ~0.1 s. False = the feature is always 0 (the fit before it).
+    # on the GPU fleet's engines five cache hits waiting cost ~2 s where their tokens say ~0.1 s
+    # (a step there reads at most the pool's size of resident KV: the hits wait for running
+    # requests to end). False = the feature is always 0 (the fit before it).
     waiting_requests: bool = True
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096

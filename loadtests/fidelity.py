@@ -136,7 +136,10 @@ def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[st
 
 
 def _argv_value(argv: list[str], flag: str, default: str) -> str:
-    return argv[argv.index(flag) + 1] if flag in argv else default
+    """``flag``'s value as argparse read it: the last one given (run_fleet.sh's one-engine cells
+    pass ``--phase-s`` twice, the common one first)."""
+    at = [i for i, a in enumerate(argv[:-1]) if a == flag]
+    return argv[at[-1] + 1] if at else default
 
 
 def _phase_of(cell: dict[str, Any], router: str, rate: float) -> int:

@@ -18,9 +18,8 @@ import aiohttp
 import pytest
 
 from proxy.sim.config import SimConfig
-from proxy.sim.fleet import Fleet, InProcessWorker
 from proxy.sim.server import SimWorker
-from tests.fixtures.sim_client import poll
+from tests.fixtures.sim_client import counter_delta, named_events, one_worker, poll
 
 MODEL = "claude-sim"  # echoed back: SGLang answers with the request's model
 FAST = 200.0
@@ -42,16 +41,13 @@ class Sim:
     async def stream(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         async with self.session.post(self.url + "/v1/messages", json={**body, "stream": True}) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-            return parse_stream(await resp.text())
+            return named_events(await resp.text())
 
 
 @contextlib.asynccontextmanager
 async def _sim(config: SimConfig) -> AsyncIterator[Sim]:
-    async with Fleet.in_process([config]) as fleet, \
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        handle = fleet.workers[0]
-        assert isinstance(handle, InProcessWorker) and handle.worker is not None
-        yield Sim(fleet.urls[0], session, handle.worker)
+    async with one_worker(config) as (url, session, worker):
+        yield Sim(url, session, worker)
 
 
 @pytest.fixture
@@ -67,24 +63,6 @@ async def slow() -> AsyncIterator[Sim]:
         yield s
 
 
-def parse_stream(body: str) -> list[dict[str, Any]]:
-    """Named SSE events: every block is ``event: <type>`` + ``data: <json>`` and the two agree."""
-    assert body.endswith("\n\n"), body[-80:]
-    assert "[DONE]" not in body
-    events = []
-    for block in body[:-2].split("\n\n"):
-        name, data = block.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: "), block
-        event = json.loads(data[len("data: "):])
-        assert event["type"] == name[len("event: "):]
-        events.append(event)
-    return events
-
-
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "requests")}
-
-
 def ask(text: str, max_tokens: int = 6, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}], **extra}
 
@@ -97,7 +75,7 @@ async def test_a_message_has_anthropics_shape_and_the_workers_own_usage(sim: Sim
     before = sim.worker.bench_stats()
     status, body = await sim.post(ask("tell me about radix trees", system="be brief", temperature=0.2, top_k=5))
     assert status == 200
-    counted = delta(before, sim.worker.bench_stats())
+    counted = counter_delta(before, sim.worker.bench_stats())
     assert body["id"].startswith("msg_") and len(body["id"]) == len("msg_") + 32
     assert (body["type"], body["role"], body["model"]) == ("message", "assistant", MODEL)
     [block] = body["content"]
@@ -126,7 +104,7 @@ async def test_a_stream_sends_anthropics_events_in_order(sim: Sim) -> None:
     assert status == 200
     before = sim.worker.bench_stats()
     events = await sim.stream(ask("stream this please", 5))
-    counted = delta(before, sim.worker.bench_stats())
+    counted = counter_delta(before, sim.worker.bench_stats())
     assert [e["type"] for e in events] == [*STREAM_TYPES[:2], *["content_block_delta"] * 5, *STREAM_TYPES[3:]]
     message = events[0]["message"]
     assert message["id"].startswith("msg_") and message["id"] != whole["id"]
@@ -266,7 +244,7 @@ async def test_abort_request_by_the_rid_ends_a_stream(slow: Sim) -> None:
         async with slow.session.post(slow.url + "/abort_request", json={"rid": rid}) as aborted:
             assert aborted.status == 200
         rest = await asyncio.wait_for(resp.content.read(), timeout=10.0)
-    events = parse_stream((first + rest).decode())
+    events = named_events((first + rest).decode())
     assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
     final = events[-2]
     assert final["type"] == "message_delta" and final["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
@@ -294,7 +272,7 @@ async def test_a_server_abort_mid_stream_sends_an_error_event(slow: Sim) -> None
         head = await asyncio.wait_for(resp.content.readuntil(b"event: content_block_delta\n"), timeout=10.0)
         await slow.worker.engine.stop()  # the engine aborts its requests with 503
         rest = await asyncio.wait_for(resp.content.read(), timeout=10.0)
-    events = parse_stream((head + rest).decode())
+    events = named_events((head + rest).decode())
     error = events[-1]
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     assert "shutting down" in error["error"]["message"]
@@ -368,6 +346,6 @@ async def test_message_start_waits_for_the_first_token() -> None:
                 await asyncio.wait_for(resp.content.readuntil(b"\n\n"), timeout=0.3)
             assert len(sched.waiting) == 1
             s.worker.engine.abort("hog")
-            events = parse_stream((await asyncio.wait_for(resp.content.read(), timeout=10.0)).decode())
+            events = named_events((await asyncio.wait_for(resp.content.read(), timeout=10.0)).decode())
         assert [e["type"] for e in events] == [*STREAM_TYPES[:2], *["content_block_delta"] * 2, *STREAM_TYPES[3:]]
         assert (await running)[0] == 200

@@ -19,9 +19,8 @@ import openai
 import pytest
 
 from proxy.sim.config import SimConfig
-from proxy.sim.fleet import Fleet, InProcessWorker
 from proxy.sim.server import SimWorker
-from tests.fixtures.sim_client import poll
+from tests.fixtures.sim_client import counter_delta, named_events, one_worker, poll
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FAST = 200.0
@@ -49,11 +48,8 @@ class Sim:
 
 @contextlib.asynccontextmanager
 async def _sim(config: SimConfig) -> AsyncIterator[Sim]:
-    async with Fleet.in_process([config]) as fleet, \
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        handle = fleet.workers[0]
-        assert isinstance(handle, InProcessWorker) and handle.worker is not None
-        yield Sim(fleet.urls[0], session, handle.worker)
+    async with one_worker(config) as (url, session, worker):
+        yield Sim(url, session, worker)
 
 
 @pytest.fixture
@@ -69,29 +65,12 @@ async def slow() -> AsyncIterator[Sim]:
         yield s
 
 
-def parse_stream(body: str) -> list[dict[str, Any]]:
-    """Named SSE events: every block is ``event: <type>`` + ``data: <json>`` and the two agree."""
-    assert body.endswith("\n\n"), body[-80:]
-    events = []
-    for block in body[:-2].split("\n\n"):
-        name, data = block.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: "), block
-        event = json.loads(data[len("data: "):])
-        assert event["type"] == name[len("event: "):]
-        events.append(event)
-    return events
-
-
-def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "requests")}
-
-
 async def test_a_response_has_sglangs_shape_and_the_workers_own_usage(sim: Sim) -> None:
     before = sim.worker.bench_stats()
     status, body = await sim.post({"model": MODEL, "input": "tell me about radix trees", "instructions": "be brief",
                                    "max_output_tokens": 6, "rid": "ignored", "tools": []})
     assert status == 200
-    counted = delta(before, sim.worker.bench_stats())
+    counted = counter_delta(before, sim.worker.bench_stats())
     assert body["id"].startswith("resp_") and body["object"] == "response" and body["status"] == "completed"
     assert body["model"] == MODEL and isinstance(body["created_at"], int)
     [item] = body["output"]
@@ -130,9 +109,9 @@ async def test_a_stream_sends_named_events_in_order_with_sequence_numbers(sim: S
                                 json={"input": "stream this please", "stream": True, "max_output_tokens": 5}) as resp:
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
         raw = await resp.text()
-    counted = delta(before, sim.worker.bench_stats())
+    counted = counter_delta(before, sim.worker.bench_stats())
     assert "[DONE]" not in raw
-    events = parse_stream(raw)
+    events = named_events(raw)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     types = [e["type"] for e in events]
     assert types == ["response.created", "response.in_progress", "response.output_item.added",
@@ -163,7 +142,7 @@ async def test_stream_interval_groups_tokens_into_fewer_deltas() -> None:
     async with _sim(SimConfig(time_scale=FAST, stream_interval=3)) as s:
         async with s.session.post(s.url + "/v1/responses",
                                   json={"input": "chunks", "stream": True, "max_output_tokens": 7}) as resp:
-            events = parse_stream(await resp.text())
+            events = named_events(await resp.text())
         deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
         # the first token at once, then every 3 tokens, and the rest at the end: 1 + 3 + 3
         assert [len(d.split()) for d in deltas] == [1, 3, 3]
@@ -263,7 +242,7 @@ async def test_a_background_response_is_queued_then_runs_then_completes(slow: Si
     await poll(completed, limit_s=20.0, interval_s=0.02)
     assert "in_progress" in seen and set(seen) <= {"in_progress", "completed"}
     _, final = await slow.get(body["id"])
-    counted = delta(before, slow.worker.bench_stats())
+    counted = counter_delta(before, slow.worker.bench_stats())
     assert len(final["output"][0]["content"][0]["text"].split()) == 100
     assert final["usage"]["output_tokens"] == 100 and counted["requests"] == 1
     assert final["usage"]["input_tokens"] == counted["prompt_tokens"]
@@ -312,7 +291,7 @@ async def test_abort_request_by_the_response_id_ends_a_stream(slow: Sim) -> None
         async with slow.session.post(slow.url + "/abort_request", json={"rid": rid}) as aborted:
             assert aborted.status == 200
         rest = await asyncio.wait_for(resp.content.read(), timeout=10.0)
-    events = parse_stream((first + rest).decode())
+    events = named_events((first + rest).decode())
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["usage"]["output_tokens"] < 4000
     assert rid not in slow.worker.engine.by_rid
@@ -324,7 +303,7 @@ async def test_a_server_abort_mid_stream_sends_an_error_event(slow: Sim) -> None
         head = await resp.content.readuntil(b"event: response.output_text.delta\n")
         await slow.worker.engine.stop()  # the engine aborts its requests with 503
         rest = await asyncio.wait_for(resp.content.read(), timeout=10.0)
-    events = parse_stream((head + rest).decode())
+    events = named_events((head + rest).decode())
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     error = events[-1]
     assert error["type"] == "error" and error["code"] == 503 and error["param"] is None
@@ -380,7 +359,7 @@ async def test_the_openai_sdk_creates_streams_and_retrieves_responses(sim: Sim) 
     async with openai.AsyncOpenAI(base_url=sim.url + "/v1", api_key="none", max_retries=0) as client:
         before = sim.worker.bench_stats()
         created = await client.responses.create(model=MODEL, input="hello from the sdk", max_output_tokens=5)
-        counted = delta(before, sim.worker.bench_stats())
+        counted = counter_delta(before, sim.worker.bench_stats())
         assert created.status == "completed" and len(created.output_text.split()) == 5
         assert created.usage is not None and created.usage.input_tokens == counted["prompt_tokens"]
         assert created.usage.output_tokens == 5 and created.usage.total_tokens == counted["prompt_tokens"] + 5

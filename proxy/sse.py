@@ -21,7 +21,7 @@ else reads as "not reported".
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,17 +312,23 @@ class StreamAccountant:
                 meta_from(self.dialect, obj, self.meta)
         return carried
 
-    def _feed_responses(self, data: bytes) -> bool:
-        """Every event is parsed (each is small: one delta, or the response at its start and end)."""
-        carried = False
+    def _objects(self, data: bytes) -> Iterator[Mapping[str, Any]]:
+        """The run's events parsed, each counted; a ``[DONE]`` (no part of these APIs, but an end
+        all the same) ends the stream."""
         for payload in iter_payloads(data):
             self.events += 1
-            if payload == DONE:  # not Responses' own, but an end all the same
+            if payload == DONE:
                 self.done = True
                 continue
             obj = parse_event(payload)
             if not isinstance(obj, Mapping):
                 raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
+            yield obj
+
+    def _feed_responses(self, data: bytes) -> bool:
+        """Every event is parsed (each is small: one delta, or the response at its start and end)."""
+        carried = False
+        for obj in self._objects(data):
             kind = obj.get("type")
             if isinstance(obj.get("error"), Mapping) and kind is None:
                 self.error = obj["error"]
@@ -345,14 +351,7 @@ class StreamAccountant:
         """Anthropic events: deltas carry tokens, ``message_start`` / ``message_delta`` the usage,
         ``message_stop`` ends the stream, ``error`` fails it."""
         carried = False
-        for payload in iter_payloads(data):
-            self.events += 1
-            if payload == DONE:
-                self.done = True
-                continue
-            obj = parse_event(payload)
-            if not isinstance(obj, Mapping):
-                raise MalformedEvent(f"an event is a JSON {type(obj).__name__}, not an object")
+        for obj in self._objects(data):
             kind = obj.get("type")
             if kind == "error" or (kind is None and isinstance(obj.get("error"), Mapping)):
                 err = obj.get("error")

@@ -34,6 +34,12 @@ class Dialect(StrEnum):
         response's id, which must start with ``resp_`` to be retrievable."""
         return "request_id" if self is Dialect.RESPONSES else "rid"
 
+    @property
+    def abortable(self) -> bool:
+        """Whether ``/abort_request {rid}`` reaches such a request: SGLang's Anthropic endpoint
+        drops the rid (its request model has none); closing the connection aborts it there."""
+        return self is not Dialect.MESSAGES
+
     def new_rid(self) -> str:
         return ("resp_" if self is Dialect.RESPONSES else "") + uuid.uuid4().hex
 

@@ -140,7 +140,8 @@ async def attempt(parts: Parts, target: Target, worker: str, timing: RequestTimi
             return opened
     except TimeoutError as e:
         _drop(resp, reader)
-        parts.abort(worker, target.rid)  # it may be generating (or hung): free its slot
+        if req.dialect.abortable:
+            parts.abort(worker, target.rid)  # it may be generating (or hung): free its slot
         hung = check is not None and check.done() and not check.cancelled() and check.result()
         if hung:
             raise Retry("timeout", UpstreamTimeout(
@@ -177,7 +178,8 @@ async def attempt(parts: Parts, target: Target, worker: str, timing: RequestTimi
     except asyncio.CancelledError:
         # The client left while we waited for (or read) an answer: close it, free the worker's slot.
         _drop(resp, reader)
-        parts.abort(worker, target.rid)
+        if req.dialect.abortable:
+            parts.abort(worker, target.rid)
         raise
     finally:
         if check is not None:

@@ -39,6 +39,7 @@ class Relay:
         self._on_first_token = on_first_token
         self._acct = StreamAccountant(req.dialect)
         self._error_style = req.dialect.error_style
+        self._abortable = req.dialect.abortable  # else the closed connection is the abort
         self._cut: RadixgateError | None = None  # why the proxy itself ended the stream (drain)
         self._gen: AsyncGenerator[bytes, None] | None = None
         self._closed = False
@@ -83,7 +84,7 @@ class Relay:
         if not self.upstream_done:
             answer.close()
         answer.release()
-        if not self.upstream_done and not isinstance(self.error, UpstreamError):
+        if not self.upstream_done and not isinstance(self.error, UpstreamError) and self._abortable:
             self._parts.abort(self._worker, self._rid)
 
     async def _run(self) -> AsyncGenerator[bytes, None]:

@@ -17,9 +17,9 @@ from aiohttp import web
 
 from proxy.app import App
 from proxy.sim.config import SimConfig
-from tests.integration.conftest import FAST, Harness, base
+from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.test_openai_sdk import MODES, _tokens_match_worker
-from tests.integration.test_usage_accounting import MODEL
+from tests.integration.test_usage_accounting import MODEL, _samples
 
 SYSTEM = "You answer questions about prefix caches in serving engines, in one line. " * 6
 QUESTION = [{"role": "user", "content": "What does a radix tree hold?"}]
@@ -124,3 +124,21 @@ async def test_a_worker_failing_mid_stream_ends_it_with_an_error_the_sdk_raises(
         assert "closed the stream" in str(e.value) or "broke" in str(e.value)
     finally:
         await runner.cleanup()
+
+
+async def test_a_client_leaving_a_message_stream_aborts_it_by_the_connection_not_by_rid(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """SGLang's Anthropic endpoint drops the rid, so /abort_request would miss: the proxy closes the
+    worker's connection instead, and the worker aborts the request it was generating."""
+    fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True)])
+    app = await harness.proxy(fleet.urls)
+    body = {"model": MODEL, "max_tokens": 100_000, "stream": True, "messages": QUESTION}
+    async with client.post(base(app) + "/v1/messages", json=body) as r:
+        assert r.status == 200
+        while b"content_block_delta" not in await r.content.readany():
+            pass  # generating: now leave
+
+    async def aborted_by_the_worker() -> bool:
+        return (await _samples(client, fleet.urls[0])).get("sglang:num_aborted_requests_total", 0.0) == 1
+    await eventually(aborted_by_the_worker, timeout_s=10.0, what="the worker aborted the abandoned stream")
+    assert (await _samples(client, admin(app))).get("radixgate_upstream_aborts_total", 0.0) == 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from proxy.routing.base import PINNED
 from proxy.routing.prefix_index import DEFAULT_CAPACITY_TOKENS, FleetCache
 from proxy.routing.prefix_key import prefix_tokens
 
@@ -56,7 +57,8 @@ class AvailableReuse:
 
     def observe(self, done: CompletedRequest) -> None:
         route, t = done.route, done.timing
-        if (route is None or done.decision is None or done.outcome != "ok" or t.cached_tokens is None
+        if (route is None or done.decision is None or done.decision.branch == PINNED or done.outcome != "ok"
+                or t.cached_tokens is None
                 or not t.prompt_tokens or not route.prompt_tokens):
             return  # the same requests the routing hit-rate counters count
         capacity = self._capacity()

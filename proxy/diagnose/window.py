@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from proxy.clock import Clock
-from proxy.routing.base import Decision, RouteRequest, WorkerSnapshot
+from proxy.routing.base import PINNED, Decision, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.timing import RequestTiming
 
@@ -66,7 +66,7 @@ class RequestRecord:
     ) -> RequestRecord:
         """Build a record from the pipeline's objects; token counts come from ``timing``."""
         predicted = None
-        if route is not None and decision is not None:
+        if route is not None and decision is not None and decision.branch != PINNED:
             matched = decision.matched_tokens
             predicted = min(route.prompt_tokens,
                             prefix_tokens(decision.matched_blocks, route.block_tokens) if matched is None else matched)

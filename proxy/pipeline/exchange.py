@@ -31,6 +31,7 @@ from proxy.pipeline.relay import Relay
 from proxy.records import Finished, body_with_rid, wants_usage_hidden
 from proxy.request import GenerateRequest
 from proxy.routing.base import (
+    PINNED,
     Decision,
     FirstToken,
     IgnoresFeedback,
@@ -222,7 +223,7 @@ class Exchange:
         if not any(s.url == worker for s in self._serving(snaps)):
             raise NoHealthyWorker(f"the worker that stored the previous response ({worker}) is not healthy now",
                                   retry_after=1.0)
-        return Decision(worker=worker, branch="pinned", reason="previous_response_id")
+        return Decision(worker=worker, branch=PINNED, reason="previous_response_id")
 
     async def _hold(self, decision: Decision) -> None:
         """Wait for the prefill ``decision.after`` names, at most ``routing.hold_max_s``, the decision's

@@ -90,6 +90,12 @@ class RouteRequest:
     held: bool = False
 
 
+# The branch of a decision no policy made: a request that must go to one worker (a Responses
+# follow-up, to the worker holding its conversation). Routing telemetry and the diagnosis's
+# reuse model leave these out: nothing was predicted, and the prompt they key is not the prompt.
+PINNED = "pinned"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     worker: str

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from proxy.routing.base import PINNED
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
 from proxy.telemetry.gauges import (
@@ -345,7 +346,7 @@ class Metrics:
 
     def _record_routing(self, done: CompletedRequest) -> None:
         route, decision, t = done.route, done.decision, done.timing
-        if route is None or decision is None:
+        if route is None or decision is None or decision.branch == PINNED:
             return
         policy = done.policy
         matched = decision.matched_tokens

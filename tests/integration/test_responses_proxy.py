@@ -112,6 +112,10 @@ async def test_a_follow_up_goes_to_the_worker_holding_the_conversation(harness: 
         assert reply["usage"]["input_tokens_details"]["cached_tokens"] >= turn_prompt - 64, reply["usage"]
         turn_prompt, rid = reply["usage"]["input_tokens"], reply["id"]
     assert await _decisions(client, app, "pinned") == 4
+    # The routing telemetry counts the one decision a policy made: the pinned turns predicted
+    # nothing (their prompt is the stored conversation, not what the proxy keyed).
+    routed = await _value(client, admin(app), "radixgate_routing_prompt_tokens_total")
+    assert routed == first["usage"]["input_tokens"]
     async with client.get(base(app) + f"/v1/responses/{rid}") as r:
         assert r.status == 200
         holder = r.headers["X-Radixgate-Worker"]

@@ -74,5 +74,8 @@ case "${1:-calibrate}" in
     ;;
 esac
 tail -3 "$ENGINE_LOGS"/engine_31001.log
+# The simulator replayed on this run's fixed-placement phases (oracle, one engine alone), while the
+# day's engine is the one it is compared with: seconds of CPU, the table beside the results.
+python3 -m loadtests.fidelity --results "$OUT" > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"
 # At most 8 files come back from the device: router configs and logs, engine logs in one archive.
 (cd "$OUT" && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . 2>/dev/null && rm -f router-*.log radixgate-*.yaml)

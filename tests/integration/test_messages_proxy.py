@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
-from aiohttp import web
 
 from proxy.app import App
 from proxy.sim.config import SimConfig
+from tests.fixtures.broken_worker import CLOSE, BrokenWorker, chunk, sse_head
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.test_openai_sdk import MODES, _tokens_match_worker
 from tests.integration.test_usage_accounting import MODEL, _samples
@@ -89,32 +89,15 @@ async def test_errors_reach_the_sdk_as_its_own_exceptions(harness: Harness) -> N
 
 async def test_a_worker_failing_mid_stream_ends_it_with_an_error_the_sdk_raises(harness: Harness) -> None:
     """A worker that starts a message, sends a token and drops the connection."""
-    async def broken(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":'
-                         b'"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":1,'
-                         b'"output_tokens":0}}}\n\n')
-        await resp.write(b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
-                         b'"content_block":{"type":"text","text":""}}\n\n')
-        await resp.write(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
-                         b'"delta":{"type":"text_delta","text":"half"}}\n\n')
-        assert request.transport is not None
-        request.transport.close()
-        return resp
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    worker = web.Application()
-    worker.router.add_post("/v1/messages", broken)
-    worker.router.add_get("/health", health)
-    runner = web.AppRunner(worker)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        app = await harness.proxy([f"http://127.0.0.1:{runner.addresses[0][1]}"])
+    events = [b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","type":"message",'
+              b'"role":"assistant","model":"m","content":[],"usage":{"input_tokens":1,"output_tokens":0}}}\n\n',
+              b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+              b'"content_block":{"type":"text","text":""}}\n\n',
+              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+              b'"delta":{"type":"text_delta","text":"half"}}\n\n']
+    async with BrokenWorker.running() as worker:
+        worker.on("/v1/messages", [sse_head(), *(chunk(e) for e in events), CLOSE])
+        app = await harness.proxy([worker.url])
 
         async def use(c: Any) -> Any:
             async with c.messages.stream(model="m", messages=QUESTION, max_tokens=4) as s:
@@ -122,8 +105,6 @@ async def test_a_worker_failing_mid_stream_ends_it_with_an_error_the_sdk_raises(
         with pytest.raises(anthropic.APIStatusError) as e:
             await _call("async", base(app), use)
         assert "closed the stream" in str(e.value) or "broke" in str(e.value)
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_client_leaving_a_message_stream_aborts_it_by_the_connection_not_by_rid(

@@ -15,12 +15,12 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import App
 from proxy.frontends import responses_api
 from proxy.sim.config import SimConfig
+from tests.fixtures.broken_worker import BrokenWorker, http
 from tests.integration.conftest import FAST, Harness, admin, base, eventually
 from tests.integration.test_openai_sdk import MODES, _call, _drain, _tokens_match_worker
 from tests.integration.test_usage_accounting import MODEL, _samples
@@ -219,27 +219,13 @@ async def test_lookups_are_charged_to_the_rate_limit(harness: Harness, client: a
 
 async def test_searches_for_unknown_ids_are_bounded_while_a_worker_does_not_answer(
         harness: Harness, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
-    release = asyncio.Event()
-
-    async def healthy(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def hang(request: web.Request) -> web.Response:  # a worker that sits on every lookup
-        await release.wait()
-        return web.json_response({"object": "error", "message": "not found", "code": 404}, status=404)
-
-    hostile = web.Application()
-    hostile.router.add_get("/health", healthy)
-    hostile.router.add_get("/v1/responses/{rid}", hang)
-    runner = web.AppRunner(hostile)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    not_found = http(404, b'{"object": "error", "message": "not found", "code": 404}')
+    async with BrokenWorker.running() as worker:
+        for i in range(5):  # a worker that sits 2 s on every lookup, then has nothing
+            worker.on(f"/v1/responses/resp_unknown_{i}", [2.0, *not_found])
         fleet = await harness.fleet([_sim()])
         monkeypatch.setattr(responses_api, "MAX_SEARCHES", 2)
-        app = await harness.proxy([*fleet.urls, f"http://127.0.0.1:{port}"], **{"scrape.timeout_s": 5.0})
+        app = await harness.proxy([*fleet.urls, worker.url], **{"scrape.timeout_s": 5.0})
 
         async def both_healthy() -> bool:
             async with client.get(admin(app) + "/workers") as r:
@@ -253,14 +239,10 @@ async def test_searches_for_unknown_ids_are_bounded_while_a_worker_does_not_answ
 
         async def two_in_flight() -> bool:
             return not any(t.done() for t in waiting) and responses_searching(app) == 2
-        await eventually(two_in_flight, timeout_s=5.0, what="two searches waiting on the silent worker")
-        assert await lookup(3) == 429  # a third would ask the silent worker too: refused at once
-        release.set()
+        await eventually(two_in_flight, timeout_s=5.0, what="two searches waiting on the slow worker")
+        assert await lookup(3) == 429  # a third would ask the slow worker too: refused at once
         assert await asyncio.gather(*waiting) == [404, 404]
         assert await lookup(4) == 404  # the bound is on searches in flight, not a count
-    finally:
-        release.set()
-        await runner.cleanup()
 
 
 def responses_searching(app: App) -> int:

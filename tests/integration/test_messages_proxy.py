@@ -123,3 +123,17 @@ async def test_a_client_leaving_a_message_stream_aborts_it_by_the_connection_not
         return (await _samples(client, fleet.urls[0])).get("sglang:num_aborted_requests_total", 0.0) == 1
     await eventually(aborted_by_the_worker, timeout_s=10.0, what="the worker aborted the abandoned stream")
     assert (await _samples(client, admin(app))).get("radixgate_upstream_aborts_total", 0.0) == 0
+
+
+async def test_an_anthropic_clients_x_api_key_reaches_a_keyed_worker_as_its_bearer(harness: Harness) -> None:
+    """Where the proxy checks no keys of its own, the caller's credential is the worker's: the
+    anthropic SDK sends it as x-api-key, SGLang's --api-key checks the bearer."""
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, api_key="worker-key")])
+    app = await harness.proxy(fleet.urls)
+
+    def make(key: str) -> Callable[[Any], Any]:
+        return lambda c: c.with_options(api_key=key).messages.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    got = await _call("async", base(app), make("worker-key"))
+    assert got.usage.output_tokens == 2
+    with pytest.raises(anthropic.AuthenticationError):  # a wrong key: the worker's own 401, relayed
+        await _call("async", base(app), make("wrong"))

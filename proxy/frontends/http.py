@@ -210,7 +210,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         raise BadRequest(f"{cfg.admission.priority_header}: header must be an integer") from None
     fwd = {"authorization": _forwardable("Authorization", headers["Authorization"])} if "Authorization" in headers else {}
     if not fwd and "x-api-key" in headers:
-        # Anthropic's clients send their key as x-api-key; SGLang's --api-key checks the bearer.
+        # Anthropic's API documents x-api-key (curl, older SDKs); SGLang's --api-key checks the bearer.
         fwd = {"authorization": "Bearer " + _forwardable("x-api-key", headers["x-api-key"])}
     return GenerateRequest(
         dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,

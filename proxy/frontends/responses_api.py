@@ -124,7 +124,9 @@ class ResponsesFront:
                     path = f"{PATH}/{response_id}{suffix}" + (f"?{query}" if query else "")
                     status, body, ctype = await forward(self._pipeline, self._upstream, worker, method, path, request,
                                                         self._probe_s, self._max_bytes)
-                if (method == "DELETE" and status == 200) or status == 404:
+                # Gone from its worker: deleted, or the response itself not found there (a 404 from
+                # a sub-endpoint the worker does not serve, e.g. input_items, says nothing of it).
+                if (method == "DELETE" and status == 200) or (status == 404 and method == "GET" and not suffix):
                     self.homes.forget(response_id)
                 return web.Response(status=status, body=body, content_type=ctype.split(";")[0],
                                     headers={"X-Radixgate-Worker": worker})

@@ -248,3 +248,22 @@ async def test_searches_for_unknown_ids_are_bounded_while_a_worker_does_not_answ
 def responses_searching(app: App) -> int:
     """Searches in flight on ``app``'s public port."""
     return app.public_app[responses_api.FRONT].searching
+
+
+async def test_endpoints_the_worker_does_not_serve_answer_as_the_worker_does_and_forget_nothing(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """SGLang 0.5.23 serves no DELETE and no input_items: the holder's own answer is relayed, and the
+    proxy still knows where the response lives."""
+    app, urls = await _start(harness, workers=2)
+    status, made = await _post(client, app, {"model": MODEL, "input": "keep me", "max_output_tokens": 2})
+    assert status == 200
+    rid = made["id"]
+    async with client.get(base(app) + f"/v1/responses/{rid}/input_items?limit=5") as r:
+        assert r.status == 404 and r.headers["X-Radixgate-Worker"] in urls
+    async with client.delete(base(app) + f"/v1/responses/{rid}") as r:
+        assert r.status == 405 and r.headers["X-Radixgate-Worker"] in urls
+    async with client.get(base(app) + f"/v1/responses/{rid}") as r:
+        assert r.status == 200
+    lookups = "radixgate_response_lookups_total"
+    assert await _value(client, admin(app), lookups, outcome="found") == 0  # never had to search again
+    assert await _value(client, admin(app), lookups, outcome="known") == 3

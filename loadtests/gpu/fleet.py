@@ -151,22 +151,40 @@ async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[
 
 # -- routers ---------------------------------------------------------------------------------------
 
-ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks"}
+ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer"}
 
 
-def routing_section(spec: str) -> dict[str, Any]:
+def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
     """``policy[/key=value...]``: a radixgate policy with routing settings or policy params changed
-    (``ttft/hold_max_s=0``, ``ttft/work_weight=1``), so variants run side by side."""
+    (``ttft/hold_max_s=0``, ``ttft/work_weight=1``), so variants run side by side.
+    ``tokenizer=bench`` is the run's own tokenizer; ``kv_events=...`` is no routing key (see
+    ``spec_kv_events``) and is left out here."""
     name, *pairs = spec.split("/")
     section: dict[str, Any] = {"policy": name, "params": {}}
     for pair in pairs:
         key, value = pair.split("=", 1)
         parsed = yaml.safe_load(value)
+        if key == "kv_events":
+            continue
+        if key == "tokenizer" and parsed == "bench":
+            if tokenizer is None:
+                raise ValueError(f"{spec}: tokenizer=bench needs the run's tokenizer")
+            parsed = str(tokenizer)
         if key in ROUTING_KEYS:
             section[key] = parsed
         else:
             section["params"][key] = parsed
     return section
+
+
+def spec_kv_events(spec: str, default: str = "") -> str:
+    """The ``kv_events.endpoint`` of a router spec (``ttft/kv_events=auto``), else the run's
+    ``--kv-events``; so one call compares a policy with and without the engines' events."""
+    for pair in spec.split("/")[1:]:
+        key, value = pair.split("=", 1)
+        if key == "kv_events":
+            return value
+    return default
 
 
 class Routers:
@@ -202,12 +220,12 @@ class Routers:
                 self.admins[name] = f"http://127.0.0.1:{admin}"
                 cfg.write_text(yaml.safe_dump({
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
-                    "workers": {"static": self.workers}, "routing": routing_section(name),
+                    "workers": {"static": self.workers}, "routing": routing_section(name, self.tokenizer),
                     # the diagnosis read after a phase covers that phase alone
                     "diagnose": {"window_s": self.window_s},
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
-                    # --kv-events auto: follow each engine's own events (engine_server --kv-events-config)
-                    **({"kv_events": {"endpoint": self.kv_events}} if self.kv_events else {}),
+                    # kv_events auto: follow each engine's own events (engine_server --kv-events-config)
+                    **({"kv_events": {"endpoint": kv}} if (kv := spec_kv_events(name, self.kv_events)) else {}),
                     "telemetry": {"log_level": "info", "log_requests": True}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
             self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
@@ -245,6 +263,17 @@ class Routers:
                     doc: dict[str, Any] = await resp.json()
                     return doc
         return None
+
+    async def kv_status(self, session: aiohttp.ClientSession, name: str) -> list[dict[str, Any]]:
+        """Each worker's KV-event stream as a radixgate router sees it (``GET /workers``): state,
+        source (events / approximate), batches, gaps; empty where it follows no events."""
+        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            async with session.get(f"{self.admins[name]}/workers", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status == 200:
+                    doc = await resp.json()
+                    return [{"url": w["url"], **w["kv_events"]} for w in doc.get("workers", [])
+                            if w.get("kv_events")]
+        return []
 
     async def stop(self) -> None:
         await stop_processes(self.procs)
@@ -438,6 +467,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
                                               args.prompts, args.drain_s, encode,
                                               text_key(args.text, args.phase_base, rate, phase))
+                    # before the flush: what the events say each engine holds at the phase's end
+                    kv = await routers.kv_status(session, name) if name in routers.admins else []
                     await wait_idle(session, workers, 30)
                     after = await engine_stats(session, workers)
                     traces = await engine_traces(session, workers)
@@ -453,7 +484,11 @@ async def main_async(args: argparse.Namespace) -> None:
                             with (out / "diagnoses.jsonl").open("a") as f:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                     "prompts": args.prompts, "reports": args.reports,
-                                                    "diagnosis": doc}) + "\n")
+                                                    "diagnosis": doc, "kv_events": kv}) + "\n")
+                        if kv:
+                            print(f"    {name} kv events: " + ", ".join(
+                                f"{k['source']}/{k['state']} {k['batches']} batches {k['blocks']} blocks {k['gaps']} gaps"
+                                for k in kv), flush=True)
                     prompt = sum(a["prompt_tokens"] - b["prompt_tokens"] for a, b in zip(after, before, strict=True))
                     cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before, strict=True))
                     s = summarize(records, cached / prompt if prompt else None)

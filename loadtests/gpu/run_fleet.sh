@@ -22,6 +22,7 @@ mkdir -p "$OUT" "$ENGINE_LOGS"
 up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 URLS=()
+declare -A PIDS=()
 for i in $(seq 1 "$N"); do
   port=$((31000 + i))
   URLS+=("http://127.0.0.1:$port")
@@ -31,12 +32,17 @@ for i in $(seq 1 "$N"); do
     [ -n "${GPUS:-}" ] && gpu_env=(env CUDA_VISIBLE_DEVICES=$(( (i - 1) % GPUS )))
     setsid nohup "${gpu_env[@]}" python3 loadtests/gpu/engine_server.py --port $port --tokenizer loadtests/gpu/tokenizer \
       --kv-tokens "$KV" --mem-fraction 0.15 ${ENGINE_ARGS:-} > "$ENGINE_LOGS/engine_$port.log" 2>&1 < /dev/null &
+    PIDS[$port]=$!
   fi
 done
 t0=$(date +%s)
 for i in $(seq 1 "$N"); do
   port=$((31000 + i))
   until up "http://127.0.0.1:$port"; do
+    # an engine that died at start (a bad ENGINE_ARGS) ends the call now, not after 240 s
+    if [ -n "${PIDS[$port]:-}" ] && ! kill -0 "${PIDS[$port]}" 2>/dev/null; then
+      echo "engine $port exited"; tail -30 "$ENGINE_LOGS/engine_$port.log"; exit 1
+    fi
     if (( $(date +%s) - t0 > 240 )); then echo "engine $port not up"; tail -30 "$ENGINE_LOGS/engine_$port.log"; exit 1; fi
     sleep 1
   done

@@ -12,6 +12,7 @@ from loadtests.gpu.fleet import (
     phase_order,
     phase_texts,
     routing_section,
+    spec_kv_events,
     summarize,
     text_key,
     trace,
@@ -86,6 +87,14 @@ def test_a_policy_variant_names_routing_settings_and_policy_params() -> None:
     assert routing_section("ttft") == {"policy": "ttft", "params": {}}
     assert routing_section("ttft/hold_max_s=0/work_weight=10") == {
         "policy": "ttft", "hold_max_s": 0, "params": {"work_weight": 10}}
+
+
+def test_a_variant_turns_on_the_engines_events_and_the_runs_tokenizer_for_itself_alone() -> None:
+    spec = "ttft/kv_events=auto/tokenizer=bench"
+    assert routing_section(spec, Path("/tok")) == {"policy": "ttft", "tokenizer": "/tok", "params": {}}
+    assert spec_kv_events(spec) == "auto"
+    assert spec_kv_events("ttft", default="") == ""
+    assert spec_kv_events("ttft", default="auto") == "auto"
 
 
 def test_a_cell_cut_short_reports_its_measured_phases_and_marks_the_rest_not_run(tmp_path: Path) -> None:

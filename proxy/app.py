@@ -140,7 +140,8 @@ class App:
                                       log_prompts=config.telemetry.log_prompts),
             observers=[self.diagnosis.observe, reuse.observe],
             # a proxy that names no peers takes no routing state from outside
-            route_listeners=[self.peers] if self.peers.enabled else [],
+            # the KV events check their streams against the prompts the engines prefilled
+            route_listeners=[*([self.peers] if self.peers.enabled else []), *([self.kv] if self.kv.enabled else [])],
             upstream_authorization=functools.partial(
                 upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys)),
             holds=holds, tokenizer=_tokenizer(config.routing))

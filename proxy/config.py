@@ -284,6 +284,7 @@ def _validate_kv_events(k: KvEventsConfig) -> None:
         (k.replay_timeout_s > 0, "kv_events.replay_timeout_s: must be > 0"),
         (k.max_payload_bytes >= 1024, "kv_events.max_payload_bytes: must be >= 1024"),
         (k.max_blocks_per_worker >= 1, "kv_events.max_blocks_per_worker: must be >= 1"),
+        (k.confirm_grace_s > 0, "kv_events.confirm_grace_s: must be > 0"),
     ]
     for ok, message in checks:
         if not ok:

@@ -291,6 +291,10 @@ class KvEventsConfig:
     max_payload_bytes: int = 16 * 1024 * 1024
     # Blocks remembered per worker (a pool of N tokens in pages of P holds N / P).
     max_blocks_per_worker: int = 1 << 21
+    # A prompt the engine prefilled (its first token came back) must show in the stream within
+    # this long; a stream that shows under half of the recent ones is not trusted and routing
+    # uses the approximate index (proxy/workers/kv_trust.py).
+    confirm_grace_s: float = 2.0
 
 
 @dataclass(frozen=True)

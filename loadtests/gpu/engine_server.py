@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
+import logging
 import queue
 import threading
 import time
@@ -40,10 +42,12 @@ from typing import Any
 
 from aiohttp import web
 
-from loadtests.gpu.kv_tracker import BlockChains, KvTracker
+from loadtests.gpu.kv_tracker import BlockChains, KvTracker, engine_hash
 from proxy.routing.chat_template import ChatTemplateError
 from proxy.sim import tokenizer as tok
 from proxy.sim.protocol import BadRequest, render_chat
+
+log = logging.getLogger("engine_server")
 
 SERVED_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -282,29 +286,49 @@ class Server:
 
     async def publish_kv_events(self, every_s: float = 0.05) -> None:
         """--kv-events-config: diff the engine's table of cached blocks (``kv_tracker.py``) and
-        publish what changed, on SGLang's wire (``proxy.sim.kv_publish``), forever."""
+        publish what changed, on SGLang's wire (``proxy.sim.kv_publish``), forever. A look that
+        fails is logged and the next one tried: a publisher that died silently would leave a
+        stream that says nothing is ever stored."""
         from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 
         publisher = KvPublisher(KvEventsSettings.parse(self.args.kv_events_config))
         publisher.start()
         self.kv_publisher = publisher
         self.kv_endpoints = {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint}
+        errors: set[str] = set()
+        warned = False
         while True:
             await asyncio.sleep(every_s)
-            bm = getattr(self.engine.cache, "_block_manager", None)
-            if bm is None:
-                continue
-            if self.kv_tracker is None:  # the engine's own hash, once its cache exists
-                self.kv_tracker = KvTracker(BlockChains(bm.compute_hash, self.args.block_size))
-            while self.engine.recent_prompts:
-                self.kv_tracker.chains.add_prompt(self.engine.recent_prompts.popleft())
             try:
-                present = list(bm._hash_to_id)  # one C-level copy under the GIL
-            except RuntimeError:  # resized mid-copy by the engine thread: next look
+                stored = await self._publish_once(publisher)
+            except Exception as e:  # logged once per kind, then the next look
+                if repr(e) not in errors:
+                    errors.add(repr(e))
+                    log.exception("kv events: a look at the block table failed")
                 continue
-            events = self.kv_tracker.diff(present)
-            if events:
-                await publisher.publish_events(events)
+            tracker = self.kv_tracker
+            if stored == 0 and not warned and tracker is not None and tracker.unknown > 64:
+                warned = True
+                log.warning("kv events: the engine holds %d blocks and none is a prompt block by our hash",
+                            tracker.unknown)
+
+    async def _publish_once(self, publisher: Any) -> int | None:
+        bm = getattr(self.engine.cache, "_block_manager", None)
+        if bm is None:
+            return None
+        if self.kv_tracker is None:  # the engine's own hash, once its cache exists
+            self.kv_tracker = KvTracker(BlockChains(engine_hash(bm.compute_hash), self.args.block_size))
+            log.info("kv events: engine hash %s", inspect.signature(bm.compute_hash))
+        while self.engine.recent_prompts:
+            self.kv_tracker.chains.add_prompt(self.engine.recent_prompts.popleft())
+        try:
+            present = list(bm._hash_to_id)  # one C-level copy under the GIL
+        except RuntimeError:  # resized mid-copy by the engine thread: next look
+            return None
+        events = self.kv_tracker.diff(present)
+        if events:
+            await publisher.publish_events(events)
+        return len(self.kv_tracker.published)
 
     async def bench_mode(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -528,6 +552,7 @@ def main() -> None:
                         "the cached prompt blocks of the engine's table as BlockStored / BlockRemoved (kv_tracker.py)")
     p.add_argument("--minimal-reports", action="store_true",
                    help="no cached_tokens, /v1/loads or /metrics (no --enable-cache-report / --enable-metrics)")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -13,11 +13,24 @@ no sockets, so the tests drive it with a stand-in table.
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 Event = list[Any]
+
+
+def engine_hash(compute_hash: Callable[..., int], group_id: int = 0) -> Callable[[int | None, list[int]], int]:
+    """The engine's block hash as ``(parent hash, tokens) -> hash``. Releases differ: some hash
+    ``(parent, tokens)``, later ones ``(parent, tokens, group_id)`` (the layer group; a model of
+    full-attention layers only has group 0). A wrong guess names no block the engine holds, and
+    the stream would say nothing was ever stored."""
+    params = [q for q in inspect.signature(compute_hash).parameters.values()
+              if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    if len(params) >= 3:
+        return lambda parent, tokens: compute_hash(parent, tokens, group_id)
+    return compute_hash
 
 
 class BlockChains:
@@ -49,9 +62,13 @@ class KvTracker:
     def __init__(self, chains: BlockChains) -> None:
         self.chains = chains
         self.published: set[int] = set()
+        # Engine blocks no chain of ours names (generated tokens, or a hash we compute wrongly:
+        # the shim logs it when they are all there is).
+        self.unknown = 0
 
     def diff(self, present: Iterable[int]) -> list[Event]:
         now = set(present)
+        self.unknown = sum(1 for h in now if self.chains.get(h) is None)
         gone = [h for h in self.published if h not in now]
         events: list[Event] = [["BlockRemoved", gone]] if gone else []
         self.published.difference_update(gone)

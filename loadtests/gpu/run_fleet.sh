@@ -10,6 +10,7 @@
 # Engines start detached (setsid) and are reused by a later call while the machine stays warm.
 # Results go to $OUT (requests.jsonl, summary.jsonl, logs).
 set -uo pipefail
+T_START=$(date +%s)
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
@@ -50,19 +51,27 @@ done
 echo "engines up after $(( $(date +%s) - t0 )) s"
 grep -h "READY\|Paged cache" "$ENGINE_LOGS"/*.log | head -8
 F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15 --seed "${SEED:-1}" ${FLEET_ARGS:-})
+# BUDGET_S (from the script's start) bounds every fleet run: a run past it is ended by SIGTERM and
+# writes what it measured, so the fidelity replay and the archive below still run (a device call
+# returns at most 8 files; an outer `timeout` would kill the script before it packs them).
+fleet() {
+  local left=$(( ${BUDGET_S:-520} - ($(date +%s) - T_START) ))
+  if (( left < 30 )); then echo "skipped (BUDGET_S spent): $*"; return 0; fi
+  timeout -s TERM "$left" "${F[@]}" "$@"
+}
 
 case "${1:-calibrate}" in
   calibrate)
-    "${F[@]}" --workers "${URLS[@]}" --routers oracle --rates "${LADDER:-3,6,10,15}" --warmup-s 15 --phase-base 100
-    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates "${ONE_RATES:-1,2,4}" --phase-s "${ONE_PHASE_S:-15}" \
+    fleet --workers "${URLS[@]}" --routers oracle --rates "${LADDER:-3,6,10,15}" --warmup-s 15 --phase-base 100
+    fleet --workers "${URLS[0]}" --routers direct0 --rates "${ONE_RATES:-1,2,4}" --phase-s "${ONE_PHASE_S:-15}" \
       --warmup-s 0 --phase-base 200
-    "${F[@]}" --workers "${URLS[0]}" --routers direct0 --rates "${UNIQUE_RATES:-1,2}" --phase-s "${ONE_PHASE_S:-15}" \
+    fleet --workers "${URLS[0]}" --routers direct0 --rates "${UNIQUE_RATES:-1,2}" --phase-s "${ONE_PHASE_S:-15}" \
       --workload unique --warmup-s 0 --phase-base 300
     RATES=$(python3 -m loadtests.gpu.fleet --knee "$OUT/summary.jsonl")
     echo "knee,past = $RATES"
     # ROUTERS=none: the simulator's calibration points only (oracle ladder, one engine alone)
     if [ "${ROUTERS:-}" != none ]; then
-      "${F[@]}" --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
+      fleet --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
         --warmup-s 0 --phase-base 400
     fi
     ;;
@@ -73,7 +82,7 @@ case "${1:-calibrate}" in
     # CELLS entries may end with ":RATES" (e.g. ids:minimal:oracle,ttft:4.5) to override RATES.
     for cell in ${CELLS:-text:minimal}; do
       IFS=: read -r prompts reports routers rates <<< "$cell"
-      "${F[@]}" --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
+      fleet --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
         --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base
       base=$((base + 100))
     done

@@ -73,6 +73,10 @@ class Match(NamedTuple):
     evicted: bool
 
 
+# A stream that has stored nothing has no block size yet: a prompt this long spans at least one
+# page of any engine's (SGLang's and vLLM's page sizes are 1-64).
+UNKNOWN_BLOCK_SIZE = 128
+
 # Keys of removed blocks remembered (what says "evicted" rather than "not stored yet").
 REMOVED_MEMORY = 1 << 16
 
@@ -170,3 +174,15 @@ class EngineBlocks:
 
     def matched_tokens(self, token_ids: Sequence[int]) -> int:
         return self.match(token_ids).tokens
+
+    def seen(self, token_ids: Sequence[int]) -> bool | None:
+        """Whether the events ever told of this prompt's leading block (held, or removed since);
+        None where the prompt is shorter than one block (nothing to tell). ``kv_trust`` asks it
+        of prompts the engine has prefilled."""
+        size = self.block_size or UNKNOWN_BLOCK_SIZE  # nothing stored yet: its pages are at most this
+        if len(token_ids) < size:
+            return None
+        if self.block_size is None:
+            return False
+        key = _keys_of(token_ids, self.block_size)[0]
+        return key in self._held or key in self._removed

@@ -94,7 +94,7 @@ class StateCollector(Collector):
 # -- KV event streams and the token estimate (registered by Metrics.attach_kv_events /
 # attach_prompt_bytes_per_token): read from their owners at scrape time, like the state above.
 
-KV_STATES = ("connecting", "live", "resynced", "failed")
+KV_STATES = ("connecting", "live", "resynced", "unconfirmed", "failed")
 
 
 class KvEventsCollector(Collector):
@@ -108,7 +108,7 @@ class KvEventsCollector(Collector):
         state = GaugeMetricFamily(
             "radixgate_kv_events_state",
             "1 for the state of each worker's KV event stream (live / resynced: routing reads the "
-            "engine's events; connecting / failed: the approximate index).", labels=["worker", "state"])
+            "engine's events; connecting / unconfirmed / failed: the approximate index).", labels=["worker", "state"])
         blocks = GaugeMetricFamily("radixgate_kv_events_blocks", "Blocks the worker's events say it holds on GPU.",
                                    labels=["worker"])
         lag = GaugeMetricFamily("radixgate_kv_events_lag_seconds",
@@ -123,7 +123,7 @@ class KvEventsCollector(Collector):
         )}
         for sub in self._subscribers():
             for name in KV_STATES:
-                state.add_metric([sub.url, name], 1.0 if sub.state == name else 0.0)
+                state.add_metric([sub.url, name], 1.0 if sub.route_state == name else 0.0)
             blocks.add_metric([sub.url], float(len(sub.table)))
             if sub.stats.lag_s is not None:
                 lag.add_metric([sub.url], sub.stats.lag_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,12 +20,16 @@ import zmq.asyncio
 
 from proxy.clock import Clock
 from proxy.config import KvEventsConfig
+from proxy.routing.base import RouteRequest
 from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.workers.kv_events import EventLimits
 from proxy.workers.kv_subscriber import KvSubscriber, stop
+from proxy.workers.kv_trust import StreamTrust
 
 # kv_events.endpoint: follow each worker's own --kv-events-config (/get_server_info).
 AUTO = "auto"
+# Requests routed and not yet prefilled, remembered for their probe (the oldest forgotten first).
+MAX_ROUTED = 4096
 
 
 def endpoint_for(template: str, worker_url: str) -> str:
@@ -51,7 +56,8 @@ class WorkerKv:
         if sub is None:
             return None
         s = sub.stats
-        return {"state": sub.state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
+        return {"state": sub.route_state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
+                "confirmation": sub.trust.status(),
                 "blocks": len(sub.table), "block_size": sub.table.block_size, "batches": s.batches,
                 "gaps": s.gaps, "resyncs": s.resyncs, "restarts": s.restarts, "errors": s.errors,
                 "reconnects": s.reconnects, "lag_s": s.lag_s, "notes": s.notes[-3:]}
@@ -69,6 +75,7 @@ class KvFleet:
         self.per_worker = {url: ends for url, ends in (per_worker or {}).items() if ends[0]}
         self.reported = reported
         self._views: dict[str, WorkerKv] = {}
+        self._routed: OrderedDict[str, tuple[KvSubscriber, Sequence[int]]] = OrderedDict()  # rid -> probe
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ctx: zmq.asyncio.Context | None = None
 
@@ -124,9 +131,25 @@ class KvFleet:
             sub = KvSubscriber(
                 url, ends[0], EngineBlocks(self.cfg.max_blocks_per_worker), self.clock, replay_endpoint=ends[1],
                 topic=self.cfg.topic, limits=EventLimits(max_payload_bytes=self.cfg.max_payload_bytes),
-                replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock)
+                replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock,
+                trust=StreamTrust(grace_s=self.cfg.confirm_grace_s))
             self._views.setdefault(url, WorkerKv()).subscriber = sub
             self._tasks[url] = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events {url}")
+
+    # -- RouteListener: the prompts each engine prefilled, as probes of its stream (kv_trust.py) --
+
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
+        view = self._views.get(worker)
+        if view is None or view.subscriber is None or not route.prompt_ids:
+            return
+        self._routed[rid] = (view.subscriber, route.prompt_ids)
+        if len(self._routed) > MAX_ROUTED:  # answers that never stream never say "prefilled"
+            self._routed.popitem(last=False)
+
+    def prefilled(self, worker: str, rid: str) -> None:
+        got = self._routed.pop(rid, None)
+        if got is not None:
+            got[0].prefilled(got[1])
 
     def view(self, url: str) -> WorkerKv | None:
         if self.endpoints(url) is None:

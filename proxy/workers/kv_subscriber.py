@@ -11,6 +11,10 @@ State, per worker (``state``, exported by ``/workers`` and a metric):
   everything stored since, so routing keeps using it.
 * ``failed``: the endpoint sent what is not a KV event stream (a malformed frame or batch); the
   table is cleared and not used until a well-formed batch arrives.
+* ``unconfirmed`` (``route_state``; the transport is live or resynced): prompts the engine has
+  prefilled do not show in the stream (``kv_trust.py``): a publisher that stopped looking, or
+  blocks named by other tokens than the proxy's. Routing uses the approximate index until the
+  stream confirms them again.
 Gap repair: on a sequence number past the next expected one (or a first one past 0), ask the
 replay socket for everything from the next expected one, apply what it returns in order, then the
 batch that showed the gap. The replay is bounded by ``replay_timeout_s`` of the injected clock.
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import zmq
@@ -42,6 +46,7 @@ from proxy.workers.kv_events import (
     decode_batch,
     decode_seq,
 )
+from proxy.workers.kv_trust import StreamTrust
 
 log = logging.getLogger("radixgate.kv_events")
 
@@ -68,13 +73,15 @@ class KvSubscriber:
     def __init__(self, url: str, endpoint: str, table: EngineBlocks, clock: Clock, *,
                  replay_endpoint: str | None = None, topic: str = "", limits: EventLimits = DEFAULT_LIMITS,
                  replay_timeout_s: float = 2.0, context: zmq.asyncio.Context | None = None,
-                 wall_clock: Callable[[], float] | None = None) -> None:
+                 wall_clock: Callable[[], float] | None = None, trust: StreamTrust | None = None) -> None:
         self.url, self.endpoint, self.replay_endpoint = url, endpoint, replay_endpoint
         self.table, self.clock, self.limits = table, clock, limits
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s
         self.state = "connecting"
         self.stats = SubscriberStats()
+        self.trust = trust or StreamTrust()
+        self._trusted = True
         self._ctx = context or zmq.asyncio.Context.instance()
         self._wall = wall_clock  # engines stamp batches with time.time(); the lag needs that clock
         self._sub: zmq.asyncio.Socket | None = None
@@ -82,7 +89,30 @@ class KvSubscriber:
     @property
     def usable(self) -> bool:
         """Whether routing should read the table (else: the approximate index)."""
-        return self.state in ("live", "resynced")
+        return self.state in ("live", "resynced") and self.trusted
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the stream shows the prompts the engine prefilled (probes due now resolved)."""
+        self.trust.check(self.table, self.clock.now())
+        trusted = self.trust.trusted
+        if trusted != self._trusted:
+            self._trusted = trusted
+            s = self.trust.status()
+            self._note(f"{s['recent_confirmed']} of the last {s['recent']} prompts prefilled there show in the "
+                       f"stream: {'trusted again' if trusted else 'not trusted, routing uses the approximate index'}")
+        return trusted
+
+    @property
+    def route_state(self) -> str:
+        """``state``, or ``unconfirmed`` where the transport is fine but the content is not."""
+        if self.state in ("live", "resynced") and not self.trusted:
+            return "unconfirmed"
+        return self.state
+
+    def prefilled(self, token_ids: Sequence[int]) -> None:
+        """The engine has prefilled this prompt (its first token came back): a probe."""
+        self.trust.expect(token_ids, self.clock.now(), self.table)
 
     def _socket(self, kind: int, address: str) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(kind)

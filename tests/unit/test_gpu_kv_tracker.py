@@ -4,6 +4,7 @@ SGLang's events, decoded by the proxy's own KV-event reader and matched by its i
 from __future__ import annotations
 
 from loadtests.gpu.kv_tracker import BlockChains, KvTracker
+from loadtests.gpu.kv_tracker import engine_hash as shim_hash
 from proxy.routing.kv_index import EngineBlocks, chain_keys
 from proxy.sim.kv_publish import encode_batch
 from proxy.workers.kv_events import decode_batch
@@ -53,3 +54,28 @@ def test_the_chain_map_is_bounded() -> None:
     chains.add_prompt(list(range(20)))  # 10 blocks
     assert chains.get(engine_hash(None, [0, 1])) is None  # the oldest went
     assert len(chains._blocks) == 5
+
+
+class GroupedBlockManager:
+    """transformers' later BlockManager: the hash also names the layer group."""
+
+    def compute_hash(self, parent_hash: int | None, tokens: list[int], group_id: int) -> int:
+        return hash((parent_hash, tuple(tokens), group_id))
+
+
+def test_the_shim_hashes_as_either_release_of_the_engine_does() -> None:
+    grouped = GroupedBlockManager()
+    prompt = list(range(8))
+    # 5.17's three-argument hash, group 0 (a model of full-attention layers only)
+    h0 = grouped.compute_hash(None, prompt[:4], 0)
+    chains = BlockChains(shim_hash(grouped.compute_hash), block_size=4)
+    chains.add_prompt(prompt)
+    tracker = KvTracker(chains)
+    stored = tracker.diff([h0, grouped.compute_hash(h0, prompt[4:], 0)])
+    assert [e[0] for e in stored] == ["BlockStored", "BlockStored"] and tracker.unknown == 0
+    # the two-argument hash of earlier releases is taken as it is
+    assert shim_hash(engine_hash) is engine_hash
+    # a hash the shim computes wrongly names nothing, and says how much it could not name
+    wrong = KvTracker(BlockChains(engine_hash, block_size=4))
+    wrong.chains.add_prompt(prompt)
+    assert wrong.diff([h0]) == [] and wrong.unknown == 1

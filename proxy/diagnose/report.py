@@ -165,8 +165,10 @@ def render_text(doc: Mapping[str, Any]) -> str:
     w, four, v, cost = doc["window"], doc["four_numbers"], doc["verdict"], doc["cost"]
     cache, occ, pd, gpu = four["cache"], four["occupancy"], four["prefill_decode"], four["gpu_idle"]
     lines = [
-        f"radixgate diagnosis - window: {w['requests']} requests ({w['ok']} ok, {w['errors']} failed) "
-        f"over {float(w['span_s']):.1f} s, {w['snapshot_samples']} worker snapshots",
+        f"radixgate diagnosis - window: {w['requests']} requests ({w['ok']} ok, {w['errors']} failed"
+        + (f"; {w['cut_short']} of them in the TTFT, at their wait where no token came: a lower bound"
+           if w.get("cut_short") else "")
+        + f") over {float(w['span_s']):.1f} s, {w['snapshot_samples']} worker snapshots",
         "",
         "The four numbers",
         f"  prefix cache    captured {_pct(cache['captured'])}  available {_pct(cache['available'])}  "

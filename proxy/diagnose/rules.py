@@ -26,7 +26,8 @@ The tune rules live by topic: ``rules_cache.py`` (cache_routing, cache_capacity,
 hot_prefix) and ``rules_latency.py`` (the others); the ceiling rules, missing_signals and the
 verdict here, since only the verdict decides when they run.
 
-Verdict (a total function): fewer than ``min_requests`` successful requests → ``insufficient_data``;
+Verdict (a total function): fewer than ``min_requests`` successful requests (those cut short
+with a TTFT known or bounded count: ``RequestRecord.ttft_evidence``) → ``insufficient_data``;
 any tune finding → ``tune`` (levers of every tune finding, strongest first); a ceiling finding →
 ``at_ceiling``; SLO met → ``healthy`` ("as far as the signals show" when some are missing);
 otherwise ``insufficient_data``: evidence first, a miss that no rule explains is never a ceiling.
@@ -188,9 +189,10 @@ def verdict(s: Signals, p: RuleParams) -> Verdict:
         return Verdict(kind, summary, round(conf, 3), tuple(levers), tuple(findings),
                        p.slo_ttft_p95_s, ttft_p95, slo_met)
 
-    if s.window.ok < p.min_requests:
-        return make(INSUFFICIENT, f"{s.window.ok} successful requests in the window; need {p.min_requests}",
-                    1.0, [])
+    if s.window.ok + s.window.cut_short < p.min_requests:
+        return make(INSUFFICIENT, f"{s.window.ok} successful requests in the window"
+                    + (f" and {s.window.cut_short} cut short" if s.window.cut_short else "")
+                    + f"; need {p.min_requests}", 1.0, [])
     findings = evaluate(s, p)
     blind = rule_missing_signals(s, p)
     extra = [blind] if blind is not None else []

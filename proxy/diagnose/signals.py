@@ -160,6 +160,10 @@ class LatencySignal:
     # requests): a fleet past its capacity queues more the longer the window runs.
     ttft_early_p50: float | None = None
     ttft_late_p50: float | None = None
+    # ``ttft`` (and its thirds) holds every request whose TTFT is known, whatever its ending, and
+    # these at how long they waited before their client left or their time ran out
+    # (``RequestRecord.waited_out``): their TTFT is at least that.
+    ttft_waited_out: int = 0
     # Every stage of the request path, in path order (name, distribution), for the report.
     stages: tuple[tuple[str, Distribution], ...] = ()
 
@@ -175,12 +179,16 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
     overhead_pairs = [(t.proxy_overhead, t.ttft) for t in timings]
     overhead_sum = sum(o for o, f in overhead_pairs if o is not None and f is not None)
     ttft_sum = sum(f for o, f in overhead_pairs if o is not None and f is not None)
-    ttft = Distribution.of(t.ttft for t in timings)
+    # Every request's TTFT where it is known or bounded, not only the answered ones': past
+    # capacity most requests end early, and the survivors' TTFT would hide the queue.
+    timed = [(r.timing.received, v) for r in records if (v := r.ttft_evidence) is not None]
+    waited = sum(1 for r in records if r.waited_out is not None)
+    ttft = Distribution.of(v for _, v in timed)
     worker_queue = Distribution.of(t.worker_queue_time for t in timings)
     admission_wait = Distribution.of(t.admission_wait for t in timings)
     proxy_overhead = Distribution.of(t.proxy_overhead for t in timings)
     itl = Distribution.of(gaps)
-    early, late = _thirds(timings)
+    early, late = _thirds(timed)
     stages = (
         ("admission_wait", admission_wait),
         # Only the requests routing held for a prefix being prefilled (routing.hold_max_s).
@@ -207,13 +215,14 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         proxy_overhead_share=ratio(overhead_sum, ttft_sum),
         ttft_early_p50=early,
         ttft_late_p50=late,
+        ttft_waited_out=waited,
         stages=stages,
     )
 
 
-def _thirds(timings: Sequence[RequestTiming]) -> tuple[float | None, float | None]:
-    """Median TTFT of the first and the last third of requests by arrival time."""
-    ordered = [t.ttft for t in sorted(timings, key=lambda t: t.received) if t.ttft is not None]
+def _thirds(ttfts: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Median TTFT of the first and the last third of requests by arrival time ((received, ttft))."""
+    ordered = [v for _, v in sorted(ttfts, key=lambda rv: rv[0])]
     if len(ordered) < 30:
         return None, None
     third = len(ordered) // 3
@@ -239,6 +248,10 @@ class WindowInfo:
     # Seconds from the first request received to the last one done.
     span_s: float = 0.0
     snapshot_samples: int = 0
+    # Requests that did not end ok but whose TTFT is known (the first token came) or bounded (their
+    # client left or their time ran out first: ``RequestRecord.ttft_evidence``): evidence about
+    # latency, so they count towards the data floor.
+    cut_short: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +302,8 @@ def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSamp
     start = min(r.timing.received for r in records)
     end = max((r.timing.done or r.timing.received) for r in records)
     ok = sum(1 for r in records if r.ok)
-    return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples))
+    cut = sum(1 for r in records if not r.ok and r.ttft_evidence is not None)
+    return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples), cut)
 
 
 def compute_signals(

@@ -25,6 +25,9 @@ from proxy.timing import RequestTiming
 T = TypeVar("T")
 
 OUTCOME_OK = "ok"
+OUTCOME_CANCELLED = "cancelled"  # the client went away (proxy/pipeline/end.py)
+# Errors that mean "waited too long", not "could not be served" (a bad request, a sick worker).
+WAITED_OUT_CAUSES = frozenset({"upstream_timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class RequestRecord:
     # What the routing decision expected the chosen worker to hold of the prompt, in the proxy's
     # token units (exact from KV events); the captured reuse when workers report none.
     predicted_cached_tokens: int | None = None
+    cause: str | None = None  # why it did not end ok (proxy/errors.py causes), None when it did
 
     @classmethod
     def of(
@@ -63,6 +67,7 @@ class RequestRecord:
         route: RouteRequest | None = None,
         policy: str = "",
         decision: Decision | None = None,
+        cause: str | None = None,
     ) -> RequestRecord:
         """Build a record from the pipeline's objects; token counts come from ``timing``."""
         predicted = None
@@ -83,11 +88,31 @@ class RequestRecord:
             policy=policy,
             text_prompt=route is not None and route.prompt_bytes > 0,
             predicted_cached_tokens=predicted,
+            cause=cause,
         )
 
     @property
     def ok(self) -> bool:
         return self.outcome == OUTCOME_OK
+
+    @property
+    def ttft_evidence(self) -> float | None:
+        """Its TTFT where the first token came, whatever the ending (a client that left mid-answer
+        still got its first token then), else ``waited_out``."""
+        return self.timing.ttft if self.timing.first_token is not None else self.waited_out
+
+    @property
+    def waited_out(self) -> float | None:
+        """How long a request waited that ended without a first token because its client left or
+        its time ran out: a lower bound of its TTFT (None for any other request). Past a fleet's
+        capacity most requests end so; a latency read from the answered ones alone would be the
+        survivors' (on the GPU fleet: 89 of 135 given up, the answered ones' p95 7.8 s)."""
+        t = self.timing
+        if self.ok or t.first_token is not None or t.done is None:
+            return None
+        if self.outcome == OUTCOME_CANCELLED or self.cause in WAITED_OUT_CAUSES:
+            return max(0.0, t.done - t.received)
+        return None
 
     @property
     def order_key(self) -> float:

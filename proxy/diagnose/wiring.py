@@ -59,7 +59,8 @@ class DiagnosisService:
         if done.worker is None:
             return  # refused before routing: it never reached the fleet
         self.windows.record(RequestRecord.of(done.timing, worker=done.worker, outcome=done.outcome,
-                                             route=done.route, policy=done.policy, decision=done.decision))
+                                             route=done.route, policy=done.policy, decision=done.decision,
+                                             cause=done.cause))
 
     def current(self) -> Diagnosis:
         return self.diagnoser.current()

@@ -376,3 +376,39 @@ def test_the_thirds_are_taken_by_arrival_time() -> None:
     assert lat.ttft_early_p50 is not None and lat.ttft_late_p50 is not None
     assert lat.ttft_early_p50 < 1.0 and lat.ttft_late_p50 == 5.0
     assert latency_signal(records[:29]).ttft_late_p50 is None
+
+
+def test_requests_given_up_waiting_count_as_at_least_their_wait_and_towards_the_data_floor() -> None:
+    from proxy.diagnose.signals import compute_signals
+    from proxy.diagnose.window import RequestRecord
+    from proxy.timing import RequestTiming
+
+    def answered(received: float, ttft: float) -> RequestRecord:
+        return RequestRecord(timing=RequestTiming(received=received, first_token=received + ttft,
+                                                  done=received + ttft + 1.0), worker="w")
+
+    def gave_up(received: float, waited: float, outcome: str = "cancelled", cause: str | None = None) -> RequestRecord:
+        return RequestRecord(timing=RequestTiming(received=received, done=received + waited), worker="w",
+                             outcome=outcome, cause=cause)
+
+    # Past capacity (the GPU fleet's round robin at 6/s): 40 answered early and fast, then 90 whose
+    # clients left after 20-30 s without a token, and 5 refused at once (a bad request proves nothing).
+    records = ([answered(0.1 * i, 0.5) for i in range(40)]
+               + [gave_up(4.0 + 0.2 * i, 20.0 + i / 9, cause="client_disconnect") for i in range(80)]
+               + [gave_up(20.0 + i, 30.0, outcome="error", cause="upstream_timeout") for i in range(10)]
+               + [gave_up(25.0 + i, 0.01, outcome="error", cause="bad_request") for i in range(5)])
+    s = compute_signals(records, [])
+    assert s.window.ok == 40 and s.window.cut_short == 90
+    assert s.latency.ttft_waited_out == 90 and s.latency.ttft.n == 130
+    assert s.latency.ttft.p95 is not None and s.latency.ttft.p95 >= 20.0  # not the answered ones' 0.5 s
+    v = rules.verdict(s, P)
+    assert v.kind != "insufficient_data", v.summary  # 40 answered + 90 given up is evidence
+    assert "overload" in {f.rule for f in v.findings}
+    # Answered requests alone under the floor, and nobody waited: still too little to say anything.
+    few = compute_signals([answered(0.1 * i, 0.5) for i in range(40)], [])
+    assert rules.verdict(few, P).kind == "insufficient_data"
+    # A client that left mid-answer got its first token: that TTFT counts as it was.
+    left = RequestRecord(timing=RequestTiming(received=0.0, first_token=15.0, done=21.0), worker="w",
+                         outcome="cancelled", cause="client_disconnect")
+    assert left.ttft_evidence == 15.0 and left.waited_out is None
+    assert compute_signals([left], []).latency.ttft.p50 == 15.0

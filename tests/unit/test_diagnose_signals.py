@@ -137,12 +137,13 @@ def test_occupancy_averages_per_worker_and_skips_stale_snapshots() -> None:
     assert o.queueing_share == pytest.approx(1 / 3)
 
 
-def test_latency_split_reads_ok_requests_only() -> None:
+def test_latency_split_reads_ok_requests_but_every_known_ttft() -> None:
     recs = [record(prefill=0.1 * (i + 1), queue=0.01 * i, overhead=0.001, gaps=(0.02, 0.04)) for i in range(10)]
-    recs.append(record(prefill=100.0, outcome="error"))
+    recs.append(record(prefill=100.0, outcome="error"))  # failed after its first token, 100 s in
     lat = signals.latency_signal(recs)
-    assert lat.ttft.n == 10
-    assert lat.ttft.p95 == pytest.approx(1.001 + 0.09)
+    # its TTFT was what it was: a tail read from the successful requests alone would hide it
+    assert lat.ttft.n == 11 and lat.ttft.p95 == pytest.approx(100.0)
+    assert lat.upstream_ttft.n == 10  # the other stages are the successful requests'
     assert lat.worker_queue.p50 == pytest.approx(0.04)
     assert (lat.itl.p50, lat.itl.p95) == (pytest.approx(0.02), pytest.approx(0.04))
     assert lat.itl_jitter == pytest.approx(2.0)

@@ -41,6 +41,9 @@ class Scenario:
     # Open loop: requests arrive at this rate (per second of wall time) whatever the answers;
     # None = ``concurrency`` closed-loop clients (which never outrun the fleet: each waits).
     rate: float | None = None
+    # Open loop: a client that has not had its whole answer this long gives up (closes the
+    # connection), as clients past a fleet's capacity do; ``run`` counts them in "given_up".
+    client_timeout_s: float | None = None
 
 
 def shared_prefix(families: int, words: int) -> Callable[[random.Random, int], str]:
@@ -92,6 +95,7 @@ async def run(s: Scenario, with_admin: Callable[[str], Awaitable[None]] | None =
                 rng = random.Random(7)
                 prompts = [s.prompt(rng, i) for i in range(s.requests)]
                 next_index = iter(range(s.requests))
+                given_up: list[int] = []
 
                 async def client() -> None:
                     for i in next_index:
@@ -110,9 +114,13 @@ async def run(s: Scenario, with_admin: Callable[[str], Awaitable[None]] | None =
                         await asyncio.sleep(i / rate)
                         body = {"text": prompts[i], "stream": True,
                                 "sampling_params": {"max_new_tokens": s.max_new_tokens, "ignore_eos": True}}
-                        async with session.post(f"{base}/generate", json=body) as resp:
-                            assert resp.status == 200, await resp.text()
-                            await resp.read()
+                        try:
+                            async with asyncio.timeout(s.client_timeout_s), \
+                                    session.post(f"{base}/generate", json=body) as resp:
+                                assert resp.status == 200, await resp.text()
+                                await resp.read()
+                        except TimeoutError:
+                            given_up.append(i)
 
                     await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(s.requests))), 90)
 
@@ -129,6 +137,7 @@ async def run(s: Scenario, with_admin: Callable[[str], Awaitable[None]] | None =
                     result: dict[str, Any] = await resp.json()
                 # The ground truth the engines kept, whether or not they report it.
                 live = [w.worker for w in fleet.workers if w.worker is not None]
+                result["given_up"] = len(given_up)
                 result["engine_truth"] = {"prompt_tokens": sum(w.finished_prompt_tokens for w in live),
                                           "cached_tokens": sum(w.finished_cached_tokens for w in live),
                                           # real seconds the host CPU fell behind the simulated GPUs
@@ -320,6 +329,31 @@ async def test_arrivals_outrunning_the_fleet_are_overload_and_more_replicas_clea
 
     assert p95(doubled) <= 0.3 * p95(doc), (p95(doc), p95(doubled))
     assert "overload" not in findings(doubled)
+
+
+# Round robin past its capacity on 8 shared 2,400-token prefixes (real time: 100 req/s, where it
+# recomputes half of every prompt), clients giving up after 0.5 s: most requests end with the client
+# gone, and the answered ones alone are under the data floor (80 here). On the GPU fleet the same
+# shape read "insufficient_data" (89 of 135 ended by the client); they are evidence: the verdict
+# names routing, and the lever pulled on the same arrivals keeps the clients.
+GIVING_UP = Scenario("round robin past capacity, clients giving up", "round_robin",
+                     [sim(max_total_tokens=12_000, time_scale=1.0) for _ in range(2)], shared_prefix(8, 1200),
+                     requests=200, concurrency=0, max_new_tokens=4, rate=100.0, client_timeout_s=0.5,
+                     overrides={"diagnose.thresholds": {"min_requests": 80, "min_cache_reports": 20}})
+
+
+async def test_clients_giving_up_past_capacity_are_evidence_and_the_routing_lever_keeps_them() -> None:
+    doc = await run(GIVING_UP)
+    w = doc["window"]
+    assert doc["given_up"] >= GIVING_UP.requests // 2 and w["ok"] < 80, (doc["given_up"], w)
+    assert w["cut_short"] >= doc["given_up"] // 2, w
+    v = doc["verdict"]
+    assert v["kind"] == "tune" and findings(doc).get("cache_routing") == "routing", v
+    # the TTFT p95 is at least the clients' patience, not the survivors' figure
+    assert doc["four_numbers"]["prefill_decode"]["ttft"]["p95"] >= 0.4
+    pulled = await run(dataclasses.replace(GIVING_UP, policy="ttft"))
+    assert pulled["given_up"] <= doc["given_up"] // 10, (doc["given_up"], pulled["given_up"])
+    assert "cache_routing" not in findings(pulled)
 
 
 # 80% of requests share one 800-token system prompt (6 other prefixes share the rest), each with a

@@ -28,8 +28,10 @@ from proxy.workers.kv_trust import StreamTrust
 
 # kv_events.endpoint: follow each worker's own --kv-events-config (/get_server_info).
 AUTO = "auto"
-# Requests routed and not yet prefilled, remembered for their probe (the oldest forgotten first).
+# Requests routed and not yet prefilled, remembered for their probe (the oldest forgotten first),
+# each by its prompt's first tokens (more than any engine's page: kv_index.UNKNOWN_BLOCK_SIZE).
 MAX_ROUTED = 4096
+PROBE_TOKENS = 256
 
 
 def endpoint_for(template: str, worker_url: str) -> str:
@@ -142,7 +144,8 @@ class KvFleet:
         view = self._views.get(worker)
         if view is None or view.subscriber is None or not route.prompt_ids:
             return
-        self._routed[rid] = (view.subscriber, route.prompt_ids)
+        # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt
+        self._routed[rid] = (view.subscriber, tuple(route.prompt_ids[:PROBE_TOKENS]))
         if len(self._routed) > MAX_ROUTED:  # answers that never stream never say "prefilled"
             self._routed.popitem(last=False)
 

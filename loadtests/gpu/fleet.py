@@ -152,19 +152,22 @@ async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[
 # -- routers ---------------------------------------------------------------------------------------
 
 ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer"}
+# Keys of a spec about the proxies, not their routing: ``kv_events=auto`` (follow the engines'
+# events), ``replicas=N`` (N proxies sharing nothing, the client's requests spread over them).
+PROXY_KEYS = {"kv_events", "replicas"}
 
 
 def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
     """``policy[/key=value...]``: a radixgate policy with routing settings or policy params changed
     (``ttft/hold_max_s=0``, ``ttft/work_weight=1``), so variants run side by side.
-    ``tokenizer=bench`` is the run's own tokenizer; ``kv_events=...`` is no routing key (see
-    ``spec_kv_events``) and is left out here."""
+    ``tokenizer=bench`` is the run's own tokenizer; ``PROXY_KEYS`` are no routing keys (see
+    ``spec_kv_events``, ``spec_replicas``) and are left out here."""
     name, *pairs = spec.split("/")
     section: dict[str, Any] = {"policy": name, "params": {}}
     for pair in pairs:
         key, value = pair.split("=", 1)
         parsed = yaml.safe_load(value)
-        if key == "kv_events":
+        if key in PROXY_KEYS:
             continue
         if key == "tokenizer" and parsed == "bench":
             if tokenizer is None:
@@ -177,14 +180,30 @@ def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
     return section
 
 
+def _spec_value(spec: str, name: str) -> str | None:
+    for pair in spec.split("/")[1:]:
+        key, value = pair.split("=", 1)
+        if key == name:
+            return value
+    return None
+
+
 def spec_kv_events(spec: str, default: str = "") -> str:
     """The ``kv_events.endpoint`` of a router spec (``ttft/kv_events=auto``), else the run's
     ``--kv-events``; so one call compares a policy with and without the engines' events."""
-    for pair in spec.split("/")[1:]:
-        key, value = pair.split("=", 1)
-        if key == "kv_events":
-            return value
-    return default
+    value = _spec_value(spec, "kv_events")
+    return default if value is None else value
+
+
+def spec_replicas(spec: str) -> int:
+    """How many proxies a radixgate spec runs (``ttft/replicas=4``): each with the same config and
+    nothing shared but the workers (and their events with ``kv_events=auto``); the client sends
+    its requests to them in turn, as a load balancer in front of replicas would."""
+    value = _spec_value(spec, "replicas")
+    n = 1 if value is None else int(value)
+    if n < 1:
+        raise ValueError(f"{spec}: replicas must be >= 1")
+    return n
 
 
 class Routers:
@@ -194,30 +213,35 @@ class Routers:
                  window_s: float = 300.0, kv_events: str = "") -> None:
         self.names, self.workers, self.workdir, self.tokenizer = names, workers, workdir, tokenizer
         self.window_s, self.kv_events = window_s, kv_events
-        self.bases: dict[str, str] = {}
-        self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis)
+        self.bases: dict[str, list[str]] = {}  # a router's base URLs (replicas: several)
+        self._turns: dict[str, int] = {}
+        self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis; replicas: the first's)
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> None:
         for name in self.names:
             if name in ("oracle", "direct0"):
                 continue
-            port = free_port()
             log = (self.workdir / f"router-{name.replace('/', '_')}.log").open("ab")  # cells of a call add up
-            if name == "smg":
-                cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
-                       "--worker-urls", *self.workers, "--policy", "cache_aware",
-                       "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
-                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
-            elif name == "sglang-router":
-                cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                       "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
-                       "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
-                       "--log-level", "warn"]
-            else:
-                cfg = self.workdir / f"radixgate-{name.replace('/', '_')}.yaml"
-                admin = free_port()
-                self.admins[name] = f"http://127.0.0.1:{admin}"
+            if name in ("smg", "sglang-router"):
+                port = free_port()
+                if name == "smg":
+                    cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
+                           "--worker-urls", *self.workers, "--policy", "cache_aware",
+                           "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
+                           "--prometheus-port", str(free_port()), "--log-level", "warn"]
+                else:
+                    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                           "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
+                           "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
+                           "--log-level", "warn"]
+                self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+                self.bases[name] = [f"http://127.0.0.1:{port}"]
+                continue
+            for replica in range(spec_replicas(name)):
+                port, admin = free_port(), free_port()
+                self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
+                cfg = self.workdir / f"radixgate-{name.replace('/', '_')}{f'-{replica}' if replica else ''}.yaml"
                 cfg.write_text(yaml.safe_dump({
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
                     "workers": {"static": self.workers}, "routing": routing_section(name, self.tokenizer),
@@ -228,9 +252,9 @@ class Routers:
                     **({"kv_events": {"endpoint": kv}} if (kv := spec_kv_events(name, self.kv_events)) else {}),
                     "telemetry": {"log_level": "info", "log_requests": True}}))
                 cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
-            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
-            self.bases[name] = f"http://127.0.0.1:{port}"
-        await asyncio.gather(*(self._ready(name, base) for name, base in self.bases.items()))
+                self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+                self.bases.setdefault(name, []).append(f"http://127.0.0.1:{port}")
+        await asyncio.gather(*(self._ready(name, base) for name, bases in self.bases.items() for base in bases))
 
     async def _ready(self, name: str, base: str) -> None:
         """Until a one-token request goes through (the router found the workers healthy)."""
@@ -251,7 +275,10 @@ class Routers:
             return self.workers[group % len(self.workers)]
         if name == "direct0":
             return self.workers[0]
-        return self.bases[name]
+        bases = self.bases[name]
+        turn = self._turns.get(name, 0)
+        self._turns[name] = turn + 1
+        return bases[turn % len(bases)]
 
     async def diagnosis(self, session: aiohttp.ClientSession, name: str) -> dict[str, Any] | None:
         """A radixgate router's ``GET /diagnosis`` (None for the others, or when it does not answer)."""

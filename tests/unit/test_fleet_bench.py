@@ -13,6 +13,7 @@ from loadtests.gpu.fleet import (
     phase_texts,
     routing_section,
     spec_kv_events,
+    spec_replicas,
     summarize,
     text_key,
     trace,
@@ -138,3 +139,12 @@ def test_standing_ranks_a_router_against_the_better_gateway_of_each_run(tmp_path
     out = standing([path])
     assert "| smg 1,000 | 0.50x | 0.50x |" in out and "| smg 1,000 | 2.00x | - |" in out
     assert "2 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x" in out
+
+
+def test_a_variant_runs_several_proxies_that_share_nothing() -> None:
+    spec = "ttft/replicas=4/kv_events=auto"
+    assert spec_replicas(spec) == 4 and spec_replicas("ttft") == 1
+    assert routing_section(spec) == {"policy": "ttft", "params": {}}
+    import pytest
+    with pytest.raises(ValueError, match="replicas"):
+        spec_replicas("ttft/replicas=0")

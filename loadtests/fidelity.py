@@ -108,7 +108,11 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
         gaps = [b - a for a, b in itertools.pairwise(marks)]
         if gaps:
             itl.append(statistics.median(gaps))
-    return metrics(ttft, itl, e2e)
+    out = metrics(ttft, itl, e2e)
+    # prefix reuse captured, as the fleet benchmark counts it from the engines (matched / prompt)
+    prompt_tokens = sum(len(r.input_ids) for r in reqs)
+    out["reuse"] = sum(r.cached_tokens for r in reqs) / prompt_tokens if prompt_tokens else 0.0
+    return out
 
 
 def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[str, float]]]:
@@ -130,8 +134,11 @@ def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[st
                         and _phase_of(cell, router, rate) == r["phase"]]
                 ttft = [r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf for r in rows]
                 ok = [r for r in rows if r["ok"]]
-                out.append((cell, router, rate, metrics(ttft, [r["itl"] for r in ok if r["itl"] is not None],
-                                                        [r["e2e"] for r in ok if r["e2e"] is not None])))
+                real = metrics(ttft, [r["itl"] for r in ok if r["itl"] is not None],
+                               [r["e2e"] for r in ok if r["e2e"] is not None])
+                reuse = cell["summary"][router][f"{rate:g}"].get("reuse")  # the engines' own count
+                real["reuse"] = math.nan if reuse is None else float(reuse)
+                out.append((cell, router, rate, real))
     return out
 
 
@@ -164,7 +171,7 @@ def simulate(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], 
         arrivals = trace(rate, phase_s, shape, seed)
         phase = text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), rate,
                          _phase_of(cell, router, rate))
-        key = (phase, rate, shape)
+        key = (phase, rate, shape, seed)  # one phase number can recur in runs of other seeds
         if key not in cache:
             cache[key] = [encoder.encode(s + "\n\n" + q) for s, q in phase_texts(arrivals, shape, phase)]
         n = cell["workers"]
@@ -200,7 +207,7 @@ def report(points: list[Point]) -> str:
         return "inf" if math.isinf(v) else f"{v:.3f}"
 
     lines = ["| cell | rate /s | TTFT p50 real / sim / ratio | TTFT p95 real / sim / ratio | ITL p50 real / sim / ratio "
-             "| e2e p50 real / sim | verdict |", "|---|---|---|---|---|---|---|"]
+             "| e2e p50 real / sim | reuse real / sim | verdict |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
         cols = []
         ok = True
@@ -213,7 +220,8 @@ def report(points: list[Point]) -> str:
         verdict = ("overloaded in both" if p.sim["ttft_p50"] > OVERLOAD_S else "MISS: sim not overloaded") if over \
             else ("within ±30%" if ok else "MISS")
         lines.append(f"| {p.cell} | {p.rate:g} | " + " | ".join(cols)
-                     + f" | {f(p.real['e2e_p50'])} / {f(p.sim['e2e_p50'])} | {verdict} |")
+                     + f" | {f(p.real['e2e_p50'])} / {f(p.sim['e2e_p50'])}"
+                     + f" | {p.real.get('reuse', math.nan):.0%} / {p.sim.get('reuse', math.nan):.0%} | {verdict} |")
     return "\n".join(lines)
 
 

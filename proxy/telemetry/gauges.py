@@ -121,6 +121,9 @@ class KvEventsCollector(Collector):
             ("errors", "Frames or batches that were not a well-formed KV event stream."),
             ("reconnects", "Event connections re-opened after the transport dropped them."),
         )}
+        probes = CounterMetricFamily(
+            "radixgate_kv_events_probes", "Prompts the worker prefilled, checked against its stream "
+            "(proxy/workers/kv_trust.py), by whether the stream showed them.", labels=["worker", "shown"])
         for sub in self._subscribers():
             for name in KV_STATES:
                 state.add_metric([sub.url, name], 1.0 if sub.route_state == name else 0.0)
@@ -129,10 +132,13 @@ class KvEventsCollector(Collector):
                 lag.add_metric([sub.url], sub.stats.lag_s)
             for name, family in counters.items():
                 family.add_metric([sub.url], float(getattr(sub.stats, name)))
+            probes.add_metric([sub.url, "true"], float(sub.trust.confirmed))
+            probes.add_metric([sub.url, "false"], float(sub.trust.probes - sub.trust.confirmed))
         yield state
         yield blocks
         yield lag
         yield from counters.values()
+        yield probes
 
 
 class BytesPerTokenCollector(Collector):

@@ -70,6 +70,8 @@ async def test_a_live_stream_that_never_shows_what_was_prefilled_is_not_trusted(
         for url in fleet.urls:
             assert total(m, "radixgate_kv_events_state", worker=url, state="unconfirmed") == 1
             assert total(m, "radixgate_kv_events_state", worker=url, state="live") == 0
+            assert total(m, "radixgate_kv_events_probes_total", worker=url, shown="false") >= 8
+            assert total(m, "radixgate_kv_events_probes_total", worker=url, shown="true") == 0
         # From here routing reads the approximate index, whose matches the workers' reports confirm.
         before = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft", index="approximate")
         await stream_groups(client, app, seed=2, requests=12)

@@ -121,7 +121,10 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
                       # True: no worker reported cached tokens; these are the proxy's estimate
                       "estimated": s.cache.estimated,
                       # other policies replayed on the window's traffic (diagnose/shadow.py)
+                      # ttft_p95: predicted (diagnose/shadow_ttft.py); as_placed_ttft_p95: the same model
+                      # on the window's own placements
                       "shadow": [{"policy": r.policy, "captured": _round(r.captured), "imbalance": _round(r.imbalance),
+                                  "ttft_p95": _round(r.ttft_p95), "as_placed_ttft_p95": _round(r.as_placed_ttft_p95),
                                   "requests": r.requests} for r in s.shadow]},
             "occupancy": {"running_over_max": _round(s.occupancy.occupancy_mean),
                           "kv_token_usage": _round(s.occupancy.token_usage_mean),
@@ -175,8 +178,12 @@ def render_text(doc: Mapping[str, Any]) -> str:
         + ("(estimated by the proxy: workers report no cached tokens) " if cache.get("estimated") else "")
         + f"(workload reuse ceiling {_pct(cache['reuse_ceiling'])}, fleet KV "
         f"{cache['capacity_tokens'] if cache['capacity_tokens'] is not None else 'unknown'} tokens)",
-        *([("  shadow replay   " + "  ".join(f"{r['policy']} {_pct(r['captured'])}" for r in cache["shadow"])
-            + f"  (predicted capture of the same {cache['shadow'][0]['requests']} requests)")]
+        *([("  shadow replay   " + "  ".join(
+            f"{r['policy']} {_pct(r['captured'])}"
+            + (f" p95 {float(r['ttft_p95']):.3f}s" if r.get("ttft_p95") is not None else "") for r in cache["shadow"])
+            + f"  (predicted for the same {cache['shadow'][0]['requests']} requests"
+            + (f"; the model on their own placements: p95 {float(cache['shadow'][0]['as_placed_ttft_p95']):.3f}s"
+               if cache["shadow"][0].get("as_placed_ttft_p95") is not None else "") + ")")]
           if cache.get("shadow") else []),
         f"  occupancy       running/max {_num(occ['running_over_max'])}  KV usage {_num(occ['kv_token_usage'])}  "
         f"queued per worker {_num(occ['queued_mean'], '.1f')}",

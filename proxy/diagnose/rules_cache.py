@@ -66,8 +66,14 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
         summary += (f"; replayed on this traffic, {best.policy} would capture {best.captured:.0%}"
                     + (f" against {current:.0%} for {', '.join(s.policies)}" if current is not None else ""))
         evidence.append(ev(f"shadow[{best.policy}].captured", best.captured, ">", current))
+        gain = ""
+        if best.ttft_p95 is not None and best.as_placed_ttft_p95:
+            # the same model on this window's own placements is the baseline: its error cancels
+            ratio = best.ttft_p95 / best.as_placed_ttft_p95
+            gain = f", TTFT p95 predicted {ratio:.2f}x this window's"
+            evidence.append(ev(f"shadow[{best.policy}].ttft_p95 / as placed", ratio, "<", 1.0))
         levers.insert(0, Lever("routing.policy", "radixgate",
-                               f"{best.policy}: it captured {best.captured:.0%} in the shadow replay of this window"))
+                               f"{best.policy}: it captured {best.captured:.0%} in the shadow replay of this window{gain}"))
         if best.captured > 0:
             # A replay of this very traffic through the better policy is positive evidence: the
             # larger the share of its reuse the current policy misses, the surer the finding (on

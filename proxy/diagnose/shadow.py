@@ -5,22 +5,26 @@ through each policy's own pure ``select`` against a model of the fleet: one LRU 
 holding an equal share of the fleet's KV (``FleetCache``, the model "available" uses), and per
 worker the requests still in flight (each ends when the real one did). The policy hears back as
 the pipeline would tell it (``on_complete`` with the cached tokens the model gave and the request's
-real TTFT). Reported per policy: the share of prompt tokens it would have found cached and its
-spread (max / mean requests per worker). No engine signal is needed, so it also works where the
-workers report nothing; TTFT is not predicted (that needs a queue model this replay does not have).
+real TTFT). Reported per policy: the share of prompt tokens it would have found cached, its
+spread (max / mean requests per worker) and its predicted TTFT p95 (``shadow_ttft.py``: a model
+fitted on the window's own requests, also run on their real placements for comparison). No engine
+signal is needed, so it also works where the workers report nothing.
 
 Cost: O(requests x policies) decisions, each the policy's own cost (tens of µs for ``ttft``):
-~50 ms for 300 requests and 3 policies, computed with the diagnosis (in its thread when
-``diagnose.refresh_s`` > 0).
+~50 ms for 300 requests and 3 policies, and the TTFT model's fit and runs 10-20 ms more
+(``loadtests/bench_diagnosis.py``: 85-163 ms per diagnosis, was 75-144), computed with the
+diagnosis (in its thread when ``diagnose.refresh_s`` > 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.diagnose import shadow_ttft
 from proxy.diagnose.window import RequestRecord
 from proxy.routing.base import Completion, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_index import FleetCache
@@ -39,6 +43,10 @@ class ShadowResult:
     captured: float  # predicted cached share of prompt tokens
     imbalance: float  # max / mean requests per worker
     requests: int
+    # Predicted TTFT p95 (dispatch to first token) under this policy, and the same model on the
+    # window's own placements (to compare with: the model's error cancels); None = no fit.
+    ttft_p95: float | None = None
+    as_placed_ttft_p95: float | None = None
 
 
 def shadow(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
@@ -49,10 +57,34 @@ def shadow(records: Sequence[RequestRecord], workers: Sequence[str], capacity_to
     if not replay or not urls:
         return ()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
-    return tuple(_one(name, replay, urls, share) for name in policies)
+    runs = [_one(name, replay, urls, share) for name in policies]
+    timed = [r for r in replay if r.timing.upstream_ttft is not None]
+    model = shadow_ttft.fit(_as_placed(timed, urls, share), [r.timing.upstream_ttft or 0.0 for r in timed])
+    if model is None:
+        return tuple(result for result, _ in runs)
+    as_placed = round(shadow_ttft.p95(model.ttfts(_as_placed(replay, urls, share))), 6)
+    return tuple(dataclasses.replace(result, ttft_p95=round(shadow_ttft.p95(model.ttfts(placed)), 6),
+                                     as_placed_ttft_p95=as_placed) for result, placed in runs)
 
 
-def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str], share: int | None) -> ShadowResult:
+def _decode_s(r: RequestRecord) -> float:
+    t = r.timing
+    return max(0.0, t.done - t.first_token) if t.done is not None and t.first_token is not None else 0.0
+
+
+def _as_placed(replay: Sequence[RequestRecord], urls: Sequence[str], share: int | None) -> list[shadow_ttft.Placed]:
+    """The window's own placements, each with the cache the per-worker model gives it."""
+    caches = {u: FleetCache(share) for u in urls}
+    out = []
+    for r in replay:
+        matched = caches[r.worker].add(r.block_hashes, r.block_tokens)
+        cached = min(r.estimated_prompt_tokens, prefix_tokens(matched, r.block_tokens))
+        out.append(shadow_ttft.Placed(r.order_key, r.worker, float(r.estimated_prompt_tokens - cached), _decode_s(r)))
+    return out
+
+
+def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str],
+         share: int | None) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
     policy = build_named(name, {}, rng=random.Random(0))
     snaps = [WorkerSnapshot(u) for u in urls]
     policy.on_worker_change(snaps)
@@ -61,6 +93,7 @@ def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str], share:
     ends: list[tuple[float, int, str, RouteRequest, int, float | None]] = []
     picks = dict.fromkeys(urls, 0)
     cached_total = prompt_total = 0
+    placed: list[shadow_ttft.Placed] = []
     for k, r in enumerate(replay):
         start = r.order_key
         while ends and ends[0][0] <= start:
@@ -75,9 +108,10 @@ def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str], share:
         cached = min(route.prompt_tokens, prefix_tokens(matched, r.block_tokens))
         cached_total += cached
         prompt_total += route.prompt_tokens
+        placed.append(shadow_ttft.Placed(start, url, float(route.prompt_tokens - cached), _decode_s(r)))
         picks[url] += 1
         in_flight[url] += 1
         done = r.timing.done if r.timing.done is not None else start
         heapq.heappush(ends, (done, k, url, route, cached, r.timing.ttft))
     mean = len(replay) / len(urls)
-    return ShadowResult(name, cached_total / max(1, prompt_total), max(picks.values()) / mean, len(replay))
+    return ShadowResult(name, cached_total / max(1, prompt_total), max(picks.values()) / mean, len(replay)), placed

@@ -138,6 +138,8 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "signals": _signals(s),
         "stages": {name: _dist(dist) for name, dist in s.latency.stages},
         "workers": [dataclasses.asdict(w) for w in s.occupancy.workers],
+        # workers whose KV event stream routing does not read (unconfirmed / failed)
+        "kv_events_doubted": list(s.kv_doubted),
         "policies": list(s.policies),
         "verdict": _verdict(d.verdict),
         "cost": _cost(d.cost),

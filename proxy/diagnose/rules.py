@@ -20,7 +20,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | overload | TTFT p95 > SLO and the median TTFT of the window's last third of requests ≥ overload_growth × its first third's and ≥ overload_min_s above it (the queue grows: arrivals outrun the fleet) | tune | replicas, admission.queue_size / queue_timeout_s |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
 | hot_prefix | one prefix's share of requests, per worker that served it, ≥ hot_prefix_share / workers, its TTFT p95 > SLO | tune | spill sooner (cache_aware balance_abs_threshold, ttft work_weight / tie_rel), routing.policy ttft, replicas |
-| missing_signals | no cached tokens, or no queue / batch state, reported | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events |
+| missing_signals | no cached tokens, or no queue / batch state, reported, or KV event streams routing does not read (unconfirmed / failed) | (added to any verdict) | --enable-cache-report, --enable-metrics, KV events; routing.tokenizer, the engine's publisher |
 
 The tune rules live by topic: ``rules_cache.py`` (cache_routing, cache_capacity, mixed_page_sizes,
 hot_prefix) and ``rules_latency.py`` (the others); the ceiling rules, missing_signals and the
@@ -163,6 +163,17 @@ def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
         evidence.append(Evidence("engine queue / occupancy samples", None, "known", None, True,
                                  "no /metrics or /v1/loads from the workers"))
         levers.append(Lever("--enable-metrics", "sglang", "expose queue, running batch and KV usage"))
+    if s.kv_doubted:
+        # Their events are set up but routing cannot use them: most often the proxy tokenizes
+        # differently from the engine (its blocks then never match), or the publisher stopped.
+        missing.append(f"KV events routing can use ({len(s.kv_doubted)} of {max(s.workers, len(s.kv_doubted))} "
+                       "workers' streams do not show what their engines prefilled)")
+        evidence.append(Evidence("workers with an unconfirmed or failed KV event stream", float(len(s.kv_doubted)),
+                                 ">", 0.0, True, ", ".join(s.kv_doubted)))
+        levers.append(Lever("routing.tokenizer", "radixgate",
+                            "the model's own tokenizer, so the proxy's token ids are the engine's"))
+        levers.append(Lever("--kv-events-config", "sglang",
+                            "check the engine's publisher and page size (GET /workers: kv_events.confirmation)"))
     if not missing:
         return None
     summary = "the workers do not report " + " or ".join(missing) + ": findings that need them cannot fire"

@@ -269,6 +269,9 @@ class Signals:
     shadow: tuple[ShadowResult, ...] = ()
     hot_prefix: HotPrefix | None = None
     workers: int = 0
+    # Workers whose KV event stream is live but does not show what their engine prefilled
+    # (``unconfirmed``), or is not a KV event stream (``failed``), in the newest snapshot.
+    kv_doubted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +309,10 @@ def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSamp
     return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples), cut)
 
 
+# KV event stream states routing does not read (proxy/workers/kv_subscriber.py).
+KV_DOUBTED = ("unconfirmed", "failed")
+
+
 def compute_signals(
     records: Sequence[RequestRecord],
     samples: Sequence[SnapshotSample],
@@ -330,4 +337,5 @@ def compute_signals(
         shadow=shadow(records, [w.url for w in samples[-1].workers] if samples else [], capacity) if with_shadow else (),
         hot_prefix=hot_prefix(records),
         workers=len({w.url for w in samples[-1].workers}) if samples else len({r.worker for r in records}),
+        kv_doubted=tuple(sorted(w.url for w in samples[-1].workers if w.kv_state in KV_DOUBTED)) if samples else (),
     )

@@ -54,6 +54,9 @@ class WorkerSnapshot:
     models: tuple[str, ...] = ()
     # The engine's own account of its cache, where it publishes KV events (else None).
     kv: KvView | None = None
+    # Its event stream's state when the snapshot was taken (``kv_subscriber.route_state``:
+    # live, resynced, connecting, unconfirmed, failed); None where it publishes none.
+    kv_state: str | None = None
 
     @property
     def occupancy(self) -> float | None:

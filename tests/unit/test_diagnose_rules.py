@@ -412,3 +412,14 @@ def test_requests_given_up_waiting_count_as_at_least_their_wait_and_towards_the_
                          outcome="cancelled", cause="client_disconnect")
     assert left.ttft_evidence == 15.0 and left.waited_out is None
     assert compute_signals([left], []).latency.ttft.p50 == 15.0
+
+
+def test_kv_event_streams_routing_cannot_use_are_named_with_the_tokenizer_and_publisher_levers() -> None:
+    doubted = dataclasses.replace(healthy_signals(), kv_doubted=("http://w1",), workers=4)
+    v = rules.verdict(doubted, P)
+    blind = [f for f in v.findings if f.rule == "missing_signals"]
+    assert blind and "1 of 4 workers" in blind[0].summary
+    assert {lv.setting for lv in blind[0].levers} >= {"routing.tokenizer", "--kv-events-config"}
+    assert v.kind == "healthy" and "as far as the signals show" in v.summary
+    # streams routing reads (or none configured) add nothing
+    assert not [f for f in rules.verdict(healthy_signals(), P).findings if f.rule == "missing_signals"]

@@ -8,16 +8,18 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from proxy.app import App
+from proxy.loadgen import texts
 from proxy.sim.config import SimConfig
 from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import scrape, total
-from tests.integration.test_routing_kv_events import KV, joined
+from tests.integration.test_routing_kv_events import KV, TOKENIZER, joined
 
 GRACE_S = 0.2
 
@@ -104,3 +106,46 @@ async def test_a_stream_that_shows_what_was_prefilled_stays_trusted(
     probes = [s["confirmation"] for s in states]
     assert sum(p["probes"] for p in probes) >= 24, probes
     assert all(p["confirmed"] == p["probes"] and p["trusted"] for p in probes), probes
+
+
+def other_vocabulary(where: Path) -> Path:
+    """A tokenizer of another vocabulary than the engines' BPE: one token per character."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{chr(c): c for c in range(32, 127)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    where.mkdir(parents=True, exist_ok=True)
+    tok.save(str(where / "tokenizer.json"))
+    return where
+
+
+async def test_a_proxy_tokenizing_text_unlike_its_engines_sees_their_streams_unconfirmed(
+        harness: Harness, client: aiohttp.ClientSession, tmp_path: Path) -> None:
+    # The engines tokenize with the BPE and publish their blocks; the proxy's routing.tokenizer is
+    # another vocabulary, so the token ids it keys text prompts by never name an engine block.
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, page_size=16, max_total_tokens=8192,
+                                           enable_cache_report=True, kv_events_config=KV, tokenizer=str(TOKENIZER))
+                                 for _ in range(2)])
+    workers = []
+    for w in fleet.workers:
+        assert w.worker is not None and w.worker.kv_publisher is not None
+        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
+                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
+                                     "routing.tokenizer": str(other_vocabulary(tmp_path / "chars")),
+                                     "kv_events.confirm_grace_s": GRACE_S})
+    await joined(app, fleet)
+    rng = random.Random(8)
+    systems = [texts.prose(rng, 1500) for _ in range(4)]
+    for _ in range(32):
+        body = {"text": rng.choice(systems) + "\n\n" + texts.prose(rng, 100), "stream": True,
+                "sampling_params": {"max_new_tokens": 2}}
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            await r.read()
+        await asyncio.sleep(GRACE_S / 4)
+    await asyncio.sleep(GRACE_S * 1.5)
+    states = await described(client, app)
+    assert [s["state"] for s in states] == ["unconfirmed"] * 2, states
+    assert all(s["confirmation"]["confirmed"] == 0 for s in states), states

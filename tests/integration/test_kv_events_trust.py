@@ -19,7 +19,7 @@ from proxy.sim.config import SimConfig
 from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 from tests.integration.conftest import FAST, Harness, admin, base
 from tests.integration.reliability import scrape, total
-from tests.integration.test_routing_kv_events import KV, TOKENIZER, joined
+from tests.integration.test_routing_kv_events import KV, TOKENIZER, event_workers, joined
 
 GRACE_S = 0.2
 
@@ -91,11 +91,7 @@ async def test_a_stream_that_shows_what_was_prefilled_stays_trusted(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=FAST, page_size=16, max_total_tokens=8192,
                                            enable_cache_report=True, kv_events_config=KV) for _ in range(2)])
-    workers = []
-    for w in fleet.workers:
-        assert w.worker is not None and w.worker.kv_publisher is not None
-        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
-                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    workers = event_workers(fleet)
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
                                      "kv_events.confirm_grace_s": GRACE_S})
     await joined(app, fleet)
@@ -127,11 +123,7 @@ async def test_a_proxy_tokenizing_text_unlike_its_engines_sees_their_streams_unc
     fleet = await harness.fleet([SimConfig(time_scale=FAST, page_size=16, max_total_tokens=8192,
                                            enable_cache_report=True, kv_events_config=KV, tokenizer=str(TOKENIZER))
                                  for _ in range(2)])
-    workers = []
-    for w in fleet.workers:
-        assert w.worker is not None and w.worker.kv_publisher is not None
-        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
-                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    workers = event_workers(fleet)
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
                                      "routing.tokenizer": str(other_vocabulary(tmp_path / "chars")),
                                      "kv_events.confirm_grace_s": GRACE_S})

@@ -33,6 +33,16 @@ async def caught_up(app: App, fleet: Fleet, seconds: float = 5.0) -> None:
             await asyncio.sleep(0.005)
 
 
+def event_workers(fleet: Fleet) -> list[dict[str, str | None]]:
+    """``workers.static`` entries naming each simulated worker's own event and replay sockets."""
+    workers = []
+    for w in fleet.workers:
+        assert w.worker is not None and w.worker.kv_publisher is not None
+        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
+                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    return workers
+
+
 async def joined(app: App, fleet: Fleet) -> None:
     """PUB drops what it sends before a subscription lands: each worker publishes clears until
     the proxy's subscriber has one."""
@@ -64,11 +74,7 @@ async def test_predicted_cached_tokens_equal_reported_ones_with_events(
     configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=2048, enable_cache_report=True,
                          kv_events_config=KV) for _ in range(2)]
     fleet = await harness.fleet(configs)
-    workers = []
-    for w in fleet.workers:
-        assert w.worker is not None and w.worker.kv_publisher is not None
-        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
-                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    workers = event_workers(fleet)
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft"})
     await joined(app, fleet)
     await send_groups(client, app, fleet, seed=3, groups=8, requests=40)
@@ -93,11 +99,7 @@ async def bpe_fleet(harness: Harness) -> tuple[App, Fleet]:
     configs = [SimConfig(time_scale=FAST, page_size=16, max_total_tokens=4096, enable_cache_report=True,
                          kv_events_config=KV, tokenizer=str(TOKENIZER)) for _ in range(2)]
     fleet = await harness.fleet(configs)
-    workers = []
-    for w in fleet.workers:
-        assert w.worker is not None and w.worker.kv_publisher is not None
-        workers.append({"url": w.url, "kv_events": w.worker.kv_publisher.endpoint,
-                        "kv_events_replay": w.worker.kv_publisher.replay_endpoint})
+    workers = event_workers(fleet)
     app = await harness.proxy([], **{"workers.static": workers, "routing.policy": "ttft",
                                      "routing.tokenizer": str(TOKENIZER)})
     await joined(app, fleet)

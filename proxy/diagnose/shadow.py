@@ -58,11 +58,12 @@ def shadow(records: Sequence[RequestRecord], workers: Sequence[str], capacity_to
         return ()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
     runs = [_one(name, replay, urls, share) for name in policies]
-    timed = [r for r in replay if r.timing.upstream_ttft is not None]
-    model = shadow_ttft.fit(_as_placed(timed, urls, share), [r.timing.upstream_ttft or 0.0 for r in timed])
+    own = _as_placed(replay, urls, share)
+    timed = [(p, t) for p, r in zip(own, replay, strict=True) if (t := r.timing.upstream_ttft) is not None]
+    model = shadow_ttft.fit([p for p, _ in timed], [t for _, t in timed])
     if model is None:
         return tuple(result for result, _ in runs)
-    as_placed = round(shadow_ttft.p95(model.ttfts(_as_placed(replay, urls, share))), 6)
+    as_placed = round(shadow_ttft.p95(model.ttfts(own)), 6)
     return tuple(dataclasses.replace(result, ttft_p95=round(shadow_ttft.p95(model.ttfts(placed)), 6),
                                      as_placed_ttft_p95=as_placed) for result, placed in runs)
 

@@ -166,6 +166,12 @@ class KvFleet:
         view = self._views.get(url)
         return view.status() if view is not None else None
 
+    def state(self, url: str) -> str | None:
+        """Its stream's state as routing sees it (``KvSubscriber.route_state``); None without one."""
+        view = self._views.get(url)
+        sub = view.subscriber if view is not None else None
+        return sub.route_state if sub is not None else None
+
     async def close(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()

@@ -201,7 +201,7 @@ class WorkerRegistry:
                 generation=w.generation,
                 models=(w.static_model,) if w.static_model else w.models,
                 kv=self._kv.view(w.url) if self._kv is not None else None,
-                kv_state=(st["state"] if (st := self._kv.status(w.url)) else None) if self._kv is not None else None,
+                kv_state=self._kv.state(w.url) if self._kv is not None else None,
             ))
         self._published = tuple(snaps)
         self._variants = {}

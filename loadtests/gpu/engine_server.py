@@ -518,7 +518,11 @@ async def main_async(args: argparse.Namespace) -> None:
     engine = await asyncio.to_thread(Engine, args)
     await warm_up(engine)
     server = Server(engine, args)
-    runner = web.AppRunner(server.app(), access_log=None)
+    # handler_cancellation: a client that goes away cancels its request in the engine, queued or
+    # not, as SGLang aborts a disconnected request; without it, requests a phase's drain gave up on
+    # kept the engine busy into the next phase (run 17: its prefill outlived the 60 s wait, the flush
+    # was refused, and the next router started on that engine's backlog and leftover cache).
+    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()

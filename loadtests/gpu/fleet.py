@@ -153,8 +153,9 @@ async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[
 
 ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer"}
 # Keys of a spec about the proxies, not their routing: ``kv_events=auto`` (follow the engines'
-# events), ``replicas=N`` (N proxies sharing nothing, the client's requests spread over them).
-PROXY_KEYS = {"kv_events", "replicas"}
+# events), ``replicas=N`` (N proxies, the client's requests spread over them), ``peers=on`` (those
+# replicas tell each other their decisions: ``routing.peers``; without it they share nothing).
+PROXY_KEYS = {"kv_events", "replicas", "peers"}
 
 
 def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
@@ -206,6 +207,14 @@ def spec_replicas(spec: str) -> int:
     return n
 
 
+def spec_peers(spec: str) -> bool:
+    """Whether a replicated spec's proxies are each other's ``routing.peers`` (``ttft/replicas=4/peers=on``)."""
+    value = _spec_value(spec, "peers")
+    if value is not None and spec_replicas(spec) < 2:
+        raise ValueError(f"{spec}: peers needs replicas >= 2")
+    return value is not None and bool(yaml.safe_load(value))
+
+
 class Routers:
     """Every router of the run, started once, each on its own port."""
 
@@ -238,13 +247,18 @@ class Routers:
                 self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
                 self.bases[name] = [f"http://127.0.0.1:{port}"]
                 continue
-            for replica in range(spec_replicas(name)):
-                port, admin = free_port(), free_port()
+            count = spec_replicas(name)
+            admins = [free_port() for _ in range(count)]
+            for replica in range(count):
+                port, admin = free_port(), admins[replica]
                 self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
+                routing = routing_section(name, self.tokenizer)
+                if spec_peers(name):
+                    routing["peers"] = [f"http://127.0.0.1:{a}" for a in admins if a != admin]
                 cfg = self.workdir / f"radixgate-{name.replace('/', '_')}{f'-{replica}' if replica else ''}.yaml"
                 cfg.write_text(yaml.safe_dump({
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
-                    "workers": {"static": self.workers}, "routing": routing_section(name, self.tokenizer),
+                    "workers": {"static": self.workers}, "routing": routing,
                     # the diagnosis read after a phase covers that phase alone
                     "diagnose": {"window_s": self.window_s},
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
@@ -291,6 +305,19 @@ class Routers:
                     return doc
         return None
 
+    async def peer_counts(self, session: aiohttp.ClientSession, name: str) -> dict[str, float]:
+        """The first replica's peer counters so far (``radixgate_peer_*`` samples summed by metric
+        and outcome): evidence that ``peers=on`` replicas did tell each other their decisions."""
+        totals: dict[str, float] = {}
+        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            async with session.get(f"{self.admins[name]}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                for line in (await resp.text()).splitlines():
+                    m = re.match(r'(radixgate_peer_\w+?)(?:_total)?\{[^}]*?outcome="([^"]+)"[^}]*\} ([0-9.e+]+)$', line)
+                    if m:
+                        key = f"{m[1]}:{m[2]}"
+                        totals[key] = totals.get(key, 0.0) + float(m[3])
+        return totals
+
     async def kv_status(self, session: aiohttp.ClientSession, name: str) -> list[dict[str, Any]]:
         """Each worker's KV-event stream as a radixgate router sees it (``GET /workers``): state,
         source (events / approximate), batches, gaps; empty where it follows no events."""
@@ -336,19 +363,24 @@ async def set_mode(session: aiohttp.ClientSession, workers: list[str], minimal: 
             resp.raise_for_status()
 
 
-async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s: float) -> None:
+async def wait_idle(session: aiohttp.ClientSession, workers: list[str], limit_s: float) -> list[str]:
     """Until no engine has a request in flight (bounded), then flush their prefix caches: the next
     phase starts from empty pools whatever ran before it (without it, the first router of a cell
-    ran on emptier pools and captured more reuse)."""
+    ran on emptier pools and captured more reuse). Returns the engines that refused the flush
+    (still busy past ``limit_s``): a phase started on them inherits a backlog and a cache."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if all(s["active"] == 0 for s in await engine_stats(session, workers)):
             break
         await asyncio.sleep(0.25)
+    refused = []
     for url in workers:
         with contextlib.suppress(aiohttp.ClientError):
             async with session.post(f"{url}/flush_cache") as resp:
                 await resp.read()
+                if resp.status != 200:
+                    refused.append(url)
+    return refused
 
 
 async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[str], list[asyncio.subprocess.Process]]:
@@ -488,7 +520,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 for rate, _, name in phase_order(names, rates, args.repeat):
                     arrivals = trace(rate, args.phase_s, shape, args.seed)
                     phase += 1
-                    await wait_idle(session, workers, 30)
+                    unclean = await wait_idle(session, workers, 30)
+                    if unclean:
+                        print(f"    WARNING {name} @ {rate:g}/s starts on busy, unflushed engines: {unclean}", flush=True)
                     before = await engine_stats(session, workers)
                     await engine_traces(session, workers)  # drop what the last phase left
                     records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
@@ -496,6 +530,9 @@ async def main_async(args: argparse.Namespace) -> None:
                                               text_key(args.text, args.phase_base, rate, phase))
                     # before the flush: what the events say each engine holds at the phase's end
                     kv = await routers.kv_status(session, name) if name in routers.admins else []
+                    peers = await routers.peer_counts(session, name) if spec_peers(name) else {}
+                    if peers:
+                        print(f"    {name} peers (cumulative): {peers}", flush=True)
                     await wait_idle(session, workers, 30)
                     after = await engine_stats(session, workers)
                     traces = await engine_traces(session, workers)
@@ -511,7 +548,7 @@ async def main_async(args: argparse.Namespace) -> None:
                             with (out / "diagnoses.jsonl").open("a") as f:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                     "prompts": args.prompts, "reports": args.reports,
-                                                    "diagnosis": doc, "kv_events": kv}) + "\n")
+                                                    "diagnosis": doc, "kv_events": kv, "peers": peers}) + "\n")
                         if kv:
                             print(f"    {name} kv events: " + ", ".join(
                                 f"{k['source']}/{k['state']} {k['batches']} batches {k['blocks']} blocks {k['gaps']} gaps"
@@ -526,6 +563,9 @@ async def main_async(args: argparse.Namespace) -> None:
                     tokens[0] += prompt
                     tokens[1] += cached
                     whole = summarize(recs, tokens[1] / tokens[0] if tokens[0] else None)
+                    unclean_phases = summary[name].get(f"{rate:g}", {}).get("unclean_start", 0) + bool(unclean)
+                    if unclean_phases:
+                        whole["unclean_start"] = unclean_phases  # phases begun on an engine's backlog
                     summary[name][f"{rate:g}"] = whole if len(p95s) == 1 else {**whole, "p95_repeats": p95s}
                     for rec in records:
                         log.write(json.dumps({**asdict(rec), "prompts": args.prompts, "reports": args.reports,

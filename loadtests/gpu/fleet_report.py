@@ -36,6 +36,8 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], rou
             if s.get("p95_repeats"):
                 each = s["p95_repeats"]
                 spread = f" (p95 of {len(each)} rounds {ms(min(each))}-{ms(max(each))})"
+            if s.get("unclean_start"):  # begun on a backlog the flush could not clear: not comparable
+                spread += f" (started on busy engines {s['unclean_start']}x)"
             cells.append(f"{ms(s['ttft_p50'])} / **{ms(s['ttft_p95'])}** / {ms(s['itl_p50'])}, {reuse}{fail}{spread}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

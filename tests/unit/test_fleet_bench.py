@@ -13,6 +13,7 @@ from loadtests.gpu.fleet import (
     phase_texts,
     routing_section,
     spec_kv_events,
+    spec_peers,
     spec_replicas,
     summarize,
     text_key,
@@ -148,3 +149,12 @@ def test_a_variant_runs_several_proxies_that_share_nothing() -> None:
     import pytest
     with pytest.raises(ValueError, match="replicas"):
         spec_replicas("ttft/replicas=0")
+
+
+def test_replicas_share_their_decisions_only_when_the_spec_says_peers() -> None:
+    import pytest
+    assert spec_peers("ttft/replicas=4/peers=on") and not spec_peers("ttft/replicas=4")
+    assert not spec_peers("ttft/replicas=4/peers=off")
+    assert routing_section("ttft/replicas=4/peers=on") == {"policy": "ttft", "params": {}}
+    with pytest.raises(ValueError, match="peers needs replicas"):
+        spec_peers("ttft/peers=on")

@@ -154,6 +154,7 @@ def simulate(
     params: dict[str, object] | None = None,
     first_token_feedback: bool = True,
     peer_sync_s: float | None = None,
+    peer_load: bool = True,
     hold_max_s: float = 1.0,
     shared_gpu: bool = False,
     minimal_reports: bool = False,
@@ -168,7 +169,8 @@ def simulate(
     ``first_token_feedback``: tell policies of each first token, as the proxy does for streamed
     answers (False: only completions, as for non-streamed ones). ``peer_sync_s``: replicas tell
     each other their decisions, arriving this many seconds later (``routing.peers``); None = they
-    share nothing. ``hold_max_s``: the longest a request is held for a prefix being prefilled
+    share nothing; ``peer_load`` False: the decisions alone, not each replica's requests in flight
+    per worker (``Policy.on_peer_load``; before 2026-12-01 night). ``hold_max_s``: the longest a request is held for a prefix being prefilled
     (``Decision.after``, ``routing.hold_max_s``). ``engines``: workers of an earlier run to go on
     with (their caches as that run left them; arrival times then continue from its end).
     ``kv_events``: every replica reads each worker's KV events (``kv_events.endpoint``; one table
@@ -199,8 +201,9 @@ def simulate(
     seq = 0
     next_scrape = arrivals[0] if arrivals else 0.0
     i = 0
-    # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token notice)
-    peer_events: list[tuple[float, int, int, str, RouteRequest | None, int, str]] = []
+    # (at, seq, from replica, worker, route, uncached tokens, key; route None = a first-token
+    # notice, a dict = the replica's requests in flight per worker)
+    peer_events: list[tuple[float, int, int, str, RouteRequest | dict[str, int] | None, int, str]] = []
     # Decision.after -> requests held until that prefill ends: (index, route, arrival, release by)
     held: dict[Hashable, list[tuple[int, RouteRequest, float, float]]] = {}
     hold_ends: list[tuple[float, int, Hashable]] = []  # (release by, tiebreak, key)
@@ -214,6 +217,12 @@ def simulate(
             waiting = [h for h in waiting if h[3] <= now]
         for j, route, arrival, _ in waiting:
             dispatch(j, dataclasses.replace(route, held=True), arrival, now)
+
+    def tell_load(replica: int, now: float) -> None:
+        nonlocal seq
+        if peer_sync_s is not None and replicas > 1 and peer_load:
+            seq += 1
+            heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, "", dict(in_flight[replica]), 0, ""))
 
     def dispatch(i: int, route: RouteRequest, arrival: float, now: float) -> None:
         nonlocal seq
@@ -239,6 +248,7 @@ def simulate(
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
         in_flight[replica][worker.url] += 1
+        tell_load(replica, now)
         worker.requests += 1
         worker.scheduler.submit(req, now)
         if worker.step is None and worker.start_step(now):
@@ -253,7 +263,9 @@ def simulate(
             at, _, source, url, peer_route, uncached, key = heapq.heappop(peer_events)
             for r, policy in enumerate(policies):
                 if r != source:
-                    if peer_route is None:
+                    if isinstance(peer_route, dict):
+                        policy.on_peer_load(f"replica{source}", peer_route)
+                    elif peer_route is None:
                         policy.on_peer_prefilled(url, key)
                     else:
                         policy.on_peer_decision(url, peer_route, uncached, key)
@@ -298,6 +310,7 @@ def simulate(
             if req.finished:
                 del live[req.rid]
                 in_flight[replica][url] -= 1
+                tell_load(replica, now)
                 if tokens is not None:
                     tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
                 policies[replica].on_complete(Completion(

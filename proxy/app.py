@@ -185,6 +185,8 @@ class App:
             # With endpoint "auto" a worker's endpoints come with its first /get_server_info.
             w.on_publish.append(lambda snaps: self.kv.sync(w.urls()))
             m.attach_kv_events(self.kv.subscribers)
+        if self.peers.enabled:
+            m.attach_peer_load(self.peers.peer_in_flight)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate

@@ -74,6 +74,7 @@ MIN_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 # Bounds one POST body: 4096 decisions x 2048 hashes would be ~170 MB; real prompts need far less.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
+MAX_WORKERS = 4096  # entries of one message's in_flight
 _U64 = 1 << 64
 
 
@@ -96,16 +97,22 @@ class Message(NamedTuple):
     sender: str
     decisions: list[Placement]
     prefilled: list[Prefilled]
+    # The sender's requests in flight per worker when it wrote this (None: not told).
+    in_flight: dict[str, int] | None = None
 
 
-def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), sender: str = "") -> bytes:
-    return json.dumps({
+def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), sender: str = "",
+           in_flight: Mapping[str, int] | None = None) -> bytes:
+    doc: dict[str, Any] = {
         "v": VERSION, "from": sender,
         "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
                        "prompt_tokens": d.route.prompt_tokens, "blocks": list(d.route.block_hashes),
                        "ref": d.ref, "uncached": d.uncached, "stream": d.route.stream} for d in decisions],
         "prefilled": [{"worker": p.worker, "ref": p.ref} for p in prefilled],
-    }, separators=(",", ":")).encode()
+    }
+    if in_flight is not None:
+        doc["in_flight"] = dict(in_flight)
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode(body: bytes) -> Message:
@@ -128,7 +135,19 @@ def decode(body: bytes) -> Message:
         if len(value) > MAX_ITEMS_PER_POST:
             raise BadRequest(f"{name}: at most {MAX_ITEMS_PER_POST} per request, got {len(value)}")
     return Message(sender, [_decision(i, item) for i, item in enumerate(items)],
-                   [_prefilled(i, item) for i, item in enumerate(notices)])
+                   [_prefilled(i, item) for i, item in enumerate(notices)], _in_flight(doc.get("in_flight")))
+
+
+def _in_flight(value: Any) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or len(value) > MAX_WORKERS:
+        raise BadRequest(f"in_flight: expected an object of at most {MAX_WORKERS} worker URLs")
+    for url, n in value.items():
+        if not url:
+            raise BadRequest("in_flight: expected worker URLs as keys")
+        _int(n, f"in_flight[{url!r}]")
+    return dict(value)
 
 
 def _decision(i: int, item: Any) -> Placement:
@@ -181,6 +200,8 @@ class _Link:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.connected = False
+        # The in-flight counts this connection last carried (None: none yet on it).
+        self.told: dict[str, int] | None = None
 
     def take(self) -> tuple[list[Placement], list[Prefilled]]:
         decisions, prefilled = list(self.decisions), list(self.prefilled)
@@ -209,6 +230,11 @@ class PeerSync:
         self._session: aiohttp.ClientSession | None = None
         self._dns_task: asyncio.Task[None] | None = None
         self._inbound: set[web.WebSocketResponse] = set()
+        # Our requests in flight, by request id -> worker (what peers hear as our load), and the
+        # peers' open connections to us, per instance id (the last one closing = that peer is gone).
+        self._mine: dict[str, str] = {}
+        self._peer_links: dict[str, int] = {}
+        self._loads: dict[str, dict[str, int]] = {}  # peer -> its last in_flight (the gauge)
 
     @property
     def enabled(self) -> bool:
@@ -220,7 +246,9 @@ class PeerSync:
 
     # -- pipeline.RouteListener -------------------------------------------------------------------
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
+        self._mine[rid] = worker  # a retry moves it
         if not route.block_hashes:
+            self._wake_all()  # no prompt to tell of, but a load
             return
         decision = Placement(worker, route, rid, uncached_tokens(route, matched_blocks))
         for link in self._links.values():
@@ -233,6 +261,29 @@ class PeerSync:
         notice = Prefilled(worker, rid)
         for link in self._links.values():
             link.prefilled.append(notice)
+            link.wake.set()
+
+    def finished(self, worker: str, rid: str) -> None:
+        if self._mine.pop(rid, None) is not None:
+            self._wake_all()
+
+    def in_flight(self) -> dict[str, int]:
+        """Our requests in flight per worker (what each message tells the peers)."""
+        counts: dict[str, int] = {}
+        for worker in self._mine.values():
+            counts[worker] = counts.get(worker, 0) + 1
+        return counts
+
+    def peer_in_flight(self) -> dict[str, int]:
+        """What our connected peers last said they have in flight, summed per worker."""
+        totals: dict[str, int] = {}
+        for load in self._loads.values():
+            for worker, n in load.items():
+                totals[worker] = totals.get(worker, 0) + n
+        return totals
+
+    def _wake_all(self) -> None:
+        for link in self._links.values():
             link.wake.set()
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -309,6 +360,8 @@ class PeerSync:
         try:
             async with self._session.ws_connect(link.url + PATH, heartbeat=heartbeat) as ws:
                 link.connected = True
+                link.told = None  # a new connection: the peer has no counts of ours on it yet
+                link.wake.set()
                 reader = asyncio.get_running_loop().create_task(_drain(ws, link))
                 try:
                     while True:
@@ -319,8 +372,10 @@ class PeerSync:
                         decisions, prefilled = link.take()
                         if ws.closed:
                             return "closed"
-                        if decisions or prefilled:
-                            await ws.send_bytes(encode(decisions, prefilled, self.instance))
+                        counts = self.in_flight()
+                        if decisions or prefilled or counts != link.told:
+                            await ws.send_bytes(encode(decisions, prefilled, self.instance, counts))
+                            link.told = counts
                             self.metrics.inc(self.metrics.peer_messages, link.url, "ok")
                 finally:
                     reader.cancel()
@@ -345,6 +400,9 @@ class PeerSync:
         ws = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES)
         await ws.prepare(request)
         self._inbound.add(ws)
+        # Its load is keyed by the connection's instance id (one without: by the connection).
+        peer = request.headers.get(INSTANCE_HEADER) or f"connection-{id(ws)}"
+        self._peer_links[peer] = self._peer_links.get(peer, 0) + 1
         try:
             async for msg in ws:
                 if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
@@ -355,14 +413,23 @@ class PeerSync:
                     self.metrics.inc(self.metrics.peer_received, "bad_request")
                     await ws.close(code=WSCloseCode.INVALID_TEXT, message=e.message.encode()[:120])
                     break
-                self._apply(message)
+                self._apply(message, peer)
             if ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
                 self.metrics.inc(self.metrics.peer_received, "too_large")
         finally:
             self._inbound.discard(ws)
+            left = self._peer_links.pop(peer, 1) - 1
+            if left:
+                self._peer_links[peer] = left
+            else:  # its last connection: what it had in flight no longer counts
+                self._loads.pop(peer, None)
+                self.policy.on_peer_load(peer, {})
         return ws
 
-    def _apply(self, message: Message) -> None:
+    def _apply(self, message: Message, peer: str) -> None:
+        if message.in_flight is not None:
+            self._loads[peer] = message.in_flight
+            self.policy.on_peer_load(peer, message.in_flight)
         for d in message.decisions:
             self.policy.on_peer_decision(d.worker, d.route, d.uncached, (message.sender, d.ref))
         for n in message.prefilled:

@@ -59,10 +59,17 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s:
     name, *pairs = router.split("/")
     params: dict[str, object] = {}
     hold = 0.0
+    replicas, peers, peer_load = 1, False, True
     for pair in pairs:
         key, value = pair.split("=", 1)
         if key == "hold_max_s":
             hold = float(value)
+        elif key == "replicas":  # as fleet.py: N proxies, requests dealt to them in turn
+            replicas = int(value)
+        elif key == "peers":  # ... telling each other their decisions 2 ms later (and, unless
+            # "decisions", their requests in flight per worker)
+            peers = value == "decisions" or bool(yaml.safe_load(value))
+            peer_load = value != "decisions"
         else:
             params[key] = yaml.safe_load(value)
     policy: object = name
@@ -71,7 +78,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s:
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
-                    params=params or None, hold_max_s=hold, shared_gpu=True,
+                    params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
+                    peer_sync_s=0.002 if peers else None, peer_load=peer_load,
                     minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
 
 

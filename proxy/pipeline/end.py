@@ -69,6 +69,8 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
             worker, route, result == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))
         if parts.holds:  # ended without a first token (failed, not streamed): stop holding for it
             parts.holds.release(id(route))
+        for listener in parts.route_listeners:
+            listener.finished(worker, rid)
     exc = e.exc
     status = exc.status if isinstance(exc, RadixgateError) else (499 if result == "cancelled" else e.status)
     admission = lease.outcome if lease is not None else None  # None: refused before admission was asked

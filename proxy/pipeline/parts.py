@@ -28,11 +28,14 @@ from proxy.workers.registry import WorkerRegistry
 
 
 class RouteListener(Protocol):
-    """Told of each routing decision and of each streamed answer's first token (its prefill done)."""
+    """Told of each routing decision, of each streamed answer's first token (its prefill done),
+    and of each routed request's end (answered, failed or cancelled: once per request)."""
 
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None: ...
 
     def prefilled(self, worker: str, rid: str) -> None: ...
+
+    def finished(self, worker: str, rid: str) -> None: ...
 
 
 class Cuttable(Protocol):

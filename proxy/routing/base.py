@@ -8,7 +8,7 @@ A policy is pure: it reads a ``RouteRequest`` and frozen ``WorkerSnapshot``s and
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -174,6 +174,11 @@ class Policy(Protocol):
         (also called when a hold for ``key`` timed out: nobody should wait for it again)."""
         ...
 
+    def on_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
+        """Peer replica ``peer`` has ``in_flight[worker]`` requests dispatched and unfinished on
+        each worker, as of now (each notice replaces the last; empty: the peer is gone)."""
+        ...
+
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         """Workers joined, left, restarted or flushed: drop state about the ones gone."""
         ...
@@ -192,6 +197,9 @@ class IgnoresFeedback:
         pass
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
+        pass
+
+    def on_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
         pass
 
 

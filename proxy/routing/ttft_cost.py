@@ -80,7 +80,7 @@ are kept by ``ttft_estimate.py``, the tie orders by ``ttft_ties.py``.
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from proxy.routing.base import (
     Completion,
@@ -323,6 +323,11 @@ class TtftCost:
 
     def on_peer_prefilled(self, worker: str, key: Hashable) -> None:
         self.pending.peer_prefilled(worker, key)
+
+    def on_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
+        """A peer's requests in flight per worker: they count in each worker's outstanding requests
+        (the cold placement's first order) and, unscraped, its decode batch, as ours do."""
+        self.pending.set_peer_load(peer, in_flight)
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         self.index.sync(workers, drop_missing=True)

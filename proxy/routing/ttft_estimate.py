@@ -4,7 +4,7 @@ in flight there, and the ones our peers told us of)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import NamedTuple, TypeVar
 
 from proxy.routing.base import RouteRequest, WorkerSnapshot
@@ -88,6 +88,9 @@ class PendingWork:
         self.peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
         # url -> {peer's key: its streamed request, until the peer reports its first token}
         self.peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
+        # peer -> {url: its requests in flight there}, as it last said; and their sum per url
+        self.peer_load: dict[str, dict[str, int]] = {}
+        self._peer_in_flight: dict[str, int] = {}
 
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
         """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
@@ -137,10 +140,26 @@ class PendingWork:
         return total
 
     def running(self, worker: WorkerSnapshot) -> int:
-        return worker.running if worker.running is not None else len(self.in_flight.get(worker.url, {}))
+        """Its decode batch: scraped, else the requests ours and our peers' have in flight there."""
+        if worker.running is not None:
+            return worker.running
+        return len(self.in_flight.get(worker.url, {})) + self._peer_in_flight.get(worker.url, 0)
 
     def outstanding(self, url: str) -> int:
-        return len(self.in_flight.get(url, ()))
+        """Requests in flight on ``url``: ours, and what our peers last said they have there."""
+        return len(self.in_flight.get(url, ())) + self._peer_in_flight.get(url, 0)
+
+    def set_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
+        """A peer's requests in flight per worker, now (replacing what it said before; empty = gone)."""
+        if in_flight:
+            self.peer_load[peer] = {url: n for url, n in in_flight.items() if n > 0}
+        else:
+            self.peer_load.pop(peer, None)
+        totals: dict[str, int] = {}
+        for load in self.peer_load.values():
+            for url, n in load.items():
+                totals[url] = totals.get(url, 0) + n
+        self._peer_in_flight = totals
 
     def add(self, url: str, entry: InFlight) -> None:
         key = id(entry.request)
@@ -192,6 +211,8 @@ class PendingWork:
         for table in (self.in_flight, self.peer_work, self.peer_pending):
             for url in [u for u in table if u not in keep]:
                 del table[url]
+        for peer, load in list(self.peer_load.items()):
+            self.set_peer_load(peer, {u: n for u, n in load.items() if u in keep})
 
 
 def _bounded_put(table: dict[Hashable, _V], key: Hashable, value: _V, bound: int) -> None:

@@ -159,6 +159,23 @@ class BytesPerTokenCollector(Collector):
         yield g
 
 
+class PeerLoadCollector(Collector):
+    def __init__(self, current: Callable[[], Mapping[str, int]]) -> None:
+        self._current = current
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        g = GaugeMetricFamily(
+            "radixgate_peer_in_flight",
+            "Requests our peer replicas last said they have in flight, by worker (routing.peers): "
+            "the load on each worker that this replica did not route.", labels=["worker"])
+        for worker, n in sorted(self._current().items()):
+            g.add_metric([worker], n)
+        yield g
+
+
 # -- diagnosis gauges (owned by the diagnosis: proxy/diagnose) ---------------------------------
 # Read at scrape time from the Diagnoser (which reuses a result for diagnose.refresh_s), so the
 # gauges always describe the current window. Unknown values (no GPU, no cache reports) are omitted,

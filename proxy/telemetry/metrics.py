@@ -30,6 +30,7 @@ from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram
 from proxy.telemetry.gauges import (
     BytesPerTokenCollector,
     KvEventsCollector,
+    PeerLoadCollector,
     StateCollector,
     StateProvider,
     attach_diagnosis,
@@ -338,6 +339,11 @@ class Metrics:
         """Register the ``radixgate_kv_events_*`` families, read from the workers' KV event
         subscribers at scrape time (``proxy/workers/kv_subscriber.py``)."""
         self.registry.register(KvEventsCollector(subscribers))
+
+    def attach_peer_load(self, current: Callable[[], Mapping[str, int]]) -> None:
+        """Register ``radixgate_peer_in_flight`` (label worker), read from ``current`` at scrape
+        time: what the peer replicas last said they have in flight (``proxy/peers.py``)."""
+        self.registry.register(PeerLoadCollector(current))
 
     def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
         """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at

@@ -154,6 +154,10 @@ class KvFleet:
         if got is not None:
             got[0].prefilled(got[1])
 
+    def finished(self, worker: str, rid: str) -> None:
+        # ended without a first token (not streamed, or failed): nothing to probe with
+        self._routed.pop(rid, None)
+
     def view(self, url: str) -> WorkerKv | None:
         if self.endpoints(url) is None:
             return None

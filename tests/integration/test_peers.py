@@ -187,3 +187,54 @@ async def test_a_peer_that_stops_answering_pings_is_reconnected(harness: Harness
         await eventually(dropped_and_retried)
     finally:
         await runner.cleanup()
+
+
+async def test_a_replica_hears_what_its_peer_has_in_flight_on_each_worker(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # Real time (time_scale 1): a 300-token answer stays in flight long enough to be seen.
+    fleet = await harness.fleet([SimConfig(time_scale=1.0), SimConfig(time_scale=1.0)])
+    a_admin = free_port()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"]})
+    a = await harness.proxy(fleet.urls, **{"routing.policy": "round_robin", "routing.peers": [admin(b)],
+                                           "server.admin_port": a_admin})
+
+    async def b_sees(n: int) -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_in_flight") == n
+
+    body = {"text": "hold the line " * 20, "stream": True, "sampling_params": {"max_new_tokens": 300}}
+    streams = [await client.post(base(a) + "/generate", json=body) for _ in range(3)]
+    try:
+        for r in streams:
+            assert r.status == 200
+            await r.content.readline()  # the first chunk: in flight, prefilled, decoding
+        await eventually(lambda: b_sees(3), what="b counting a's 3 requests in flight")
+        per_worker = {dict(ls)["worker"]: v for (n, ls), v in (await scrape(client, admin(b))).items()
+                      if n == "radixgate_peer_in_flight"}
+        assert set(per_worker) <= set(fleet.urls) and sorted(per_worker.values()) == [1, 2]  # round robin
+    finally:
+        for r in streams:
+            await r.read()
+            r.release()
+    await eventually(lambda: b_sees(0), what="b seeing a's requests end")
+
+
+async def test_a_peers_load_is_forgotten_when_its_last_connection_closes(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": ["http://127.0.0.1:9"]})
+
+    async def b_sees(n: int) -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_in_flight") == n
+
+    told = {"v": 1, "from": "peer-x", "decisions": [], "in_flight": {fleet.urls[0]: 5, fleet.urls[1]: 2}}
+    headers = {"X-Radixgate-Instance": "peer-x"}
+    async with client.ws_connect(admin(b) + PATH, headers=headers) as first:
+        await first.send_str(json.dumps(told))
+        await eventually(lambda: b_sees(7), what="b counting the peer's 7 requests")
+        async with client.ws_connect(admin(b) + PATH, headers=headers) as second:  # a reconnect overlapping
+            await second.send_str(json.dumps({**told, "in_flight": {fleet.urls[0]: 1}}))  # replaces, not adds
+            await eventually(lambda: b_sees(1), what="the newer count replacing the older")
+            await first.close()
+            await asyncio.sleep(0.1)
+            assert await b_sees(1)  # another connection of that peer is still open
+    await eventually(lambda: b_sees(0), what="the peer's load forgotten once it is gone")

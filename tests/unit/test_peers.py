@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequest
-from proxy.peers import MAX_BLOCKS, Message, Placement, Prefilled, decode, encode
+from proxy.peers import MAX_BLOCKS, MAX_WORKERS, Message, Placement, Prefilled, decode, encode
 from proxy.routing.base import RouteRequest
 
 routes = st.builds(
@@ -26,9 +26,16 @@ decisions = st.builds(Placement, st.text(min_size=1, max_size=30), routes, st.te
 notices = st.builds(Prefilled, st.text(max_size=30), st.text(max_size=10))
 
 
-@given(st.lists(decisions, max_size=20), st.lists(notices, max_size=20))
-def test_messages_survive_the_wire(ds: list[Placement], ns: list[Prefilled]) -> None:
-    assert decode(encode(ds, ns, "me")) == Message("me", ds, ns)
+loads = st.none() | st.dictionaries(st.text(min_size=1, max_size=30), st.integers(0, 10**6), max_size=8)
+
+
+@given(st.lists(decisions, max_size=20), st.lists(notices, max_size=20), loads)
+def test_messages_survive_the_wire(ds: list[Placement], ns: list[Prefilled], load: dict[str, int] | None) -> None:
+    assert decode(encode(ds, ns, "me", load)) == Message("me", ds, ns, load)
+
+
+def test_a_message_from_an_older_peer_tells_no_load() -> None:
+    assert decode(one()).in_flight is None
 
 
 def test_a_decision_from_an_older_peer_without_stream_is_not_streamed() -> None:
@@ -61,6 +68,11 @@ def one(**change: object) -> bytes:
     (one(stream="yes"), "decisions[0].stream"),
     (b'{"v": 1, "prefilled": {}}', "prefilled"),
     (b'{"v": 1, "prefilled": [{"worker": "http://w"}]}', "prefilled[0]"),
+    (b'{"v": 1, "in_flight": [1]}', "in_flight"),
+    (b'{"v": 1, "in_flight": {"": 1}}', "in_flight"),
+    (b'{"v": 1, "in_flight": {"http://w": -1}}', "in_flight['http://w']"),
+    (b'{"v": 1, "in_flight": {"http://w": "3"}}', "in_flight['http://w']"),
+    (json.dumps({"v": 1, "in_flight": {f"http://w{i}": 1 for i in range(MAX_WORKERS + 1)}}).encode(), "in_flight"),
 ])
 def test_a_malformed_message_names_its_field(body: bytes, field: str) -> None:
     with pytest.raises(BadRequest) as e:

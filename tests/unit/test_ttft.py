@@ -383,6 +383,33 @@ def test_a_new_group_goes_where_fewer_requests_are_outstanding_not_where_fewer_g
     assert len(set(chosen)) == 3
 
 
+def test_a_peers_requests_in_flight_count_as_load_until_it_says_otherwise_or_goes() -> None:
+    # Replicas each route a share of the traffic: a worker busy with a peer's requests looks idle
+    # to this one unless the peer says what it has in flight there (on the GPU fleet, 4 replicas
+    # that shared decisions but not loads put popular groups together: TTFT p95 1.5-2x one proxy's).
+    policy = TtftCost(TtftParams())
+    policy.on_peer_load("peer-1", {"http://a": 2, "http://b": 0})
+    policy.on_peer_load("peer-2", {"http://a": 1})
+    a = WorkerSnapshot("http://a")
+    assert policy.pending.outstanding("http://a") == 3 and policy.running(a) == 3
+    assert policy.running(dataclasses.replace(a, running=1)) == 1  # a scrape knows better
+    chosen = []
+    for t in range(6):
+        r = prompt(200 + t, 120, shared=110, shared_tag=200 + t)
+        chosen.append(policy.select(r, fleet()).worker)
+        finish(policy, r, chosen[-1], ttft=0.05, cached=0)
+    assert "http://a" not in chosen and len(set(chosen)) == 3
+    policy.on_peer_load("peer-1", {"http://a": 0})  # a newer count replaces the older
+    assert policy.pending.outstanding("http://a") == 1
+    policy.on_peer_load("peer-2", {})  # gone: its requests count no more
+    assert policy.pending.outstanding("http://a") == 0
+    r = prompt(300, 120, shared=110, shared_tag=300)
+    assert policy.select(r, fleet()).worker == "http://a"  # the fewest new groups, now idle
+    policy.on_peer_load("peer-1", {"http://a": 4})
+    policy.on_worker_change(fleet()[1:])  # a left the fleet: its counts go with it
+    assert policy.pending.outstanding("http://a") == 0
+
+
 def streamed(tag: int, blocks: int, shared: int = 0, shared_tag: int = 999, *, held: bool = False) -> RouteRequest:
     return dataclasses.replace(prompt(tag, blocks, shared, shared_tag), stream=True, held=held)
 

@@ -8,7 +8,8 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
                  counted them yet); before any scrape, all our in-flight ones
     queued_w   = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the mean
                  uncached size of our requests); counts other proxies' traffic too
-    running_w  = its decode batch (scraped ``running``, else our in-flight count)
+    running_w  = its decode batch (scraped ``running``, else the requests we and our peers have
+                 in flight there: ``on_peer_load``)
     waiting_w  = requests ahead there without a first token (ours since the last scrape + its
                  scraped queue; before any scrape, ours): ``waiting_requests``
     ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w
@@ -29,8 +30,8 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
   ``key_blocks`` blocks, which every proxy computes alike: independent proxies that share
   nothing send a new group, and a spilled group's overflow, to the same worker;
 * for a cold prompt (no worker holds more than ``cold_blocks`` blocks; scores within
-  ``cold_tie_prefills`` of its own prefill time count as tied): the worker with the fewest of our
-  requests outstanding, then the first in that order whose count of recent cold placements (ours
+  ``cold_tie_prefills`` of its own prefill time count as tied): the worker with the fewest
+  requests outstanding (ours, and what our peers last said they have there), then the first in that order whose count of recent cold placements (ours
   and our peers') is within ``cold_slack`` of the fewest. Load first: on the real GPU fleet
   (4 engines, 32 groups, 4.5 req/s), placing new groups where fewer requests were outstanding gave
   TTFT p95 1.3-1.5 s (cache_aware, smg) against 2.6-3.2 s for an even count of groups per worker

@@ -85,6 +85,7 @@ MIN_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 MAX_WORKERS = 4096  # entries of one message's in_flight
+MAX_IN_FLIGHT = 65536  # our own requests remembered as in flight (far above admission's bounds)
 _U64 = 1 << 64
 
 
@@ -243,6 +244,7 @@ class PeerSync:
         # Our requests in flight, by request id -> worker (what peers hear as our load), and the
         # peers' open connections to us, per instance id (the last one closing = that peer is gone).
         self._mine: dict[str, str] = {}
+        self._counts: dict[str, int] = {}  # the same, counted per worker
         self._peer_links: dict[str, int] = {}
         self._loads: dict[str, dict[str, int]] = {}  # peer -> its last in_flight (the gauge)
 
@@ -256,7 +258,12 @@ class PeerSync:
 
     # -- pipeline.RouteListener -------------------------------------------------------------------
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
-        self._mine[rid] = worker  # a retry moves it
+        self._count(self._mine.pop(rid, None), -1)  # a retry moves it
+        self._mine[rid] = worker
+        self._count(worker, 1)
+        if len(self._mine) > MAX_IN_FLIGHT:  # an end never told (a bug) must not grow the load forever
+            oldest = next(iter(self._mine))
+            self._count(self._mine.pop(oldest), -1)
         if not route.block_hashes:
             self._wake_all()  # no prompt to tell of, but a load
             return
@@ -274,15 +281,23 @@ class PeerSync:
             link.wake.set()
 
     def finished(self, worker: str, rid: str) -> None:
-        if self._mine.pop(rid, None) is not None:
+        was = self._mine.pop(rid, None)
+        if was is not None:
+            self._count(was, -1)
             self._wake_all()
+
+    def _count(self, worker: str | None, delta: int) -> None:
+        if worker is None:
+            return
+        n = self._counts.get(worker, 0) + delta
+        if n > 0:
+            self._counts[worker] = n
+        else:
+            self._counts.pop(worker, None)
 
     def in_flight(self) -> dict[str, int]:
         """Our requests in flight per worker (what each message tells the peers)."""
-        counts: dict[str, int] = {}
-        for worker in self._mine.values():
-            counts[worker] = counts.get(worker, 0) + 1
-        return counts
+        return dict(self._counts)
 
     def peer_in_flight(self) -> dict[str, int]:
         """What our connected peers last said they have in flight, summed per worker."""

@@ -1,4 +1,4 @@
-"""Peer decision messages (pure): round trip, and every malformed field named."""
+"""Peer messages (pure): round trip, every malformed field named; and our load as the peers hear it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+import proxy.peers as peers
+from proxy.config_sections import RoutingConfig
 from proxy.errors import BadRequest
 from proxy.peers import MAX_BLOCKS, MAX_WORKERS, Message, Placement, Prefilled, decode, encode
 from proxy.routing.base import RouteRequest
+from proxy.routing.round_robin import RoundRobin
+from proxy.telemetry.metrics import Metrics
 
 routes = st.builds(
     RouteRequest,
@@ -78,3 +83,26 @@ def test_a_malformed_message_names_its_field(body: bytes, field: str) -> None:
     with pytest.raises(BadRequest) as e:
         decode(body)
     assert e.value.message.startswith(field + ":"), e.value.message
+
+
+def test_our_load_as_peers_hear_it_follows_routes_retries_and_ends() -> None:
+    sync = peers.PeerSync(RoutingConfig(), RoundRobin(), Metrics(CollectorRegistry()))
+    route = RouteRequest(model="m", block_hashes=(1, 2), block_tokens=16, prompt_tokens=32)
+    sync.routed("http://a", route, 0, "r1")
+    sync.routed("http://a", route, 0, "r2")
+    sync.routed("http://b", RouteRequest(model="m"), 0, "r3")  # no prompt to tell of, still a load
+    assert sync.in_flight() == {"http://a": 2, "http://b": 1}
+    sync.routed("http://b", route, 0, "r1")  # r1 failed on a and was retried on b
+    assert sync.in_flight() == {"http://a": 1, "http://b": 2}
+    sync.finished("http://b", "r1")
+    sync.finished("http://b", "r1")  # told twice: counted once
+    sync.finished("http://a", "r2")
+    assert sync.in_flight() == {"http://b": 1}
+
+
+def test_our_load_is_bounded_when_ends_go_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers, "MAX_IN_FLIGHT", 3)
+    sync = peers.PeerSync(RoutingConfig(), RoundRobin(), Metrics(CollectorRegistry()))
+    for i in range(5):
+        sync.routed("http://a" if i < 2 else "http://b", RouteRequest(model="m"), 0, f"r{i}")
+    assert sync.in_flight() == {"http://b": 3}  # the two oldest dropped

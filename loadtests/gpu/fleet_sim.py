@@ -19,7 +19,7 @@ from collections.abc import Hashable, Sequence
 
 import yaml
 
-from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, trace
+from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
@@ -47,10 +47,11 @@ class Oracle(IgnoresFeedback):
         pass
 
 
-def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s: float, workers: int,
+def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, phase_s: float, workers: int,
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
-         start: float = 0.0) -> tuple[list[Outcome], list[VirtualWorker]]:
-    """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``."""
+         start: float = 0.0, ids: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
+    """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
+    ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -79,7 +80,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int, phase_s:
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
-                    peer_sync_s=0.002 if peers else None, peer_load=peer_load,
+                    peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
 
 
@@ -92,6 +93,10 @@ def main() -> None:
     p.add_argument("--phase-s", type=float, default=25.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
+    p.add_argument("--phase-base", type=int, default=None,
+                   help="draw each rate's text as a GPU cell with this --phase-base did (its prompts exactly)")
+    p.add_argument("--prompts", choices=("text", "ids"), default="text",
+                   help="what the proxies route by: the text (a bytes-per-token estimate) or the token ids")
     p.add_argument("--carry-over", action="store_true",
                    help="run a rate's routers one after another on the same engines, as the GPU cell does "
                         "(each phase inherits the caches the one before left)")
@@ -115,9 +120,11 @@ def main() -> None:
             for k, router in enumerate(order):
                 # one prompt text per rate for every router (fleet.py's --text same), fresh per
                 # phase only where a phase inherits the one before's caches
-                phase = 1000 + 10 * r + (k if carry else 0)
+                phase: int | str = 1000 + 10 * r + (k if carry else 0)
+                if a.phase_base is not None:  # the text a GPU run's cell drew (fleet.py --text same)
+                    phase = text_key("same", a.phase_base, rate, 0)
                 outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
-                                       a.reports == "minimal", engines, start)
+                                       a.reports == "minimal", engines, start, ids=a.prompts == "ids")
                 if carry:
                     engines = fleet
                     start = max(o.done or o.arrival for o in outcomes) + 5.0

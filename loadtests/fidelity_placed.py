@@ -1,0 +1,168 @@
+"""The simulator against a real engine on routed phases: each request replayed where it really went.
+
+    .venv/bin/python -m loadtests.fidelity_placed --results loadtests/results/gpu-fleet-replicas-2 [--set F=V]
+
+``loadtests/fidelity.py`` replays the phases whose placement the trace alone fixes (the oracle, one
+engine alone). A routed phase's placement is in its ``engines.jsonl`` (each engine's requests with
+their arrival, prompt and cached tokens, first token and end, on the engine's monotonic clock, the
+client's clock too); matched to the client's ``requests.jsonl`` by prompt length and send time,
+every request gets back its prompt text (same seed, same text generator, same tokenizer) and is
+replayed on the simulated engine it really reached, at the time it reached it. What differs between
+the two columns is then the engine model alone, not the router's choices nor the proxy's holds.
+TTFT here is the engine's (arrival at the engine to first token), on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests.fidelity import TOLERANCE, _argv_value, profile_value, replay
+from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
+from loadtests.gpu.fleet_report import pct
+from proxy.sim import perf
+from proxy.sim.config import SimConfig
+from proxy.sim.tokenizer import Encoder
+
+# An engine request belongs to the client request sent at most this long before it (the proxy's
+# admission, holds and routing come between).
+MATCH_WINDOW_S = 30.0
+
+
+@dataclasses.dataclass
+class Placed:
+    """One routed phase as the engines saw it: per request, its arrival index in the trace, the
+    engine it reached, when (seconds from the phase's first engine arrival), and the engine's
+    own TTFT (inf: no first token)."""
+
+    router: str
+    rate: float
+    phase: int
+    cell: dict[str, Any]
+    index: list[int]
+    engine: list[int]
+    at: list[float]
+    ttft: list[float]
+    reuse: float
+
+
+def match(client: Sequence[dict[str, Any]], engines: Sequence[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
+    """(client record's arrival index, engine number, engine request) for each engine request that
+    a client request of the same prompt length sent before it accounts for: the nearest unmatched
+    one in time. Engine requests nobody sent (a router's readiness probe) are left out."""
+    by_len: dict[int, list[tuple[float, int]]] = {}
+    for r in client:
+        if r.get("sent") is not None and r.get("prompt_tokens"):
+            by_len.setdefault(int(r["prompt_tokens"]), []).append((float(r["sent"]), int(r["i"])))
+    for rows in by_len.values():
+        rows.sort()
+    taken: set[int] = set()
+    out = []
+    arrivals = sorted(((q["at"], n, q) for n, e in enumerate(engines) for q in e.get("requests", [])),
+                      key=lambda x: x[0])
+    for at, n, q in arrivals:
+        rows = by_len.get(int(q["prompt"]), [])
+        k = bisect.bisect_right(rows, (at, math.inf)) - 1
+        while k >= 0 and (rows[k][1] in taken):
+            k -= 1
+        if k >= 0 and at - rows[k][0] <= MATCH_WINDOW_S:
+            taken.add(rows[k][1])
+            out.append((rows[k][1], n, q))
+    return out
+
+
+def _in_cell(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
+    """Whether the engines' phase ``doc`` ran in this cell of the summary (its phase numbers follow
+    the cell's ``--phase-base``, one per router, rate and round)."""
+    base = int(_argv_value(cell["argv"], "--phase-base", "0"))
+    phases = len(cell["routers"]) * len(cell["rates"]) * int(cell.get("repeat", 1))
+    return (cell["prompts"] == doc["prompts"] and cell["reports"] == doc["reports"]
+            and doc["router"] in cell["routers"] and doc["rate"] in cell["rates"]
+            and base < doc["phase"] <= base + phases)
+
+
+def placed_phases(results: Path) -> list[Placed]:
+    if not all((results / f).exists() for f in ("requests.jsonl", "summary.jsonl", "engines.jsonl")):
+        return []  # a run that came back without its summary or engine traces
+    recs = [json.loads(line) for line in (results / "requests.jsonl").read_text().splitlines() if line]
+    cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
+    out = []
+    for line in (results / "engines.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        cell = next((c for c in cells if _in_cell(c, doc)), None)
+        if cell is None or doc["prompts"] == "chat":  # chat prompts are rendered by a template
+            continue
+        client = [r for r in recs if r["phase"] == doc["phase"] and r["router"] == doc["router"]]
+        pairs = match(client, doc["engines"])
+        if not pairs:
+            continue
+        t0 = min(q["at"] for _, _, q in pairs)
+        prompt = sum(q["prompt"] for _, _, q in pairs)
+        out.append(Placed(
+            doc["router"], doc["rate"], doc["phase"], cell, [i for i, _, _ in pairs], [n for _, n, _ in pairs],
+            [q["at"] - t0 for _, _, q in pairs],
+            [q["first"] - q["at"] if q.get("first") is not None else math.inf for _, _, q in pairs],
+            sum(q["cached"] for _, _, q in pairs) / prompt if prompt else 0.0))
+    return out
+
+
+def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]]) -> dict[str, float]:
+    cell, argv = p.cell, p.cell["argv"]
+    shape = Shape(**cell["shape"])
+    arrivals = trace(p.rate, float(_argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
+    key = (text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), p.rate, p.phase),
+           p.rate, shape, cell["seed"])
+    if key not in cache:
+        cache[key] = [encoder.encode(s + "\n\n" + q) for s, q in phase_texts(arrivals, shape, key[0])]
+    order = sorted(range(len(p.at)), key=lambda k: p.at[k])
+    config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
+                  cell["workers"], shape.output_tokens, profile, config,
+                  float(_argv_value(argv, "--drain-s", "20")))
+
+
+def report(results: Sequence[Path], profile: perf.Profile) -> str:
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    lines = ["| run | router | rate /s | prompts | engine TTFT p50 real / sim / ratio | p95 real / sim / ratio "
+             "| reuse real / sim | verdict |", "|---|---|---|---|---|---|---|---|"]
+    logs = []
+    for path in results:
+        for p in placed_phases(path):
+            sim = simulate(p, profile, encoder, cache)
+            real = {"ttft_p50": pct(p.ttft, 0.5), "ttft_p95": pct(p.ttft, 0.95)}
+            cols, ok = [], True
+            for key in ("ttft_p50", "ttft_p95"):
+                r, s = real[key], sim[key]
+                ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
+                cols.append(f"{r:.3f} / {s:.3f} / {ratio:.2f}")
+                ok &= abs(ratio - 1) <= TOLERANCE
+                if math.isfinite(ratio) and ratio > 0:
+                    logs.append(abs(math.log(ratio)))
+            lines.append(f"| {path.name} | {p.router} | {p.rate:g} | {p.cell['prompts']} | " + " | ".join(cols)
+                         + f" | {p.reuse:.0%} / {sim['reuse']:.0%} | {'within ±30%' if ok else 'MISS'} |")
+    mean = sum(logs) / len(logs) if logs else math.nan
+    return f"profile {profile.name}: mean |log(sim / real)| of TTFT p50 and p95 {mean:.3f}\n" + "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, nargs="+", required=True)
+    p.add_argument("--profile", default="h200-transformers-7b")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    a = p.parse_args()
+    profile = perf.PROFILES[a.profile]
+    for item in a.set:
+        key, value = item.split("=", 1)
+        profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    print(report(a.results, profile))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,17 +8,23 @@ routing code (policies, prefix keys, the learned bytes-per-token estimate) in fr
 engines that share one GPU (``perf.SharedGpu``) and report only token counts (``--reports
 minimal``), as the GPU fleet's engines. Seconds of CPU per cell, exact and repeatable, so policy
 variants can be swept (``ttft/work_weight=10``) before a GPU run decides. ``oracle`` = group g on
-engine g mod N, as in the GPU benchmark.
+engine g mod N, as in the GPU benchmark. Spec keys as ``fleet.py``'s: ``replicas=N``,
+``peers=on`` (``decisions``: without the loads), ``kv_events=auto``, ``tokenizer=bench``.
+``--cells RESULTS...`` replays a GPU run's cells on their own traces and text and prints the GPU's
+TTFT p95 beside the simulator's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
 import yaml
 
+from loadtests.fidelity import _argv_value, _phase_of
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
@@ -60,7 +66,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     name, *pairs = router.split("/")
     params: dict[str, object] = {}
     hold = 0.0
-    replicas, peers, peer_load = 1, False, True
+    replicas, peers, peer_load, kv_events = 1, False, True, False
     for pair in pairs:
         key, value = pair.split("=", 1)
         if key == "hold_max_s":
@@ -71,21 +77,66 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             # "decisions", their requests in flight per worker)
             peers = value == "decisions" or bool(yaml.safe_load(value))
             peer_load = value != "decisions"
+        elif key == "kv_events":  # the engines' events, read by every replica
+            kv_events = bool(value)
+        elif key == "tokenizer":  # the proxies tokenize text with the engines' tokenizer
+            ids = True
         else:
             params[key] = yaml.safe_load(value)
     policy: object = name
     if name == "oracle":
-        group_of = {route_of(spec, block_tokens=32).block_hashes[0]: g for spec, (_, g) in zip(specs, arrivals, strict=True)}
+        group_of = {}
+        for spec, (_, g) in zip(specs, arrivals, strict=True):  # the first block as the proxies key it
+            text_ids = encoder.encode(spec.text or "") if ids else None
+            group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
+                    kv_events=kv_events,
                     minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
+
+
+# The SGLang gateways are simulated by radixgate's own rendering of their policy.
+AS_SIMULATED = {"smg": "cache_aware", "sglang-router": "cache_aware"}
+
+
+def replay_cells(results: Path, encoder: Encoder) -> list[str]:
+    """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
+    trace and prompt text: one line per cell and rate, the GPU's TTFT p95 beside the simulator's
+    (smg and sglang-router as ``cache_aware``). The first phase of each router only (``--repeat``
+    rounds share a trace)."""
+    lines: list[str] = []
+    if not (results / "summary.jsonl").exists():
+        return lines  # a run that came back without its summary
+    for line in (results / "summary.jsonl").read_text().splitlines():
+        c = json.loads(line)
+        if c["prompts"] == "chat" or c["shape"]["workload"] != "shared":
+            continue  # chat prompts are rendered by the engines' template
+        shape, base = Shape(**c["shape"]), int(_argv_value(c["argv"], "--phase-base", "0"))
+        for rate in c["rates"]:
+            row = []
+            for r in c["routers"]:
+                got = c["summary"].get(r, {}).get(f"{rate:g}")
+                if got is None or r == "direct0":
+                    continue
+                key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, r, rate))
+                name = AS_SIMULATED.get(r, r)
+                outs, _ = cell(name, rate, shape, c["seed"], key, float(_argv_value(c["argv"], "--phase-s", "30")),
+                               c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids")
+                ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]
+                row.append(f"{r} {got['ttft_p95'] * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}")
+            if row:
+                lines.append(f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s: "
+                             + " | ".join(row))
+    return lines
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cells", type=Path, nargs="+", metavar="RESULTS",
+                   help="replay these GPU runs' cells on their own traces and text; print GPU / sim TTFT p95 ms")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
     p.add_argument("--rates", default="3,4.5")
     p.add_argument("--seed", type=int, default=1)
@@ -104,6 +155,11 @@ def main() -> None:
                    help="as --carry-over, across the rates too, routers rotated by one per rate (fleet.py's order)")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
+    if a.cells:
+        for results in a.cells:
+            for line in replay_cells(results, encoder):
+                print(line, flush=True)
+        return
     shape = Shape()
     names = a.routers.split(",")
     print(f"virtual time, {a.workers} engines sharing one simulated H200, reports={a.reports}; "

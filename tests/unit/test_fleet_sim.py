@@ -37,3 +37,22 @@ def test_a_policy_variant_reaches_the_policy_as_its_params() -> None:
     outcomes, _ = fleet_sim.cell("ttft/work_weight=0", 4.5, Shape(groups=8), seed=1, phase=7, phase_s=8.0,
                                  workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True)
     assert outcomes and all(o.first is not None for o in outcomes)
+
+
+def test_the_simulated_engines_are_warm_as_the_measured_ones_are() -> None:
+    # The transformers profile charges 1.5 s for an engine's very first step; the engines a
+    # benchmark measures have all served before, so none of a phase's first answers may carry it.
+    from proxy.sim.perf import PROFILES
+
+    warmup = PROFILES["h200-transformers-7b"].warmup_s
+    assert warmup > 1.0
+    outcomes, _ = fleet_sim.cell("round_robin", 0.5, Shape(groups=4), seed=1, phase=7, phase_s=6.0, workers=4,
+                                 encoder=Encoder(str(TOKENIZER)), minimal=True)
+    first = sorted(outcomes, key=lambda o: o.arrival)[:3]  # one per idle engine, nothing queued ahead
+    assert first and all(o.first is not None and o.first - o.arrival < warmup for o in first)
+
+
+def test_the_oracle_finds_its_groups_when_the_proxies_route_token_ids() -> None:
+    outcomes, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                                 encoder=Encoder(str(TOKENIZER)), minimal=True, ids=True)
+    assert outcomes and all(o.worker == f"http://w{int(o.group[1:]) % 4}" for o in outcomes)

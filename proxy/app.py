@@ -128,9 +128,11 @@ class App:
         # Requests held for a prefill in progress: released by our own first tokens and by peers'.
         holds = Holds(self.clock)
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ),
-                              prefill_ended=holds.release)
+                              prefill_ended=holds.release, clock=self.clock)
         # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
         self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
+        if self.peers.enabled:  # a replica's window holds its share of the fleet's requests: say how much
+            self.diagnosis.diagnoser.peer_requests = self.peers.decisions_since
         # radixgate_routing_available_cached_tokens_total: the diagnosis's fleet-wide cache model, live.
         reuse = AvailableReuse(lambda: fleet_kv_tokens(self.workers.snapshots()), self.metrics.count_available)
         self.pipeline = Pipeline(

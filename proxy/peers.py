@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy.clock import Clock, MonotonicClock
 from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
 from proxy.routing.base import Policy, RouteRequest
@@ -226,8 +227,13 @@ class PeerSync:
 
     def __init__(self, config: RoutingConfig, policy: Policy, metrics: Metrics,
                  key: str | None = None, instance: str | None = None,
-                 prefill_ended: Callable[[Hashable], None] = lambda key: None) -> None:
+                 prefill_ended: Callable[[Hashable], None] = lambda key: None,
+                 clock: Clock | None = None) -> None:
         self.config = config
+        self._clock = clock or MonotonicClock()
+        # (when, how many) of the peers' decisions applied: the diagnosis's view of the fleet's
+        # traffic beyond ours (``decisions_since``); bounded, so a count over a long window is a floor.
+        self._heard: deque[tuple[float, int]] = deque(maxlen=MAX_BUFFERED)
         self.instance = instance or uuid.uuid4().hex
         self.policy, self.metrics, self._key = policy, metrics, key
         # Told when a peer's request has its first token (App: the pipeline's holds, which release
@@ -298,6 +304,10 @@ class PeerSync:
     def in_flight(self) -> dict[str, int]:
         """Our requests in flight per worker (what each message tells the peers)."""
         return dict(self._counts)
+
+    def decisions_since(self, t: float) -> int:
+        """Requests our peers routed (their decisions we applied) since clock time ``t``."""
+        return sum(n for at, n in self._heard if at >= t)
 
     def peer_in_flight(self) -> dict[str, int]:
         """What our connected peers last said they have in flight, summed per worker."""
@@ -462,6 +472,8 @@ class PeerSync:
             self.policy.on_peer_prefilled(n.worker, key)
             self.prefill_ended(key)
         self.metrics.inc(self.metrics.peer_received, "applied", amount=len(message.decisions))
+        if message.decisions:
+            self._heard.append((self._clock.now(), len(message.decisions)))
         if message.prefilled:
             self.metrics.inc(self.metrics.peer_received, "prefilled", amount=len(message.prefilled))
 

@@ -140,6 +140,8 @@ def to_json(d: Diagnosis) -> dict[str, Any]:
         "workers": [dataclasses.asdict(w) for w in s.occupancy.workers],
         # workers whose KV event stream routing does not read (unconfirmed / failed)
         "kv_events_doubted": list(s.kv_doubted),
+        # requests the peer replicas routed over the window: this one's figures cover the rest
+        "peer_requests": s.peer_requests,
         "policies": list(s.policies),
         "verdict": _verdict(d.verdict),
         "cost": _cost(d.cost),

@@ -174,6 +174,17 @@ def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
                             "the model's own tokenizer, so the proxy's token ids are the engine's"))
         levers.append(Lever("--kv-events-config", "sglang",
                             "check the engine's publisher and page size (GET /workers: kv_events.confirmation)"))
+    if s.peer_requests:
+        # Its peers' requests shared the engines' caches and queues: the window's cache capture,
+        # available reuse and shadow replays are of this replica's requests alone (on the GPU fleet
+        # a replica's shadow replay of its quarter read 34% where the fleet captured 74%).
+        fleet = s.window.requests + s.peer_requests
+        missing.append(f"the rest of the fleet's traffic (this replica routed {s.window.requests} of the "
+                       f"~{fleet} requests in the window, its peers the rest)")
+        evidence.append(Evidence("requests the peer replicas routed in the window", float(s.peer_requests),
+                                 ">", 0.0, True, f"{s.window.requests / fleet:.0%} of the fleet's were this replica's"))
+        levers.append(Lever("GET /diagnosis on every replica", "radixgate",
+                            "each covers its own requests: read them all, or the fleet's /metrics summed"))
     if not missing:
         return None
     summary = "the workers do not report " + " or ".join(missing) + ": findings that need them cannot fire"
@@ -203,6 +214,7 @@ def verdict(s: Signals, p: RuleParams) -> Verdict:
     if s.window.ok + s.window.cut_short < p.min_requests:
         return make(INSUFFICIENT, f"{s.window.ok} successful requests in the window"
                     + (f" and {s.window.cut_short} cut short" if s.window.cut_short else "")
+                    + (f" (the peer replicas routed {s.peer_requests} more)" if s.peer_requests else "")
                     + f"; need {p.min_requests}", 1.0, [])
     findings = evaluate(s, p)
     blind = rule_missing_signals(s, p)

@@ -9,6 +9,7 @@ stamps the result with the clock. ``current()`` reuses the last result while it 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.clock import Clock
@@ -42,6 +43,8 @@ class DiagnosisInputs:
     samples: tuple[SnapshotSample, ...]
     gpu: GpuReport
     now: float
+    # Requests the peer replicas routed over the window's span (0 without peers).
+    peer_requests: int = 0
 
 
 class Diagnoser:
@@ -64,6 +67,9 @@ class Diagnoser:
         self._gpu = gpu
         self._min_interval_s = min_interval_s
         self._last: Diagnosis | None = None
+        # Behind several replicas (routing.peers): how many requests the others routed since a
+        # clock time (set by the composition root); the window then holds a share of the fleet's.
+        self.peer_requests: Callable[[float], int] | None = None
 
     @classmethod
     def from_config(
@@ -80,16 +86,21 @@ class Diagnoser:
 
     def inputs(self) -> DiagnosisInputs:
         """Copy what a diagnosis reads (cheap); call on the event loop that feeds the windows."""
+        records = tuple(self.windows.requests.items())
+        peers = 0
+        if self.peer_requests is not None and records:
+            peers = self.peer_requests(min(r.timing.received for r in records))
         return DiagnosisInputs(
-            records=tuple(self.windows.requests.items()),
+            records=records,
             samples=tuple(self.windows.snapshots.items()),
             gpu=self.gpu_report(),
             now=self._clock.now(),
+            peer_requests=peers,
         )
 
     def compute(self, inputs: DiagnosisInputs) -> Diagnosis:
         """Signals, verdict and cost of one copy of the windows; pure, safe to run in a thread."""
-        signals = compute_signals(inputs.records, inputs.samples, inputs.gpu)
+        signals = compute_signals(inputs.records, inputs.samples, inputs.gpu, peer_requests=inputs.peer_requests)
         workers = [w.url for w in inputs.samples[-1].workers] if inputs.samples else []
         cost = stage_costs(
             inputs.records,

@@ -272,6 +272,9 @@ class Signals:
     # Workers whose KV event stream is live but does not show what their engine prefilled
     # (``unconfirmed``), or is not a KV event stream (``failed``), in the newest snapshot.
     kv_doubted: tuple[str, ...] = ()
+    # Requests the peer replicas routed over the window (routing.peers): the fleet served these
+    # too, so this window's cache and shadow figures cover a share of its traffic.
+    peer_requests: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +323,7 @@ def compute_signals(
     *,
     capacity_tokens: int | None = None,
     with_shadow: bool = True,
+    peer_requests: int = 0,
 ) -> Signals:
     """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
@@ -338,4 +342,5 @@ def compute_signals(
         hot_prefix=hot_prefix(records),
         workers=len({w.url for w in samples[-1].workers}) if samples else len({r.worker for r in records}),
         kv_doubted=tuple(sorted(w.url for w in samples[-1].workers if w.kv_state in KV_DOUBTED)) if samples else (),
+        peer_requests=peer_requests,
     )

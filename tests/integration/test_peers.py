@@ -238,3 +238,28 @@ async def test_a_peers_load_is_forgotten_when_its_last_connection_closes(
             await asyncio.sleep(0.1)
             assert await b_sees(1)  # another connection of that peer is still open
     await eventually(lambda: b_sees(0), what="the peer's load forgotten once it is gone")
+
+
+async def test_a_replicas_diagnosis_counts_the_requests_its_peers_routed(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    a_admin = free_port()
+    b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"],
+                                           "diagnose.refresh_s": 0})
+    a = await harness.proxy(fleet.urls, **{"routing.peers": [admin(b)], "server.admin_port": a_admin})
+    await generate(client, base(b), "b's own prompt " * 20)
+    for i in range(6):
+        await generate(client, base(a), f"a's prompt {i} " * 20)
+
+    async def b_heard_them() -> bool:
+        return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                     outcome="applied") >= 6
+
+    await eventually(b_heard_them)
+    async with client.get(admin(b) + "/diagnosis") as r:
+        assert r.status == 200
+        doc = await r.json()
+    assert doc["peer_requests"] == 6
+    # Too few of its own to judge: it says the fleet routed more elsewhere.
+    assert doc["verdict"]["kind"] == "insufficient_data"
+    assert "(the peer replicas routed 6 more)" in doc["verdict"]["summary"], doc["verdict"]

@@ -423,3 +423,14 @@ def test_kv_event_streams_routing_cannot_use_are_named_with_the_tokenizer_and_pu
     assert v.kind == "healthy" and "as far as the signals show" in v.summary
     # streams routing reads (or none configured) add nothing
     assert not [f for f in rules.verdict(healthy_signals(), P).findings if f.rule == "missing_signals"]
+
+
+def test_a_replica_says_its_window_holds_only_its_share_of_the_fleets_requests() -> None:
+    base = healthy_signals()
+    shared = dataclasses.replace(base, peer_requests=3 * base.window.requests)
+    v = rules.verdict(shared, P)
+    blind = [f for f in v.findings if f.rule == "missing_signals"]
+    assert blind and f"routed {base.window.requests} of the ~{4 * base.window.requests} requests" in blind[0].summary
+    assert any(e.note == "25% of the fleet's were this replica's" for e in blind[0].evidence)
+    assert "GET /diagnosis on every replica" in {lv.setting for lv in blind[0].levers}
+    assert v.kind == "healthy" and "as far as the signals show" in v.summary

@@ -25,7 +25,8 @@ document::
      "in_flight": {"http://w1:30000": 3}}
 
 ``in_flight``: the sender's requests dispatched and unfinished per worker, as of the message (each
-replaces the last; a message goes out whenever it changes). A replica routes a quarter of the
+replaces the last; it rides on every message, and a change with nothing else to send goes out
+within ``LOAD_REFRESH_S``, 0.1 s). A replica routes a quarter of the
 traffic behind 4 replicas, so its own count of a worker's requests is a quarter of the truth; on
 the GPU fleet (4 engines, 6 req/s past the knee) replicas sharing decisions alone put popular groups
 together (TTFT p95 1.09-2.08x one proxy's over three rounds), since a new group goes where fewer
@@ -87,6 +88,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 MAX_WORKERS = 4096  # entries of one message's in_flight
 MAX_IN_FLIGHT = 65536  # our own requests remembered as in flight (far above admission's bounds)
+# A changed in-flight count with nothing else to send goes out this often at most.
+LOAD_REFRESH_S = 0.1
 _U64 = 1 << 64
 
 
@@ -271,8 +274,7 @@ class PeerSync:
             oldest = next(iter(self._mine))
             self._count(self._mine.pop(oldest), -1)
         if not route.block_hashes:
-            self._wake_all()  # no prompt to tell of, but a load
-            return
+            return  # no prompt to tell of; its load goes with the next message
         decision = Placement(worker, route, rid, uncached_tokens(route, matched_blocks))
         for link in self._links.values():
             if len(link.decisions) == MAX_BUFFERED:
@@ -287,10 +289,11 @@ class PeerSync:
             link.wake.set()
 
     def finished(self, worker: str, rid: str) -> None:
+        # No message of its own: the count rides on the next decision's, or the link's refresh
+        # (LOAD_REFRESH_S) sends it (a message per end cost 25% more messages in bench_peers).
         was = self._mine.pop(rid, None)
         if was is not None:
             self._count(was, -1)
-            self._wake_all()
 
     def _count(self, worker: str | None, delta: int) -> None:
         if worker is None:
@@ -316,10 +319,6 @@ class PeerSync:
             for worker, n in load.items():
                 totals[worker] = totals.get(worker, 0) + n
         return totals
-
-    def _wake_all(self) -> None:
-        for link in self._links.values():
-            link.wake.set()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, admin_port: int) -> None:
@@ -400,7 +399,8 @@ class PeerSync:
                 reader = asyncio.get_running_loop().create_task(_drain(ws, link))
                 try:
                     while True:
-                        await link.wake.wait()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(link.wake.wait(), LOAD_REFRESH_S)
                         link.wake.clear()
                         if self.config.peer_sync_interval_s > 0:
                             await asyncio.sleep(self.config.peer_sync_interval_s)

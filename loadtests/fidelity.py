@@ -59,9 +59,10 @@ def metrics(ttft: Sequence[float], itl: Sequence[float], e2e: Sequence[float]) -
 
 def replay(prompts: list[list[int]], times: list[float], placement: list[int], n_engines: int,
            output_tokens: int, profile: perf.Profile, config: SimConfig, horizon_s: float,
-           shared_gpu: bool = True) -> dict[str, float]:
+           shared_gpu: bool = True, into: list[tuple[int, SimRequest]] | None = None) -> dict[str, float]:
     """N engines sharing one GPU on a virtual clock. A request unanswered ``horizon_s`` after the
-    last arrival counts as infinitely slow, as the fleet benchmark cancels it then."""
+    last arrival counts as infinitely slow, as the fleet benchmark cancels it then. ``into``
+    receives (engine, request) of every request, for per-request analysis."""
     engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
     one = perf.SharedGpu(profile.gpu_exclusive_host)
     gpus = [one if shared_gpu else perf.SharedGpu(profile.gpu_exclusive_host) for _ in engines]
@@ -76,6 +77,8 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
             req = SimRequest(rid=str(k), input_ids=prompts[k], max_new_tokens=output_tokens)
             engines[placement[k]].scheduler.submit(req, times[k])
             reqs.append(req)
+            if into is not None:
+                into.append((placement[k], req))
             k += 1
         for i, (step, end) in list(in_flight.items()):
             if end <= now:

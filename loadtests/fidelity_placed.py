@@ -28,6 +28,7 @@ from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
+from proxy.sim.scheduler import SimRequest
 from proxy.sim.tokenizer import Encoder
 
 # An engine request belongs to the client request sent at most this long before it (the proxy's
@@ -50,6 +51,8 @@ class Placed:
     at: list[float]
     ttft: list[float]
     reuse: float
+    # per request, as the engine saw it: (prompt tokens, cached tokens, first token, done), s from t0
+    engine_rows: list[tuple[int, int, float | None, float | None]] = dataclasses.field(default_factory=list)
 
 
 def match(client: Sequence[dict[str, Any]], engines: Sequence[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
@@ -108,11 +111,14 @@ def placed_phases(results: Path) -> list[Placed]:
             doc["router"], doc["rate"], doc["phase"], cell, [i for i, _, _ in pairs], [n for _, n, _ in pairs],
             [q["at"] - t0 for _, _, q in pairs],
             [q["first"] - q["at"] if q.get("first") is not None else math.inf for _, _, q in pairs],
-            sum(q["cached"] for _, _, q in pairs) / prompt if prompt else 0.0))
+            sum(q["cached"] for _, _, q in pairs) / prompt if prompt else 0.0,
+            [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
+              None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]))
     return out
 
 
-def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]]) -> dict[str, float]:
+def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]],
+             into: list[tuple[int, SimRequest]] | None = None) -> dict[str, float]:
     cell, argv = p.cell, p.cell["argv"]
     shape = Shape(**cell["shape"])
     arrivals = trace(p.rate, float(_argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
@@ -124,7 +130,7 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
                   cell["workers"], shape.output_tokens, profile, config,
-                  float(_argv_value(argv, "--drain-s", "20")))
+                  float(_argv_value(argv, "--drain-s", "20")), into=into)
 
 
 def report(results: Sequence[Path], profile: perf.Profile) -> str:
@@ -151,16 +157,88 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     return f"profile {profile.name}: mean |log(sim / real)| of TTFT p50 and p95 {mean:.3f}\n" + "\n".join(lines)
 
 
+Row = tuple[int, float, float | None, float | None, int, int]  # engine, at, first, done, prompt, cached
+
+
+def _features(rows: Sequence[Row]) -> tuple[list[list[float]], list[float]]:
+    """Per answered request: [1, its uncached tokens / 1000, requests running on its engine at its
+    arrival / 10, requests there still without a first token / 10] and its engine TTFT."""
+    x, y = [], []
+    by_engine: dict[int, list[Row]] = {}
+    for r in rows:
+        by_engine.setdefault(r[0], []).append(r)
+    for same in by_engine.values():
+        for _, at, first, _, prompt, cached in same:
+            if first is None:
+                continue
+            running = sum(1 for o in same if o[2] is not None and o[2] <= at < (o[3] if o[3] is not None else math.inf))
+            waiting = sum(1 for o in same if o[1] < at and (o[2] is None or o[2] > at))
+            x.append([1.0, (prompt - cached) / 1000, running / 10, waiting / 10])
+            y.append(first - at)
+    return x, y
+
+
+def least_squares(x: list[list[float]], y: list[float]) -> list[float]:
+    """Ordinary least squares by the normal equations (4 unknowns, Gauss-Jordan)."""
+    n = len(x[0])
+    a = [[sum(r[i] * r[j] for r in x) for j in range(n)] for i in range(n)]
+    b = [sum(r[i] * v for r, v in zip(x, y, strict=True)) for i in range(n)]
+    for i in range(n):
+        pivot = a[i][i]
+        a[i] = [v / pivot for v in a[i]]
+        b[i] /= pivot
+        for k in range(n):
+            if k != i:
+                f = a[k][i]
+                a[k] = [vk - f * vi for vk, vi in zip(a[k], a[i], strict=True)]
+                b[k] -= f * b[i]
+    return b
+
+
+def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> str:
+    """The same linear TTFT model fitted on the real engines' requests and on their placed replays
+    (phases at ``min_rate`` or more): where the percentiles agree, do the costs? (The ``ttft``
+    policy learns these; a simulator whose prefill is cheap next to its queueing teaches it to
+    spill.)"""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    real: list[Row] = []
+    sim: list[Row] = []
+    for path in results:
+        for p in placed_phases(path):
+            if p.rate < min_rate:
+                continue
+            base = len({r[0] for r in real + sim}) + 1000  # engines of different phases never mix
+            real.extend((base + e, at, first, done, prompt, cached)
+                        for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True))
+            got: list[tuple[int, SimRequest]] = []
+            simulate(p, profile, encoder, cache, into=got)
+            sim.extend((base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
+                       for e, r in got)
+    lines = [f"engine TTFT ~ c0 + per 1,000 uncached tokens + per 10 running + per 10 waiting (phases >= {min_rate:g}/s)"]
+    for name, rows in (("real", real), ("sim", sim)):
+        x, y = _features(rows)
+        c = least_squares(x, y) if x else [math.nan] * 4
+        lines.append(f"{name}: {len(y)} requests; c0 {c[0]:.3f} s, {c[1]:.3f} s per 1,000 uncached, "
+                     f"{c[2]:.3f} s per 10 running, {c[3]:.3f} s per 10 waiting")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", required=True)
     p.add_argument("--profile", default="h200-transformers-7b")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    p.add_argument("--regress", type=float, metavar="MIN_RATE", default=None,
+                   help="fit one linear TTFT model on the real and on the simulated requests of phases at this rate or more")
     a = p.parse_args()
     profile = perf.PROFILES[a.profile]
     for item in a.set:
         key, value = item.split("=", 1)
         profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    if a.regress is not None:
+        print(regress(a.results, profile, a.regress))
+        return
     print(report(a.results, profile))
 
 

@@ -88,3 +88,14 @@ def test_fleet_points_held_out_of_the_fit_are_within_30_percent() -> None:
     for p in fidelity.simulate(held, perf.PROFILES["h200-transformers-7b"], encoder, {}):
         for key in ("ttft_p50", "ttft_p95", "itl_p50"):
             assert abs(p.sim[key] / p.real[key] - 1) <= fidelity.TOLERANCE, (p.cell, p.rate, key)
+
+
+def test_the_placed_replays_least_squares_recovers_known_costs() -> None:
+    import random
+
+    from loadtests.fidelity_placed import least_squares
+
+    rng = random.Random(3)
+    x = [[1.0, rng.uniform(0, 4), rng.uniform(0, 2), rng.uniform(0, 1)] for _ in range(200)]
+    y = [0.1 + 0.3 * r[1] + 0.8 * r[2] + 6.0 * r[3] for r in x]
+    assert [round(c, 6) for c in least_squares(x, y)] == [0.1, 0.3, 0.8, 6.0]

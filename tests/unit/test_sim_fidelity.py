@@ -99,3 +99,15 @@ def test_the_placed_replays_least_squares_recovers_known_costs() -> None:
     x = [[1.0, rng.uniform(0, 4), rng.uniform(0, 2), rng.uniform(0, 1)] for _ in range(200)]
     y = [0.1 + 0.3 * r[1] + 0.8 * r[2] + 6.0 * r[3] for r in x]
     assert [round(c, 6) for c in least_squares(x, y)] == [0.1, 0.3, 0.8, 6.0]
+
+
+def test_engine_requests_are_matched_to_the_client_request_that_sent_them() -> None:
+    from loadtests.fidelity_placed import match
+
+    client = [{"i": 0, "sent": 10.0, "prompt_tokens": 3000}, {"i": 1, "sent": 10.5, "prompt_tokens": 3000},
+              {"i": 2, "sent": 11.0, "prompt_tokens": 2800}, {"i": 3, "sent": 12.0, "prompt_tokens": None}]
+    engines = [{"requests": [{"at": 10.6, "prompt": 3000}, {"at": 10.01, "prompt": 3000}]},
+               {"requests": [{"at": 11.2, "prompt": 2800}, {"at": 11.3, "prompt": 5}]},  # 5: a readiness probe
+               {"requests": [{"at": 9.0, "prompt": 2800}]}]  # before anyone sent it
+    got = sorted((i, n) for i, n, _ in match(client, engines))
+    assert got == [(0, 0), (1, 0), (2, 1)]

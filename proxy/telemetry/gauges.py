@@ -141,38 +141,20 @@ class KvEventsCollector(Collector):
         yield probes
 
 
-class BytesPerTokenCollector(Collector):
-    def __init__(self, current: Callable[[], Mapping[str, float]]) -> None:
-        self._current = current
+class MappingGauge(Collector):
+    """One gauge family with one label, read at scrape time from ``current`` (label value -> value)."""
+
+    def __init__(self, name: str, documentation: str, label: str,
+                 current: Callable[[], Mapping[str, float]]) -> None:
+        self._name, self._doc, self._label, self._current = name, documentation, label, current
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        g = GaugeMetricFamily(
-            "radixgate_prompt_bytes_per_token",
-            "UTF-8 bytes per prompt token learned from the prompt_tokens engines reported, by model "
-            "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
-            labels=["model"])
-        for model, value in sorted(self._current().items()):
-            g.add_metric([model], value)
-        yield g
-
-
-class PeerLoadCollector(Collector):
-    def __init__(self, current: Callable[[], Mapping[str, int]]) -> None:
-        self._current = current
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterable[Metric]:
-        g = GaugeMetricFamily(
-            "radixgate_peer_in_flight",
-            "Requests our peer replicas last said they have in flight, by worker (routing.peers): "
-            "the load on each worker that this replica did not route.", labels=["worker"])
-        for worker, n in sorted(self._current().items()):
-            g.add_metric([worker], n)
+        g = GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+        for key, value in sorted(self._current().items()):
+            g.add_metric([key], value)
         yield g
 
 

@@ -28,9 +28,8 @@ from proxy.routing.base import PINNED
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.telemetry.fastmetrics import CounterChild, FastCounter, FastHistogram, HistogramChild
 from proxy.telemetry.gauges import (
-    BytesPerTokenCollector,
     KvEventsCollector,
-    PeerLoadCollector,
+    MappingGauge,
     StateCollector,
     StateProvider,
     attach_diagnosis,
@@ -343,12 +342,19 @@ class Metrics:
     def attach_peer_load(self, current: Callable[[], Mapping[str, int]]) -> None:
         """Register ``radixgate_peer_in_flight`` (label worker), read from ``current`` at scrape
         time: what the peer replicas last said they have in flight (``proxy/peers.py``)."""
-        self.registry.register(PeerLoadCollector(current))
+        self.registry.register(MappingGauge(
+            "radixgate_peer_in_flight",
+            "Requests our peer replicas last said they have in flight, by worker (routing.peers): "
+            "the load on each worker that this replica did not route.", "worker", current))
 
     def attach_prompt_bytes_per_token(self, current: Callable[[], Mapping[str, float]]) -> None:
         """Register ``radixgate_prompt_bytes_per_token`` (label model), read from ``current`` at
         scrape time: the learned estimate per model (``routing/token_estimate.py``)."""
-        self.registry.register(BytesPerTokenCollector(current))
+        self.registry.register(MappingGauge(
+            "radixgate_prompt_bytes_per_token",
+            "UTF-8 bytes per prompt token learned from the prompt_tokens engines reported, by model "
+            "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
+            "model", current))
 
     def _record_routing(self, done: CompletedRequest) -> None:
         route, decision, t = done.route, done.decision, done.timing

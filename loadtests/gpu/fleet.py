@@ -181,7 +181,7 @@ def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
     return section
 
 
-def _spec_value(spec: str, name: str) -> str | None:
+def spec_value(spec: str, name: str) -> str | None:
     for pair in spec.split("/")[1:]:
         key, value = pair.split("=", 1)
         if key == name:
@@ -192,7 +192,7 @@ def _spec_value(spec: str, name: str) -> str | None:
 def spec_kv_events(spec: str, default: str = "") -> str:
     """The ``kv_events.endpoint`` of a router spec (``ttft/kv_events=auto``), else the run's
     ``--kv-events``; so one call compares a policy with and without the engines' events."""
-    value = _spec_value(spec, "kv_events")
+    value = spec_value(spec, "kv_events")
     return default if value is None else value
 
 
@@ -200,7 +200,7 @@ def spec_replicas(spec: str) -> int:
     """How many proxies a radixgate spec runs (``ttft/replicas=4``): each with the same config and
     nothing shared but the workers (and their events with ``kv_events=auto``); the client sends
     its requests to them in turn, as a load balancer in front of replicas would."""
-    value = _spec_value(spec, "replicas")
+    value = spec_value(spec, "replicas")
     n = 1 if value is None else int(value)
     if n < 1:
         raise ValueError(f"{spec}: replicas must be >= 1")
@@ -209,7 +209,7 @@ def spec_replicas(spec: str) -> int:
 
 def spec_peers(spec: str) -> bool:
     """Whether a replicated spec's proxies are each other's ``routing.peers`` (``ttft/replicas=4/peers=on``)."""
-    value = _spec_value(spec, "peers")
+    value = spec_value(spec, "peers")
     if value is not None and spec_replicas(spec) < 2:
         raise ValueError(f"{spec}: peers needs replicas >= 2")
     return value is not None and bool(yaml.safe_load(value))

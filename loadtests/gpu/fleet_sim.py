@@ -22,10 +22,19 @@ import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
-import yaml
-
 from loadtests.fidelity import _argv_value, _phase_of
-from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
+from loadtests.gpu.fleet import (
+    TOKENIZER,
+    Shape,
+    phase_texts,
+    routing_section,
+    spec_kv_events,
+    spec_peers,
+    spec_replicas,
+    spec_value,
+    text_key,
+    trace,
+)
 from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
@@ -63,26 +72,16 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     arrivals = trace(rate, phase_s, shape, seed)
     specs = [RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
              for (s, q), (_, g) in zip(phase_texts(arrivals, shape, phase), arrivals, strict=True)]
-    name, *pairs = router.split("/")
-    params: dict[str, object] = {}
-    hold = 0.0
-    replicas, peers, peer_load, kv_events = 1, False, True, False
-    for pair in pairs:
-        key, value = pair.split("=", 1)
-        if key == "hold_max_s":
-            hold = float(value)
-        elif key == "replicas":  # as fleet.py: N proxies, requests dealt to them in turn
-            replicas = int(value)
-        elif key == "peers":  # ... telling each other their decisions 2 ms later (and, unless
-            # "decisions", their requests in flight per worker)
-            peers = value == "decisions" or bool(yaml.safe_load(value))
-            peer_load = value != "decisions"
-        elif key == "kv_events":  # the engines' events, read by every replica
-            kv_events = bool(value)
-        elif key == "tokenizer":  # the proxies tokenize text with the engines' tokenizer
-            ids = True
-        else:
-            params[key] = yaml.safe_load(value)
+    section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
+    name, params = section.pop("policy"), section.pop("params")
+    hold = float(section.pop("hold_max_s", 0.0))
+    if section.pop("tokenizer", None) is not None:  # the proxies tokenize with the engines' tokenizer
+        ids = True
+    if section:
+        raise ValueError(f"{router}: {', '.join(section)} not simulated")
+    replicas, kv_events = spec_replicas(router), bool(spec_kv_events(router))
+    # peers=on: decisions and loads 2 ms later; "decisions": without the loads (before 2026-12-01 night)
+    peers, peer_load = spec_peers(router), spec_value(router, "peers") != "decisions"
     policy: object = name
     if name == "oracle":
         group_of = {}

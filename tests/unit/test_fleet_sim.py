@@ -56,3 +56,9 @@ def test_the_oracle_finds_its_groups_when_the_proxies_route_token_ids() -> None:
     outcomes, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
                                  encoder=Encoder(str(TOKENIZER)), minimal=True, ids=True)
     assert outcomes and all(o.worker == f"http://w{int(o.group[1:]) % 4}" for o in outcomes)
+
+
+def test_a_proxy_setting_the_simulator_does_not_model_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="chars_per_token not simulated"):
+        fleet_sim.cell("ttft/chars_per_token=3.5", 4.5, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                       encoder=Encoder(str(TOKENIZER)), minimal=True)

@@ -250,8 +250,21 @@ class Server:
     def _load_snapshot(self) -> dict[str, Any]:
         load = self.engine.load()
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        return {"dp_rank": 0, **load, "max_running_requests": self.args.max_running_requests,
+        snap = {"dp_rank": 0, **load, "max_running_requests": self.args.max_running_requests,
                 "max_total_num_tokens": self.kv_tokens, "cache_hit_rate": hit}
+        usage = self.token_usage()
+        if usage is not None:
+            snap["token_usage"] = usage
+        return snap
+
+    def token_usage(self) -> float | None:
+        """KV in use as SGLang counts it: blocks neither free nor holding an evictable cached
+        prefix, over the pool (None before the engine has a block table)."""
+        total = self.engine.total_blocks()
+        free, cached = self.engine.free_blocks()
+        if not total or free < 0:
+            return None
+        return round(max(0, total - free - cached) / total, 4)
 
     async def bench_stats(self, _: web.Request) -> web.Response:
         # For benchmarks only (routers are not told of it): the true prefix reuse, whatever is reported.
@@ -352,6 +365,7 @@ class Server:
             f"sglang:num_running_reqs{lbl} {s['num_running_reqs']}",
             f"sglang:num_queue_reqs{lbl} {s['num_waiting_reqs']}",
             f"sglang:cache_hit_rate{lbl} {s['cache_hit_rate']}",
+            *([f"sglang:token_usage{lbl} {s['token_usage']}"] if "token_usage" in s else []),
             f"sglang:max_total_num_tokens{lbl} {self.kv_tokens}",
             f"sglang:page_size{lbl} {self.args.block_size}",
         ]

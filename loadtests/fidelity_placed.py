@@ -26,6 +26,7 @@ from typing import Any
 from loadtests.fidelity import TOLERANCE, _argv_value, profile_value, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
+from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.scheduler import SimRequest
@@ -39,8 +40,8 @@ MATCH_WINDOW_S = 30.0
 @dataclasses.dataclass
 class Placed:
     """One routed phase as the engines saw it: per request, its arrival index in the trace, the
-    engine it reached, when (seconds from the phase's first engine arrival), and the engine's
-    own TTFT (inf: no first token)."""
+    engine it reached, when (seconds from the phase's first engine arrival), and the engine's own
+    account of it; its TTFT (inf: no first token) and the phase's reuse follow from those."""
 
     router: str
     rate: float
@@ -49,10 +50,17 @@ class Placed:
     index: list[int]
     engine: list[int]
     at: list[float]
-    ttft: list[float]
-    reuse: float
     # per request, as the engine saw it: (prompt tokens, cached tokens, first token, done), s from t0
-    engine_rows: list[tuple[int, int, float | None, float | None]] = dataclasses.field(default_factory=list)
+    engine_rows: list[tuple[int, int, float | None, float | None]]
+
+    @property
+    def ttft(self) -> list[float]:
+        return [math.inf if first is None else first - at for at, (_, _, first, _) in zip(self.at, self.engine_rows, strict=True)]
+
+    @property
+    def reuse(self) -> float:
+        prompt = sum(r[0] for r in self.engine_rows)
+        return sum(r[1] for r in self.engine_rows) / prompt if prompt else 0.0
 
 
 def match(client: Sequence[dict[str, Any]], engines: Sequence[dict[str, Any]]) -> list[tuple[int, int, dict[str, Any]]]:
@@ -106,12 +114,9 @@ def placed_phases(results: Path) -> list[Placed]:
         if not pairs:
             continue
         t0 = min(q["at"] for _, _, q in pairs)
-        prompt = sum(q["prompt"] for _, _, q in pairs)
         out.append(Placed(
             doc["router"], doc["rate"], doc["phase"], cell, [i for i, _, _ in pairs], [n for _, n, _ in pairs],
             [q["at"] - t0 for _, _, q in pairs],
-            [q["first"] - q["at"] if q.get("first") is not None else math.inf for _, _, q in pairs],
-            sum(q["cached"] for _, _, q in pairs) / prompt if prompt else 0.0,
             [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
               None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]))
     return out
@@ -178,23 +183,6 @@ def _features(rows: Sequence[Row]) -> tuple[list[list[float]], list[float]]:
     return x, y
 
 
-def least_squares(x: list[list[float]], y: list[float]) -> list[float]:
-    """Ordinary least squares by the normal equations (4 unknowns, Gauss-Jordan)."""
-    n = len(x[0])
-    a = [[sum(r[i] * r[j] for r in x) for j in range(n)] for i in range(n)]
-    b = [sum(r[i] * v for r, v in zip(x, y, strict=True)) for i in range(n)]
-    for i in range(n):
-        pivot = a[i][i]
-        a[i] = [v / pivot for v in a[i]]
-        b[i] /= pivot
-        for k in range(n):
-            if k != i:
-                f = a[k][i]
-                a[k] = [vk - f * vi for vk, vi in zip(a[k], a[i], strict=True)]
-                b[k] -= f * b[i]
-    return b
-
-
 def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> str:
     """The same linear TTFT model fitted on the real engines' requests and on their placed replays
     (phases at ``min_rate`` or more): where the percentiles agree, do the costs? (The ``ttft``
@@ -218,7 +206,7 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
     lines = [f"engine TTFT ~ c0 + per 1,000 uncached tokens + per 10 running + per 10 waiting (phases >= {min_rate:g}/s)"]
     for name, rows in (("real", real), ("sim", sim)):
         x, y = _features(rows)
-        c = least_squares(x, y) if x else [math.nan] * 4
+        c = (least_squares(x, y) if x else None) or [math.nan] * 4
         lines.append(f"{name}: {len(y)} requests; c0 {c[0]:.3f} s, {c[1]:.3f} s per 1,000 uncached, "
                      f"{c[2]:.3f} s per 10 running, {c[3]:.3f} s per 10 waiting")
     return "\n".join(lines)

@@ -74,7 +74,7 @@ def fit(placed: Sequence[Placed], measured: Sequence[float]) -> TtftModel | None
     run(placed, as_measured)
     active = [0, 1, 2, 3]
     for _ in range(4):
-        b = _least_squares([[1.0, *x] for x in rows], list(measured), active)
+        b = least_squares([[1.0, *x] for x in rows], list(measured), active)
         if b is None:
             return None
         negative = [j for j in active if j > 0 and b[j] < 0]
@@ -89,9 +89,12 @@ def p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
-def _least_squares(x: list[list[float]], y: list[float], active: list[int]) -> list[float] | None:
-    """Coefficients over the ``active`` columns (the others 0), by the normal equations, each
-    column scaled to unit size first (token counts and 1s differ by 10^4)."""
+def least_squares(x: list[list[float]], y: list[float], active: list[int] | None = None) -> list[float] | None:
+    """Coefficients over the ``active`` columns (default all; the others 0), by the normal
+    equations, each column scaled to unit size first (token counts and 1s differ by 10^4); None
+    when they are singular."""
+    if active is None:
+        active = list(range(len(x[0])))
     scale = [max(1e-12, max(abs(row[j]) for row in x)) for j in active]
     n = len(active)
     a = [[sum(row[active[r]] * row[active[c]] for row in x) / (scale[r] * scale[c]) for c in range(n)]
@@ -105,7 +108,7 @@ def _least_squares(x: list[list[float]], y: list[float], active: list[int]) -> l
             if r != col:
                 f = a[r][col] / a[col][col]
                 a[r] = [v - f * w for v, w in zip(a[r], a[col], strict=True)]
-    out = [0.0] * 4
+    out = [0.0] * len(x[0])
     for k, j in enumerate(active):
         out[j] = a[k][n] / a[k][k] / scale[k]
     return out

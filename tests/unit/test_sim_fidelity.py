@@ -90,15 +90,16 @@ def test_fleet_points_held_out_of_the_fit_are_within_30_percent() -> None:
             assert abs(p.sim[key] / p.real[key] - 1) <= fidelity.TOLERANCE, (p.cell, p.rate, key)
 
 
-def test_the_placed_replays_least_squares_recovers_known_costs() -> None:
+def test_the_least_squares_the_placed_replay_fits_with_recovers_known_costs() -> None:
     import random
 
-    from loadtests.fidelity_placed import least_squares
+    from proxy.diagnose.shadow_ttft import least_squares
 
     rng = random.Random(3)
     x = [[1.0, rng.uniform(0, 4), rng.uniform(0, 2), rng.uniform(0, 1)] for _ in range(200)]
     y = [0.1 + 0.3 * r[1] + 0.8 * r[2] + 6.0 * r[3] for r in x]
-    assert [round(c, 6) for c in least_squares(x, y)] == [0.1, 0.3, 0.8, 6.0]
+    got = least_squares(x, y)
+    assert got is not None and [round(c, 6) for c in got] == [0.1, 0.3, 0.8, 6.0]
 
 
 def test_engine_requests_are_matched_to_the_client_request_that_sent_them() -> None:

@@ -33,6 +33,7 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -50,6 +51,8 @@ from proxy.sim.protocol import BadRequest, render_chat
 log = logging.getLogger("engine_server")
 
 SERVED_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+HEALTH_PROBE_S = 20.0  # SGLang's /health probe timeout
+LOOP_DEAD = "generation loop not running"
 
 
 class Engine:
@@ -106,16 +109,38 @@ class Engine:
         self.running: set[str] = set()
         self.waiting: dict[str, int] = {}
         self._stop = False
+        self.last_output = time.monotonic()  # the engine's last sign of progress (an output, or idle)
         threading.Thread(target=self._dispatch, daemon=True).start()
+
+    def unhealthy(self) -> str | None:
+        """Why this engine cannot serve, as SGLang's /health finds out with its 1-token probe (20 s):
+        the generation loop died (transformers logs it and keeps accepting requests: an engine
+        whose KV and batch footprint did not fit its memory share died at its first batch and
+        answered /health for a whole phase), or work is in flight and nothing came out for 20 s."""
+        running = getattr(self.manager, "is_running", None)
+        if callable(running) and not running():
+            return LOOP_DEAD
+        with self.lock:
+            busy = bool(self.running or self.waiting)
+        if busy and time.monotonic() - self.last_output > HEALTH_PROBE_S:
+            return f"no output for {HEALTH_PROBE_S:g} s with requests in flight"
+        return None
 
     def _dispatch(self) -> None:
         while not self._stop:
             try:
                 out = self.manager.get_result(timeout=0.05)
             except queue.Empty:
+                if self.unhealthy() == LOOP_DEAD:
+                    # As SGLang's server does when its scheduler dies: exit, so that clients and
+                    # routers see a dead worker (and run_fleet.sh a failed start) rather than one
+                    # that accepts requests and never answers.
+                    log.error("generation loop died; exiting")
+                    os._exit(3)
                 continue
             if out is None:
                 continue
+            self.last_output = time.monotonic()
             with self.lock:
                 target = self.queues.get(out.request_id)
             if target is not None:
@@ -125,6 +150,8 @@ class Engine:
     def submit(self, rid: str, ids: list[int], max_new_tokens: int) -> asyncio.Queue[Any]:
         q: asyncio.Queue[Any] = asyncio.Queue()
         with self.lock:
+            if not (self.running or self.waiting):  # idle until now: the silence before is not a stall
+                self.last_output = time.monotonic()
             self.queues[rid] = (asyncio.get_running_loop(), q)
             self.waiting[rid] = len(ids)
         if self.args.kv_events_config:
@@ -223,7 +250,8 @@ class Server:
         return app
 
     async def health(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
+        why = self.engine.unhealthy()
+        return web.Response(status=503, text=why) if why else web.Response(text="")
 
     async def model_info(self, _: web.Request) -> web.Response:
         return web.json_response({"model_path": SERVED_MODEL, "served_model_name": SERVED_MODEL,

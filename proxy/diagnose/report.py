@@ -62,6 +62,8 @@ def _signals(s: Signals) -> dict[str, Any]:
         # Median TTFT of the first and last third of the window's requests (rules_latency.rule_overload).
         "ttft_early_p50": _signal(lat.ttft_early_p50, lat.ttft.n // 3, w, "seconds"),
         "ttft_late_p50": _signal(lat.ttft_late_p50, lat.ttft.n // 3, w, "seconds"),
+        # Estimated: the shadow replay's TTFT model at no load for the window's prompts (shadow.Replay).
+        "ttft_unloaded_p95": _signal(s.unloaded_ttft_p95, sum(r.requests for r in s.shadow[:1]), w, "seconds"),
         "gpu_idle_share": _signal(s.gpu.idle_share, sum(g.samples for g in s.gpu.gpus), s.gpu.window_s, "ratio"),
         "proxy_overhead_share": _signal(lat.proxy_overhead_share, lat.proxy_overhead.n, w, "ratio"),
         # The most requested shared prefix (signals.hot_prefix): its share, how many workers served

@@ -9,14 +9,15 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 |---|---|---|---|
 | cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
 | cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
-| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom; with free batch slots only where the wait costs latency (queue time ≥ queue_wait_fraction x SLO, or the SLO missed); confidence halved as the queue concentrates on one worker | tune | --max-running-requests, --schedule-conservativeness |
+| admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom; with free batch slots only where the wait costs latency (queue time ≥ queue_wait_fraction x SLO, or the SLO missed) and is ≥ queue_tail_share of the TTFT p95; confidence halved as the queue concentrates on one worker | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |
 | prefill_tail | TTFT p95 > SLO, p95/p50 ≥ tail_spread, decode flat, the tail is queueing | tune | --chunked-prefill-size, --schedule-policy, replicas |
 | prefill_stall | the median request's worst token gap ≥ prefill_stall_ratio × ITL p10 and ≥ p10 + prefill_stall_s, with big prefills (uncached p95 ≥ prefill_heavy_tokens) | tune | --enable-mixed-chunk, --chunked-prefill-size, PD disaggregation |
 | decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share, and no prefill stall | tune | GPU profiling (kernel / memory bandwidth) |
 | proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
-| latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+| latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, the prompts' unloaded TTFT p95 (estimated) > SLO too, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+| load_bound | (no tune finding, not saturated) TTFT p95 > SLO, ≥ load_bound_ratio x the same prompts' unloaded TTFT p95 estimated by the shadow replay's model, which is within the SLO | tune | replicas, admission.per_worker_limit |
 | overload | TTFT p95 > SLO and the median TTFT of the window's last third of requests ≥ overload_growth × its first third's and ≥ overload_min_s above it (the queue grows: arrivals outrun the fleet) | tune | replicas, admission.queue_size / queue_timeout_s |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
 | hot_prefix | one prefix's share of requests, per worker that served it, ≥ hot_prefix_share / workers, its TTFT p95 > SLO | tune | spill sooner (cache_aware balance_abs_threshold, ttft work_weight / tie_rel), routing.policy ttft, replicas |
@@ -61,6 +62,7 @@ from proxy.diagnose.rules_latency import (
     rule_admission,
     rule_decode_jitter,
     rule_idle_gaps,
+    rule_load_bound,
     rule_overload,
     rule_prefill_stall,
     rule_prefill_tail,
@@ -129,7 +131,12 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
     # metrics queues unseen: on the GPU fleet that read as a floor at 7 s TTFT p95 against 0.2 s idle).
     if s.latency.worker_queue.p95 is None or s.occupancy.queued_mean is None or saturated.value is None:
         return None
-    if not (over.holds and not queueing and saturated.holds):
+    # ...and a floor only where these prompts miss the SLO on idle engines too (the window's own
+    # TTFT model): the GPU fleet at 6/s, 4.1 s p95 against 0.6 s p50, read as a floor with a
+    # queue of one request per engine, its batches full of concurrent prefills.
+    floor = ev("unloaded_ttft_p95_s (estimated)", s.unloaded_ttft_p95, ">", p.slo_ttft_p95_s,
+               note="the shadow replay's TTFT model with nothing ahead or running")
+    if not (over.holds and not queueing and saturated.holds and floor.holds):
         return None
     summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with no queueing "
                "and spare capacity: prefill of these prompts on this model and GPU is the floor")
@@ -138,7 +145,7 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
         Lever("hardware", "model_or_hardware", "a faster GPU or tensor parallelism (--tp-size)"),
     )
     conf = 0.8 * data_weight(s, p) * strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
-    return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf, (over, *qev, saturated), levers)
+    return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf, (over, *qev, saturated, floor), levers)
 
 
 def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
@@ -192,12 +199,13 @@ def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
 
 
 def evaluate(s: Signals, p: RuleParams) -> list[Finding]:
-    """Every tune finding that fires; the ceiling findings only when no tune finding fired."""
+    """Every tune finding that fires; only when none did, the first of: the ceiling (saturated),
+    load (the tail is load on unsaturated engines: more of them), the latency floor."""
     tune = [f for rule in TUNE_RULES if (f := rule(s, p)) is not None]
     if tune:
         return sorted(tune, key=lambda f: -f.confidence)
-    ceiling = rule_ceiling(s, p) or rule_latency_floor(s, p)
-    return [ceiling] if ceiling else []
+    found = rule_ceiling(s, p) or rule_load_bound(s, p) or rule_latency_floor(s, p)
+    return [found] if found else []
 
 
 def verdict(s: Signals, p: RuleParams) -> Verdict:

@@ -49,23 +49,38 @@ class ShadowResult:
     as_placed_ttft_p95: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Replay:
+    results: tuple[ShadowResult, ...] = ()
+    # The window's TTFT model at no load (nothing ahead, nothing running) for the window's own
+    # prompts as placed, p95: what these prompts cost an idle engine. None = no fit. Far under the
+    # measured p95, the time went to load; over the SLO, the prompts alone miss it (a floor).
+    unloaded_ttft_p95: float | None = None
+
+
 def shadow(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
            policies: Sequence[str] = SHADOW_POLICIES) -> tuple[ShadowResult, ...]:
-    replay = sorted((r for r in records if r.ok and r.block_hashes and r.timing.dispatched is not None
+    return replay(records, workers, capacity_tokens, policies).results
+
+
+def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
+           policies: Sequence[str] = SHADOW_POLICIES) -> Replay:
+    window = sorted((r for r in records if r.ok and r.block_hashes and r.timing.dispatched is not None
                      and r.estimated_prompt_tokens > 0), key=lambda r: r.order_key)[-MAX_REQUESTS:]
-    urls = sorted(set(workers) | {r.worker for r in replay})
-    if not replay or not urls:
-        return ()
+    urls = sorted(set(workers) | {r.worker for r in window})
+    if not window or not urls:
+        return Replay()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
-    runs = [_one(name, replay, urls, share) for name in policies]
-    own = _as_placed(replay, urls, share)
-    timed = [(p, t) for p, r in zip(own, replay, strict=True) if (t := r.timing.upstream_ttft) is not None]
+    runs = [_one(name, window, urls, share) for name in policies]
+    own = _as_placed(window, urls, share)
+    timed = [(p, t) for p, r in zip(own, window, strict=True) if (t := r.timing.upstream_ttft) is not None]
     model = shadow_ttft.fit([p for p, _ in timed], [t for _, t in timed])
     if model is None:
-        return tuple(result for result, _ in runs)
+        return Replay(tuple(result for result, _ in runs))
     as_placed = round(shadow_ttft.p95(model.ttfts(own)), 6)
-    return tuple(dataclasses.replace(result, ttft_p95=round(shadow_ttft.p95(model.ttfts(placed)), 6),
-                                     as_placed_ttft_p95=as_placed) for result, placed in runs)
+    unloaded = round(shadow_ttft.p95([model.predict((p.uncached, 0.0, 0.0)) for p in own]), 6)
+    return Replay(tuple(dataclasses.replace(result, ttft_p95=round(shadow_ttft.p95(model.ttfts(placed)), 6),
+                                            as_placed_ttft_p95=as_placed) for result, placed in runs), unloaded)
 
 
 def _decode_s(r: RequestRecord) -> float:
@@ -73,18 +88,18 @@ def _decode_s(r: RequestRecord) -> float:
     return max(0.0, t.done - t.first_token) if t.done is not None and t.first_token is not None else 0.0
 
 
-def _as_placed(replay: Sequence[RequestRecord], urls: Sequence[str], share: int | None) -> list[shadow_ttft.Placed]:
+def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], share: int | None) -> list[shadow_ttft.Placed]:
     """The window's own placements, each with the cache the per-worker model gives it."""
     caches = {u: FleetCache(share) for u in urls}
     out = []
-    for r in replay:
+    for r in window:
         matched = caches[r.worker].add(r.block_hashes, r.block_tokens)
         cached = min(r.estimated_prompt_tokens, prefix_tokens(matched, r.block_tokens))
         out.append(shadow_ttft.Placed(r.order_key, r.worker, float(r.estimated_prompt_tokens - cached), _decode_s(r)))
     return out
 
 
-def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str],
+def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
          share: int | None) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
     policy = build_named(name, {}, rng=random.Random(0))
     snaps = [WorkerSnapshot(u) for u in urls]
@@ -95,7 +110,7 @@ def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str],
     picks = dict.fromkeys(urls, 0)
     cached_total = prompt_total = 0
     placed: list[shadow_ttft.Placed] = []
-    for k, r in enumerate(replay):
+    for k, r in enumerate(window):
         start = r.order_key
         while ends and ends[0][0] <= start:
             _, _, url, route, cached, ttft = heapq.heappop(ends)
@@ -114,5 +129,5 @@ def _one(name: str, replay: Sequence[RequestRecord], urls: Sequence[str],
         in_flight[url] += 1
         done = r.timing.done if r.timing.done is not None else start
         heapq.heappush(ends, (done, k, url, route, cached, r.timing.ttft))
-    mean = len(replay) / len(urls)
-    return ShadowResult(name, cached_total / max(1, prompt_total), max(picks.values()) / mean, len(replay)), placed
+    mean = len(window) / len(urls)
+    return ShadowResult(name, cached_total / max(1, prompt_total), max(picks.values()) / mean, len(window)), placed

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.diagnose.cache_replay import CacheSignal, cache_signal, fleet_capacity_tokens
-from proxy.diagnose.shadow import ShadowResult, shadow
+from proxy.diagnose.shadow import Replay, ShadowResult, replay
 from proxy.diagnose.window import RequestRecord, SnapshotSample
 from proxy.telemetry.gpu import GpuReport
 from proxy.timing import RequestTiming
@@ -267,6 +267,8 @@ class Signals:
     policies: tuple[str, ...] = ()
     # The other policies on the same traffic, replayed (``shadow.py``).
     shadow: tuple[ShadowResult, ...] = ()
+    # Those prompts' TTFT p95 on idle engines, by the same replay's fitted model (an estimate).
+    unloaded_ttft_p95: float | None = None
     hot_prefix: HotPrefix | None = None
     workers: int = 0
     # Workers whose KV event stream is live but does not show what their engine prefilled
@@ -328,6 +330,8 @@ def compute_signals(
     """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
     occupancy = occupancy_signal(samples)
+    replayed = replay(records, [w.url for w in samples[-1].workers] if samples else [], capacity) \
+        if with_shadow else Replay()
     return Signals(
         window=window_info(records, samples),
         cache=cache_signal(records, capacity),
@@ -338,7 +342,8 @@ def compute_signals(
         block_tokens=tuple(sorted({r.block_tokens for r in records if r.block_hashes and not r.text_prompt})),
         page_sizes=tuple(sorted({w.page_size for w in occupancy.workers})),
         policies=tuple(sorted({r.policy for r in records if r.policy})),
-        shadow=shadow(records, [w.url for w in samples[-1].workers] if samples else [], capacity) if with_shadow else (),
+        shadow=replayed.results,
+        unloaded_ttft_p95=replayed.unloaded_ttft_p95,
         hot_prefix=hot_prefix(records),
         workers=len({w.url for w in samples[-1].workers}) if samples else len({r.worker for r in records}),
         kv_doubted=tuple(sorted(w.url for w in samples[-1].workers if w.kv_state in KV_DOUBTED)) if samples else (),

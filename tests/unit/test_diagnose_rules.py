@@ -55,6 +55,12 @@ CASES = [
      {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5},
       "latency": {"worker_queue": dist(0.3, 0.8)}},
      {"admission"}, rules.TUNE, "schedule_conservativeness"),
+    # The GPU fleet past its knee (run 22): the engine queue 0.6 s of a 4.1 s TTFT p95; pulling the
+    # lever (twice the prefill budget) did not help.
+    ("a queue that is a small part of the TTFT tail is not an admission problem",
+     {"occupancy": {"queued_mean": 1.04, "token_usage_mean": 0.34, "occupancy_mean": 0.15},
+      "latency": {"ttft": dist(0.6, 4.1), "worker_queue": dist(0.14, 0.6)}, "unloaded_ttft_p95": 0.5},
+     {"load_bound"}, rules.TUNE, "over_capacity"),
     ("a prompt or two in line per worker with free slots, free KV and the SLO met is no finding",
      {"occupancy": {"queued_mean": 3.0, "token_usage_mean": 0.3, "occupancy_mean": 0.5}},
      set(), rules.HEALTHY, None),
@@ -109,9 +115,24 @@ CASES = [
      {"latency": {"ttft": dist(2.0, 3.0)}, "occupancy": {"occupancy_mean": 0.95, "token_usage_mean": 0.9},
       "gpu": gpu(0.05)},
      {"ceiling"}, rules.AT_CEILING, "saturated"),
-    ("unsaturated and unqueued but over SLO: the latency floor",
-     {"latency": {"ttft": dist(2.5, 3.0)}},
+    ("unsaturated and unqueued but over SLO, the prompts slow on idle engines too: the latency floor",
+     {"latency": {"ttft": dist(2.5, 3.0)}, "unloaded_ttft_p95": 2.8},
      {"latency_floor"}, rules.AT_CEILING, "latency_floor"),
+    # The GPU fleet past its knee (run 22, ids, full reports, 6/s): an engine queue of one request,
+    # KV 33%, the batch 15% of its cap; read as a floor before the unloaded estimate.
+    ("a TTFT tail the prompts do not explain on idle engines is load, not a floor",
+     {"latency": {"ttft": dist(0.6, 4.1)}, "unloaded_ttft_p95": 0.5},
+     {"load_bound"}, rules.TUNE, "over_capacity"),
+    ("a tail of twice less than the load ratio is not called load",
+     {"latency": {"ttft": dist(2.5, 3.0)}, "unloaded_ttft_p95": 1.8},
+     set(), rules.INSUFFICIENT, None),
+    ("without the unloaded estimate, neither load nor a floor is claimed",
+     {"latency": {"ttft": dist(2.5, 3.0)}},
+     set(), rules.INSUFFICIENT, None),
+    ("load is not blamed when a cause with its own lever fired",
+     {"latency": {"ttft": dist(0.6, 4.1)}, "unloaded_ttft_p95": 0.5,
+      "cache": {"captured": 0.20, "available": 0.70}, "policies": ("round_robin",)},
+     {"cache_routing"}, rules.TUNE, "routing"),
     ("workers of one pool with different page sizes are named",
      {"page_sizes": (16, 64)},
      {"mixed_page_sizes"}, rules.TUNE, "page_size_mismatch"),
@@ -179,7 +200,7 @@ def test_ceiling_confidence_drops_when_gpu_idle_is_unknown() -> None:
 
 
 def test_slo_is_a_parameter() -> None:
-    s = with_(healthy_signals(), latency={"ttft": dist(2.5, 3.0)})
+    s = with_(healthy_signals(), latency={"ttft": dist(2.5, 3.0)}, unloaded_ttft_p95=2.8)
     assert rules.verdict(s, P).kind == rules.AT_CEILING
     assert rules.verdict(s, RuleParams(slo_ttft_p95_s=5.0)).kind == rules.HEALTHY
 

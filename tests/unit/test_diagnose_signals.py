@@ -211,3 +211,24 @@ def test_the_shadow_replay_shows_what_a_prefix_policy_would_capture_on_round_rob
     assert results["round_robin"].imbalance == pytest.approx(1.0)
     assert all(r.requests == 40 for r in results.values())
     assert shadow([], ["http://w0"], None) == ()
+
+
+def test_the_replay_estimates_what_the_same_prompts_take_on_idle_engines() -> None:
+    from proxy.diagnose.shadow import replay
+    from proxy.diagnose.shadow_ttft import Placed, TtftModel
+
+    # Unique prompts of 64-192 tokens every 50 ms on one worker whose TTFT is mostly load: 0.08-0.15 s
+    # alone, plus 0.1 s per request still running there and 0.2 ms per uncached token ahead.
+    truth = TtftModel((0.05, 0.0005, 0.0002, 0.1))
+    sizes = [4 + i % 9 for i in range(60)]  # blocks of 16 tokens
+    placed = [Placed(0.05 * i, "http://w0", 16.0 * n, 0.3) for i, n in enumerate(sizes)]
+    ttfts = truth.ttfts(placed)
+    recs = [record(blocks=chain(i, n), received=p.at, prefill=t, gaps=(0.15, 0.15))
+            for i, (n, p, t) in enumerate(zip(sizes, placed, ttfts, strict=True))]
+    r = replay(recs, ["http://w0"], None)
+    alone = sorted(0.05 + 0.0005 * p.uncached for p in placed)
+    assert r.unloaded_ttft_p95 == pytest.approx(alone[int(0.95 * len(alone))], abs=0.01)
+    measured = sorted(ttfts)[int(0.95 * len(ttfts))]
+    assert measured > 4 * r.unloaded_ttft_p95
+    # ...and nothing to estimate from without a fit
+    assert replay(recs[:5], ["http://w0"], None).unloaded_ttft_p95 is None

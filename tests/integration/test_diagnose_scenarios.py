@@ -303,13 +303,18 @@ async def test_decode_stalled_by_big_prefills_names_the_mixed_chunk_lever() -> N
     assert big["signals"]["itl_max_p50"]["value"] > small["signals"]["itl_max_p50"]["value"]
 
 
-# Open-loop arrivals at 60 req/s of unique ~2,600-token prompts: more prefill than 2 workers do
-# (their queue grows through the run: median TTFT ~0.12 s in its first third, ~0.75 s in its last),
-# well within 4. A good engine config (no batch cap, ample KV): only capacity is short.
-_OVERLOAD_LOAD: dict[str, Any] = {"diagnose.thresholds": {"min_requests": 40, "min_cache_reports": 20,
-                                                          "overload_min_s": 0.125}}  # 0.5 s / time_scale
-OVERLOAD = Scenario("arrivals faster than the fleet serves", "ttft", [sim(max_total_tokens=400_000) for _ in range(2)],
-                    unique(2000), requests=200, concurrency=0, max_new_tokens=16, rate=60.0, overrides=_OVERLOAD_LOAD)
+# Open-loop arrivals at 120 req/s of simulated time of unique ~2,600-token prompts: more prefill
+# than 2 workers do (their queue grows through the run: median TTFT ~0.5 s simulated in its first
+# third, ~3 s in its last), well within 4. A good engine config (no batch cap, ample KV): only
+# capacity is short. At time_scale 2 (30 req/s of wall time), not 4: at 4 a suite run beside a
+# simulator sweep (both cores busy) stretched the engines' token gaps until the prefill stall,
+# true here too, outranked the overload. Thresholds in seconds of wall time: simulated / 2.
+_OVERLOAD_LOAD: dict[str, Any] = {"diagnose.slo_ttft_p95_s": 2 * SLO_S,
+                                  "diagnose.thresholds": {"min_requests": 40, "min_cache_reports": 20,
+                                                          "overload_min_s": 0.25, "prefill_stall_s": 0.1}}
+OVERLOAD = Scenario("arrivals faster than the fleet serves", "ttft",
+                    [sim(time_scale=2.0, max_total_tokens=400_000) for _ in range(2)],
+                    unique(2000), requests=200, concurrency=0, max_new_tokens=16, rate=30.0, overrides=_OVERLOAD_LOAD)
 
 
 async def test_arrivals_outrunning_the_fleet_are_overload_and_more_replicas_clear_it() -> None:
@@ -320,8 +325,9 @@ async def test_arrivals_outrunning_the_fleet_are_overload_and_more_replicas_clea
     early, late = doc["signals"]["ttft_early_p50"]["value"], doc["signals"]["ttft_late_p50"]["value"]
     assert late >= 2 * early
     # The lever pulled on the same arrivals: twice the workers, and the queue no longer grows
-    # (p95 0.79-0.95 s -> 0.06-0.11 s over three runs, one beside a CPU hog). Two workers serve
-    # ~43 req/s here: at 80/s four sat at their knee and a slow CI host tipped them over it.
+    # (wall-time p95 1.26-1.37 s -> 0.086-0.099 s over four runs, two beside two CPU hogs; overload
+    # first in each at confidence 1.0, the prefill stall second at 0.75). Two workers serve ~86 req/s
+    # of simulated time here: at 160/s four sat at their knee and a slow CI host tipped them over it.
     doubled = await run(dataclasses.replace(OVERLOAD, workers=OVERLOAD.workers * 2))
 
     def p95(d: dict[str, Any]) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from loadtests.gpu.fleet import (
 from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
-from proxy.routing.base import Decision, IgnoresFeedback, RouteRequest, WorkerSnapshot
+from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.registry import build_named
 from proxy.sim.config import SimConfig
 from proxy.sim.tokenizer import Encoder
 
@@ -64,9 +66,12 @@ class Oracle(IgnoresFeedback):
 
 def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, phase_s: float, workers: int,
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
-         start: float = 0.0, ids: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
+         start: float = 0.0, ids: bool = False,
+         carried: list[Policy] | None = None) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
-    ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text."""
+    ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
+    ``carried``: the proxies' policies, kept from an earlier phase (empty: built here and put in
+    it), as a GPU cell's proxy processes live through its ``--repeat`` rounds."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -89,6 +94,11 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             text_ids = encoder.encode(spec.text or "") if ids else None
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         policy = lambda: Oracle(group_of)  # noqa: E731
+    elif carried is not None:
+        if not carried:
+            carried.extend(build_named(name, params, rng=random.Random(seed + r)) for r in range(replicas))
+        kept = iter(carried)
+        policy = lambda: next(kept)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
@@ -150,6 +160,9 @@ def main() -> None:
     p.add_argument("--carry-over", action="store_true",
                    help="run a rate's routers one after another on the same engines, as the GPU cell does "
                         "(each phase inherits the caches the one before left)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="each router this many times on the same trace and text, its proxies kept from "
+                        "round to round and the engines fresh (fleet.py --repeat, which flushes them)")
     p.add_argument("--whole-cell", action="store_true",
                    help="as --carry-over, across the rates too, routers rotated by one per rate (fleet.py's order)")
     a = p.parse_args()
@@ -178,14 +191,20 @@ def main() -> None:
                 phase: int | str = 1000 + 10 * r + (k if carry else 0)
                 if a.phase_base is not None:  # the text a GPU run's cell drew (fleet.py --text same)
                     phase = text_key("same", a.phase_base, rate, 0)
-                outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
-                                       a.reports == "minimal", engines, start, ids=a.prompts == "ids")
-                if carry:
-                    engines = fleet
-                    start = max(o.done or o.arrival for o in outcomes) + 5.0
-                ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
-                reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
-                row.append(f"{router} {pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
+                carried: list[Policy] = []
+                rounds = []
+                for _ in range(a.rounds):
+                    outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
+                                           a.reports == "minimal", engines, start, ids=a.prompts == "ids",
+                                           carried=carried if a.rounds > 1 else None)
+                    if carry:
+                        engines = fleet
+                    if carry or a.rounds > 1:
+                        start = max(o.done or o.arrival for o in outcomes) + 5.0
+                    ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
+                    reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
+                    rounds.append(f"{pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
+                row.append(f"{router} " + "; ".join(rounds))
             print(f"{rate:g}/s seed {seed}: " + " | ".join(row), flush=True)
 
 

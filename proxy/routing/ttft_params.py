@@ -64,9 +64,13 @@ class TtftParams:
     # least this many tokens (0 = never hold). 256..2048 gave the same p95 on shared_prefix.
     hold_tokens: int = 512
     # Leave a prefix's holder only for a worker whose pending prefill + running batch is below
-    # (1 - spill_guard) of the holder's; 0 = off (the default until a GPU run compares it: on the
-    # fleet past capacity the unguarded spills spread groups and lost reuse, ttft_cost._guard_spill).
-    spill_guard: float = 0.0
+    # (1 - spill_guard) of the holder's; 0 = off. Past the GPU fleet's knee a proxy whose fit had
+    # learned an earlier loaded phase spilled 19, then 36 of 150 followers between equally busy
+    # engines (reuse 75% -> 67% -> 54%, TTFT p95 6.6 -> 4.9 -> 11.8 s; run 23): its fit had put
+    # TTFT on the queue terms, so recomputing a prefix elsewhere looked cheap. The simulator shows
+    # the same on a second round (8 seeds, 6/s, token ids: reuse down to 56-69% in 7 of 8; with
+    # the guard 64-75%, TTFT p95 lower in each of the 7; the first round and 4.5/s unchanged).
+    spill_guard: float = 0.5
     # Learn a cost per request waiting for its first token on a worker (ttft_model's c5, prior 0):
     # on the GPU fleet's engines five cache hits waiting cost ~2 s where their tokens say ~0.1 s
     # (a step there reads at most the pool's size of resident KV: the hits wait for running

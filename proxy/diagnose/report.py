@@ -59,6 +59,7 @@ def _signals(s: Signals) -> dict[str, Any]:
         "itl_p10": _signal(lat.itl_floor, lat.itl.n, w, "seconds"),
         "itl_max_p50": _signal(lat.itl_max.p50, lat.itl_max.n, w, "seconds"),
         "uncached_tokens_p95": _signal(lat.uncached_tokens_p95, lat.ttft.n, w, "tokens"),
+        "ttft_big_p10": _signal(lat.ttft_big_p10, lat.ttft.n // 10, w, "seconds"),
         # Median TTFT of the first and last third of the window's requests (rules_latency.rule_overload).
         "ttft_early_p50": _signal(lat.ttft_early_p50, lat.ttft.n // 3, w, "seconds"),
         "ttft_late_p50": _signal(lat.ttft_late_p50, lat.ttft.n // 3, w, "seconds"),

@@ -16,7 +16,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 | decode_jitter | ITL p95/p50 ≥ jittery_decode with GPU idle ≤ small_idle_share, and no prefill stall | tune | GPU profiling (kernel / memory bandwidth) |
 | proxy_overhead | our share of TTFT ≥ proxy_overhead_share | tune | radixgate routing settings |
 | ceiling | TTFT p95 > SLO, saturated, no tune rule fired, the cache figure (measured or estimated) as good as allowed | at_ceiling | model swap or hardware |
-| latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, the prompts' unloaded TTFT p95 (estimated) > SLO too, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
+| latency_floor | TTFT p95 > SLO, the engines *report* no queue and spare capacity, the prompts' unloaded TTFT p95 (estimated) > SLO too and the fastest tenth of the biggest prompts' TTFTs as well, no tune rule fired | at_ceiling | model swap, faster GPU, tensor parallel |
 | load_bound | (no tune finding, not saturated) TTFT p95 > SLO, ≥ load_bound_ratio x the same prompts' unloaded TTFT p95 estimated by the shadow replay's model, which is within the SLO | tune | replicas, admission.per_worker_limit |
 | overload | TTFT p95 > SLO and the median TTFT of the window's last third of requests ≥ overload_growth × its first third's and ≥ overload_min_s above it (the queue grows: arrivals outrun the fleet) | tune | replicas, admission.queue_size / queue_timeout_s |
 | mixed_page_sizes | the pool's workers report different KV page sizes | tune | one --page-size |
@@ -29,7 +29,8 @@ verdict here, since only the verdict decides when they run.
 
 Verdict (a total function): fewer than ``min_requests`` successful requests (those cut short
 with a TTFT known or bounded count: ``RequestRecord.ttft_evidence``) → ``insufficient_data``;
-any tune finding → ``tune`` (levers of every tune finding, strongest first); a ceiling finding →
+any tune finding → ``tune`` (levers of every tune finding, strongest first, capacity after a
+routing switch the shadow replay predicts to cut the tail); a ceiling finding →
 ``at_ceiling``; SLO met → ``healthy`` ("as far as the signals show" when some are missing);
 otherwise ``insufficient_data``: evidence first, a miss that no rule explains is never a ceiling.
 """
@@ -53,6 +54,7 @@ from proxy.diagnose.findings import (
 )
 from proxy.diagnose.rule_common import data_weight, requests_queue, saturation, strength
 from proxy.diagnose.rules_cache import (
+    predicts_gain,
     rule_cache_capacity,
     rule_cache_routing,
     rule_hot_prefix,
@@ -136,7 +138,11 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
     # queue of one request per engine, its batches full of concurrent prefills.
     floor = ev("unloaded_ttft_p95_s (estimated)", s.unloaded_ttft_p95, ">", p.slo_ttft_p95_s,
                note="the shadow replay's TTFT model with nothing ahead or running")
-    if not (over.holds and not queueing and saturated.holds and floor.holds):
+    # The fit's intercept takes up load no feature explains, so it can put idle engines too high:
+    # the fastest of the biggest prompts must have missed the SLO as well (measured).
+    fastest = ev("latency.ttft_big_p10_s", s.latency.ttft_big_p10, ">", p.slo_ttft_p95_s,
+                 note="TTFT p10 of the requests that brought the most prefill")
+    if not (over.holds and not queueing and saturated.holds and floor.holds and fastest.holds):
         return None
     summary = (f"TTFT p95 {s.latency.ttft.p95:.2f}s misses the {p.slo_ttft_p95_s:g}s SLO with no queueing "
                "and spare capacity: prefill of these prompts on this model and GPU is the floor")
@@ -145,7 +151,8 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
         Lever("hardware", "model_or_hardware", "a faster GPU or tensor parallelism (--tp-size)"),
     )
     conf = 0.8 * data_weight(s, p) * strength(s.latency.ttft.p95, p.slo_ttft_p95_s)
-    return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf, (over, *qev, saturated, floor), levers)
+    return Finding("latency_floor", AT_CEILING, "latency_floor", summary, conf,
+                   (over, *qev, saturated, floor, fastest), levers)
 
 
 def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
@@ -203,7 +210,11 @@ def evaluate(s: Signals, p: RuleParams) -> list[Finding]:
     load (the tail is load on unsaturated engines: more of them), the latency floor."""
     tune = [f for rule in TUNE_RULES if (f := rule(s, p)) is not None]
     if tune:
-        return sorted(tune, key=lambda f: -f.confidence)
+        # Strongest first, except that capacity comes after a routing switch the shadow replay
+        # predicts to cut the tail: the free lever before the one that costs GPUs (round robin past
+        # capacity: the queue grows because it recomputes what the switch would have cached).
+        switch = any(predicts_gain(f) for f in tune)
+        return sorted(tune, key=lambda f: (switch and f.cause == "over_capacity", -f.confidence))
     found = rule_ceiling(s, p) or rule_load_bound(s, p) or rule_latency_floor(s, p)
     return [found] if found else []
 

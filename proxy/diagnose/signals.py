@@ -155,6 +155,10 @@ class LatencySignal:
     itl_max: Distribution = Distribution()
     # p95 of the prefill each request brought (prompt - cached tokens): the size of the big prefills.
     uncached_tokens_p95: float | None = None
+    # TTFT p10 of the requests that brought the most prefill (uncached tokens where reported, else
+    # prompt tokens; the biggest tenth, at least 5): the fastest the biggest prompts got.
+    # Over the SLO, even those missed it: a floor's direct evidence (``rules.rule_latency_floor``).
+    ttft_big_p10: float | None = None
     proxy_overhead_share: float | None = None
     # Median TTFT of the window's first and last third of requests by arrival (30 or more
     # requests): a fleet past its capacity queues more the longer the window runs.
@@ -170,6 +174,19 @@ class LatencySignal:
     @property
     def itl_jitter(self) -> float | None:
         return self.itl.spread
+
+
+BIG_PROMPTS_MIN = 5
+
+
+def _big_prompts_ttft_p10(timings: Sequence[RequestTiming]) -> float | None:
+    sized = sorted(((float(size), t.ttft) for t in timings
+                    if t.ttft is not None and (size := t.uncached_prompt_tokens if t.uncached_prompt_tokens is not None
+                                               else t.prompt_tokens) is not None), reverse=True)
+    if len(sized) < BIG_PROMPTS_MIN:
+        return None
+    big = sized[:max(BIG_PROMPTS_MIN, math.ceil(len(sized) / 10))]  # the biggest tenth
+    return percentile([ttft for _, ttft in big], 0.10)
 
 
 def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
@@ -212,6 +229,7 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         itl_max=Distribution.of(t.itl_max for t in timings),
         uncached_tokens_p95=percentile([float(u) for t in timings if (u := t.uncached_prompt_tokens) is not None],
                                        0.95),
+        ttft_big_p10=_big_prompts_ttft_p10(timings),
         proxy_overhead_share=ratio(overhead_sum, ttft_sum),
         ttft_early_p50=early,
         ttft_late_p50=late,

@@ -116,8 +116,11 @@ CASES = [
       "gpu": gpu(0.05)},
      {"ceiling"}, rules.AT_CEILING, "saturated"),
     ("unsaturated and unqueued but over SLO, the prompts slow on idle engines too: the latency floor",
-     {"latency": {"ttft": dist(2.5, 3.0)}, "unloaded_ttft_p95": 2.8},
+     {"latency": {"ttft": dist(2.5, 3.0), "ttft_big_p10": 2.4}, "unloaded_ttft_p95": 2.8},
      {"latency_floor"}, rules.AT_CEILING, "latency_floor"),
+    ("a floor the fit sees but the fastest big prompts do not is not claimed",
+     {"latency": {"ttft": dist(2.5, 3.0), "ttft_big_p10": 0.4}, "unloaded_ttft_p95": 2.8},
+     set(), rules.INSUFFICIENT, None),
     # The GPU fleet past its knee (run 22, ids, full reports, 6/s): an engine queue of one request,
     # KV 33%, the batch 15% of its cap; read as a floor before the unloaded estimate.
     ("a TTFT tail the prompts do not explain on idle engines is load, not a floor",
@@ -200,7 +203,7 @@ def test_ceiling_confidence_drops_when_gpu_idle_is_unknown() -> None:
 
 
 def test_slo_is_a_parameter() -> None:
-    s = with_(healthy_signals(), latency={"ttft": dist(2.5, 3.0)}, unloaded_ttft_p95=2.8)
+    s = with_(healthy_signals(), latency={"ttft": dist(2.5, 3.0), "ttft_big_p10": 2.4}, unloaded_ttft_p95=2.8)
     assert rules.verdict(s, P).kind == rules.AT_CEILING
     assert rules.verdict(s, RuleParams(slo_ttft_p95_s=5.0)).kind == rules.HEALTHY
 
@@ -345,6 +348,27 @@ def test_the_hot_prefix_signal_groups_requests_by_their_first_blocks() -> None:
     recs += [record(blocks=chain(2, 8), worker=f"http://w{i % 2}", received=float(i)) for i in range(2)]
     hot = hot_prefix(recs)
     assert hot is not None and (hot.share, hot.workers, hot.requests) == (0.75, 1, 6)
+
+
+def test_a_replayed_switch_predicted_to_cut_the_tail_comes_before_buying_capacity() -> None:
+    # Round robin past capacity: the queue grows (overload) and routing misses half the reuse. A
+    # shadow replay that predicts ttft's p95 at a third of this window's ranks the switch first;
+    # one that predicts no gain leaves it where the capture gap alone puts it.
+    from proxy.diagnose.shadow import ShadowResult
+
+    base = with_(healthy_signals(), cache={"captured": 0.33, "available": 0.70}, policies=("round_robin",),
+                 latency={"ttft": dist(3.0, 14.0), "ttft_early_p50": 2.0, "ttft_late_p50": 7.7})
+
+    def replayed(predicted: float) -> Signals:
+        return with_(base, shadow=(ShadowResult("ttft", 0.70, 1.07, 150, predicted, 9.0),
+                                   ShadowResult("round_robin", 0.33, 1.0, 150, 9.0, 9.0)))
+
+    flat = {f.rule: f.confidence for f in rules.verdict(replayed(9.0), P).findings}
+    v = rules.verdict(replayed(3.0), P)
+    gain = {f.rule: f.confidence for f in v.findings}
+    assert {"overload", "cache_routing"} <= set(gain)
+    assert gain["cache_routing"] > flat["cache_routing"] and gain["overload"] == flat["overload"]
+    assert v.findings[0].rule == "cache_routing"
 
 
 def test_a_replayed_better_policy_puts_routing_first_ahead_of_a_level_stall_finding() -> None:

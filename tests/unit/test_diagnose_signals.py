@@ -232,3 +232,16 @@ def test_the_replay_estimates_what_the_same_prompts_take_on_idle_engines() -> No
     assert measured > 4 * r.unloaded_ttft_p95
     # ...and nothing to estimate from without a fit
     assert replay(recs[:5], ["http://w0"], None).unloaded_ttft_p95 is None
+
+
+def test_the_fastest_of_the_biggest_prompts_is_measured_on_their_own() -> None:
+    from proxy.diagnose.signals import latency_signal
+
+    # 45 small prompts answered in 50 ms; 5 of 4,000 uncached tokens in 2.5-2.9 s.
+    small = [record(prompt=200, prefill=0.05) for _ in range(45)]
+    big = [record(prompt=4000, prefill=2.5 + 0.1 * k) for k in range(5)]
+    lat = latency_signal(small + big)
+    assert lat.ttft_big_p10 == pytest.approx(2.5, abs=0.01)
+    # the biggest five whatever the sizes (here 4 big ones and one of the small ones)
+    assert latency_signal(small + big[:4]).ttft_big_p10 == pytest.approx(0.05)
+    assert latency_signal(big[:4]).ttft_big_p10 is None  # fewer than five requests: no figure

@@ -9,7 +9,7 @@ import pytest
 from proxy.diagnose.shadow_ttft import Placed, TtftModel, fit, p95, run
 
 
-def test_a_request_finds_ahead_the_uncached_tokens_still_without_a_first_token_and_the_requests_not_done() -> None:
+def test_a_request_finds_ahead_the_uncached_tokens_still_without_a_first_token_and_the_requests_decoding() -> None:
     placed = [Placed(0.0, "a", 1000, 1.0), Placed(0.1, "a", 500, 1.0), Placed(0.2, "b", 300, 1.0),
               Placed(0.6, "a", 200, 1.0)]
     seen = []
@@ -19,9 +19,9 @@ def test_a_request_finds_ahead_the_uncached_tokens_still_without_a_first_token_a
         return 0.5  # every first token 0.5 s after dispatch, done 1 s later
 
     assert run(placed, ttft) == [0.5] * 4
-    # at 0.1 on a: the first request (no token until 0.5) is ahead and running
+    # at 0.1 on a: the first request (no token until 0.5) is ahead, not yet decoding
     # at 0.6 on a: both earlier ones have their first token (0.5, 0.6) and are still decoding
-    assert seen == [(1000, 0, 0), (500, 1000, 1), (300, 0, 0), (200, 0, 2)]
+    assert seen == [(1000, 0, 0), (500, 1000, 0), (300, 0, 0), (200, 0, 2)]
 
 
 def test_the_fit_recovers_the_costs_that_made_the_ttfts_and_predicts_another_placement() -> None:

@@ -33,8 +33,9 @@ def _dist(d: Distribution) -> dict[str, Any]:
     return {"p50": _round(d.p50), "p95": _round(d.p95), "spread": _round(d.spread, 3), "n": d.n}
 
 
-def _signal(value: float | None, n: int, window_s: float, unit: str = "") -> dict[str, Any]:
-    return {"value": _round(value), "n": n, "window_s": round(window_s, 3), "unit": unit}
+def _signal(value: float | None, n: int, window_s: float, unit: str = "", *, estimated: bool = False) -> dict[str, Any]:
+    out = {"value": _round(value), "n": n, "window_s": round(window_s, 3), "unit": unit}
+    return {**out, "estimated": True} if estimated else out
 
 
 def _signals(s: Signals) -> dict[str, Any]:
@@ -64,7 +65,8 @@ def _signals(s: Signals) -> dict[str, Any]:
         "ttft_early_p50": _signal(lat.ttft_early_p50, lat.ttft.n // 3, w, "seconds"),
         "ttft_late_p50": _signal(lat.ttft_late_p50, lat.ttft.n // 3, w, "seconds"),
         # Estimated: the shadow replay's TTFT model at no load for the window's prompts (shadow.Replay).
-        "ttft_unloaded_p95": _signal(s.unloaded_ttft_p95, sum(r.requests for r in s.shadow[:1]), w, "seconds"),
+        "ttft_unloaded_p95": _signal(s.unloaded_ttft_p95, sum(r.requests for r in s.shadow[:1]), w, "seconds",
+                                     estimated=True),
         "gpu_idle_share": _signal(s.gpu.idle_share, sum(g.samples for g in s.gpu.gpus), s.gpu.window_s, "ratio"),
         "proxy_overhead_share": _signal(lat.proxy_overhead_share, lat.proxy_overhead.n, w, "ratio"),
         # The most requested shared prefix (signals.hot_prefix): its share, how many workers served

@@ -36,6 +36,9 @@ def test_json_carries_signals_with_their_window_verdict_evidence_and_cost() -> N
     captured = doc["signals"]["cache_hit_rate_captured"]
     assert captured["value"] == 0.0 and captured["n"] == 120 and captured["window_s"] > 0
     assert doc["signals"]["cache_hit_rate_available"]["value"] > 0.9
+    # the model's estimate says so; measured signals carry no such mark
+    assert doc["signals"]["ttft_unloaded_p95"]["estimated"] is True
+    assert "estimated" not in doc["signals"]["ttft_p95"]
     assert doc["four_numbers"]["gpu_idle"]["available"] is False
     assert doc["four_numbers"]["gpu_idle"]["share"] is None
     assert set(doc["cost"]["stages"]) == {"queue", "prefill", "decode", "idle"}

@@ -94,6 +94,19 @@ def test_a_report_within_one_block_of_the_prediction_is_not_an_eviction() -> Non
     assert index.match(chain(2, 10)).blocks == 10
 
 
+def test_a_report_a_few_percent_short_of_a_long_prediction_is_estimate_error_not_an_eviction() -> None:
+    # 64 blocks (1,024 tokens here) predicted; a text prompt's estimate 5% off is not evidence,
+    # a third missing is.
+    index = WorkerIndex(10**6)
+    index.record(chain(1, 64), BT, confirmed=True)
+    index.record(chain(2, 10), BT, confirmed=True)
+    touches = routed(index, chain(1, 66))
+    predicted = prefix_tokens(len(touches), BT)
+    assert not index.correct(BT, touches, cached_tokens=int(0.95 * predicted))
+    assert index.match(chain(2, 10)).blocks == 10
+    assert index.correct(BT, touches, cached_tokens=int(0.66 * predicted))
+
+
 def test_unconfirmed_matches_teach_nothing() -> None:
     index = WorkerIndex(10**6)
     index.record(chain(2, 10), BT)

@@ -180,13 +180,16 @@ BIG_PROMPTS_MIN = 5
 
 
 def _big_prompts_ttft_p10(timings: Sequence[RequestTiming]) -> float | None:
-    sized = sorted(((float(size), t.ttft) for t in timings
-                    if t.ttft is not None and (size := t.uncached_prompt_tokens if t.uncached_prompt_tokens is not None
-                                               else t.prompt_tokens) is not None), reverse=True)
+    sized = [(float(size), t.ttft) for t in timings
+             if t.ttft is not None and (size := t.uncached_prompt_tokens if t.uncached_prompt_tokens is not None
+                                        else t.prompt_tokens) is not None]
     if len(sized) < BIG_PROMPTS_MIN:
         return None
-    big = sized[:max(BIG_PROMPTS_MIN, math.ceil(len(sized) / 10))]  # the biggest tenth
-    return percentile([ttft for _, ttft in big], 0.10)
+    # The biggest tenth (at least 5), and every request as big as the smallest of them: ties are
+    # all in, so which of equal prompts count never depends on their order.
+    sizes = sorted((size for size, _ in sized), reverse=True)
+    cut = sizes[max(BIG_PROMPTS_MIN, math.ceil(len(sizes) / 10)) - 1]
+    return percentile([ttft for size, ttft in sized if size >= cut], 0.10)
 
 
 def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:

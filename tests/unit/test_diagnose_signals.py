@@ -242,6 +242,9 @@ def test_the_fastest_of_the_biggest_prompts_is_measured_on_their_own() -> None:
     big = [record(prompt=4000, prefill=2.5 + 0.1 * k) for k in range(5)]
     lat = latency_signal(small + big)
     assert lat.ttft_big_p10 == pytest.approx(2.5, abs=0.01)
-    # the biggest five whatever the sizes (here 4 big ones and one of the small ones)
+    # at least five: with 4 big ones the fifth biggest is small, and every one as big counts
     assert latency_signal(small + big[:4]).ttft_big_p10 == pytest.approx(0.05)
     assert latency_signal(big[:4]).ttft_big_p10 is None  # fewer than five requests: no figure
+    # prompts all of one size: all count, whatever their order (not the slowest or the first tenth)
+    even = [record(prompt=1000, prefill=3.0 if k < 5 else 0.05) for k in range(50)]
+    assert latency_signal(even).ttft_big_p10 == pytest.approx(0.05)

@@ -62,3 +62,18 @@ def test_a_proxy_setting_the_simulator_does_not_model_is_refused_by_name() -> No
     with pytest.raises(ValueError, match="chars_per_token not simulated"):
         fleet_sim.cell("ttft/chars_per_token=3.5", 4.5, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
                        encoder=Encoder(str(TOKENIZER)), minimal=True)
+
+
+def test_rounds_keep_the_proxies_policies_and_what_they_learned() -> None:
+    # fleet.py --repeat keeps each router's proxy processes through its rounds: the policies (and
+    # their fitted TTFT model) must be the same objects in the next round, on fresh engines.
+    carried: list = []
+    kwargs = dict(phase_s=8.0, workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True, carried=carried)
+    fleet_sim.cell("ttft/replicas=2", 4.5, Shape(groups=8), seed=1, phase=7, **kwargs)
+    kept = list(carried)
+    assert len(kept) == 2
+    learned = [p.model.coefficients() for p in kept]
+    outcomes, _ = fleet_sim.cell("ttft/replicas=2", 4.5, Shape(groups=8), seed=1, phase=7, start=60.0, **kwargs)
+    assert carried == kept and all(a is b for a, b in zip(carried, kept, strict=True))
+    assert outcomes and all(o.first is not None and o.arrival >= 60.0 for o in outcomes)
+    assert [p.model.coefficients() for p in kept] != learned  # the second round taught them more

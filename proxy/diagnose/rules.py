@@ -137,7 +137,7 @@ def rule_latency_floor(s: Signals, p: RuleParams) -> Finding | None:
     # TTFT model): the GPU fleet at 6/s, 4.1 s p95 against 0.6 s p50, read as a floor with a
     # queue of one request per engine, its batches full of concurrent prefills.
     floor = ev("unloaded_ttft_p95_s (estimated)", s.unloaded_ttft_p95, ">", p.slo_ttft_p95_s,
-               note="the shadow replay's TTFT model with nothing ahead or running")
+               note="the shadow replay's TTFT model with nothing ahead or decoding")
     # The fit's intercept takes up load no feature explains, so it can put idle engines too high:
     # the fastest of the biggest prompts must have missed the SLO as well (measured).
     fastest = ev("latency.ttft_big_p10_s", s.latency.ttft_big_p10, ">", p.slo_ttft_p95_s,

@@ -84,7 +84,7 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
         if best.ttft_p95 is not None and best.as_placed_ttft_p95:
             # ...and so is the TTFT it predicts: a switch predicted to cut the tail comes before
             # buying capacity for it (the GPU harness on simulated engines, round robin at 6/s:
-            # overload 0.85 ranked above routing 0.83 while ttft's p95 was a third of its).
+            # overload 0.85 ranked above routing 0.83 while ttft's p95 was a quarter of its).
             conf += (1.0 - conf) * data_weight(s, p) * max(0.0, 1.0 - best.ttft_p95 / best.as_placed_ttft_p95)
     return Finding("cache_routing", TUNE, cause, summary, conf, tuple(evidence), tuple(levers))
 

@@ -103,7 +103,7 @@ def rule_load_bound(s: Signals, p: RuleParams) -> Finding | None:
     (``rules.evaluate``): a cause with a lever of its own comes first."""
     over = ev("latency.ttft.p95_s", s.latency.ttft.p95, ">", p.slo_ttft_p95_s)
     unloaded = ev("unloaded_ttft_p95_s (estimated)", s.unloaded_ttft_p95, "<=", p.slo_ttft_p95_s,
-                  note="the shadow replay's TTFT model with nothing ahead or running")
+                  note="the shadow replay's TTFT model with nothing ahead or decoding")
     if not (over.holds and unloaded.holds):
         return None
     assert s.latency.ttft.p95 is not None and s.unloaded_ttft_p95 is not None  # the evidence holds

@@ -52,7 +52,7 @@ class ShadowResult:
 @dataclass(frozen=True, slots=True)
 class Replay:
     results: tuple[ShadowResult, ...] = ()
-    # The window's TTFT model at no load (nothing ahead, nothing running) for the window's own
+    # The window's TTFT model at no load (nothing ahead, nothing decoding) for the window's own
     # prompts as placed, p95: what these prompts cost an idle engine. None = no fit. Far under the
     # measured p95, the time went to load; over the SLO, the prompts alone miss it (a floor).
     unloaded_ttft_p95: float | None = None

@@ -42,10 +42,12 @@ from proxy.routing.prefix_key import block_sizes, blocks_within, prefix_tokens
 # Capacity assumed before a worker reports its KV pool size (Llama-3-8B on one H100, as llm-d).
 DEFAULT_CAPACITY_TOKENS = 500_000
 
+# A cached-tokens report this far under the prediction (a share of it) is estimate error, not an
+# eviction (``WorkerIndex.correct``).
+EVICTION_SLACK = 0.10
+
 # A block's entry packs (last touch, tokens, confirmed) into one int.
 _CONFIRMED = 1
-# A report this far (a share of the prediction) under it is estimate error, not an eviction.
-EVICTION_SLACK = 0.10
 _TOUCH_SHIFT = 33  # tokens take bits 1..32
 _LOW = (1 << _TOUCH_SHIFT) - 1
 

@@ -111,6 +111,7 @@ class TtftCost:
             TtftPrior(params.prior_base_s, params.prior_prefill_tokens_per_s, params.prior_decode_s_per_running),
             forgetting=params.forgetting,
             factor_alpha=params.factor_alpha,
+            own_at_least_ahead=params.own_at_least_ahead,
         )
         # Prefill the scraped state cannot show yet (ours in flight, our peers'), and tie-break counts.
         self.pending = PendingWork(params.max_tracked_per_worker)

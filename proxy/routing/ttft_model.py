@@ -20,7 +20,10 @@
   ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used, ``c1``
   at >= a quarter of its prior: 1 / c1 is the learned prefill rate, and an uncached token is never
   free (under overload the fit can put all of TTFT on the queue terms; a c1 of 0 would then make
-  recomputing a prefix elsewhere look free and scatter prefixes over the fleet).
+  recomputing a prefix elsewhere look free and scatter prefixes over the fleet). With
+  ``own_at_least_ahead`` (``TtftParams``, off until a GPU run decides) also at >= ``c2``: a
+  request's own uncached token costs at least what an unseen token ahead of it does, as FCFS
+  prefill has it.
 * ``f_w``: the worker's own speed factor, an EWMA of observed / fleet-predicted TTFT clamped to
   [1/4, 4] with the fleet mean kept at 1, so a slower GPU or a worker also fed by other proxies
   is charged accordingly.
@@ -91,7 +94,8 @@ class TtftPrior:
 
 
 class TtftModel:
-    def __init__(self, prior: TtftPrior, *, forgetting: float = 0.995, factor_alpha: float = 0.05) -> None:
+    def __init__(self, prior: TtftPrior, *, forgetting: float = 0.995, factor_alpha: float = 0.05,
+                 own_at_least_ahead: bool = False) -> None:
         per_k = _TOKENS / prior.prefill_tokens_per_s
         self._fit = OnlineLinear(
             [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running, 0.0],
@@ -101,11 +105,12 @@ class TtftModel:
         self._factor: dict[str, float] = {}
         self._factor_alpha = factor_alpha
         self._min_c1 = per_k / 4
+        self._own_at_least_ahead = own_at_least_ahead
         self._coefficients = self._clamped()
 
     def _clamped(self) -> tuple[float, float, float, float, float, float]:
         c = [max(0.0, t) for t in self._fit.theta]
-        c[1] = max(c[1], self._min_c1)
+        c[1] = max(c[1], self._min_c1, c[2] if self._own_at_least_ahead else 0.0)
         return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING, c[5] / _RUNNING)
 
     def coefficients(self) -> tuple[float, ...]:

@@ -76,6 +76,14 @@ class TtftParams:
     # (a step there reads at most the pool's size of resident KV: the hits wait for running
     # requests to end). False = the feature is always 0 (the fit before it).
     waiting_requests: bool = True
+    # Hold the fit's cost of a request's own uncached token at least at its cost of an unseen token
+    # ahead (ttft_model.py). Off until a GPU run compares it. In the simulator (fleet_sim --rates 6
+    # --seed 1 --seeds 8 --prompts ids --rounds 2: a policy kept across two rounds) second rounds
+    # without the spill guard kept 65-76% reuse where they fell to 52-73%; with the guard as well,
+    # every second round within 3 points of its first (the guard alone: 63-76%); first rounds
+    # unchanged. On the GPU's engines the queue cost is per waiting request (c5), which this does
+    # not touch: whether it binds there is the open question.
+    own_at_least_ahead: bool = False
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 

@@ -69,3 +69,19 @@ def test_an_uncached_token_never_becomes_free_when_queueing_explains_every_ttft(
         model.learn("w", x, 0.5 + x.unseen / 5_000)
     assert model.coefficients()[1] == pytest.approx(1 / 40_000)
     assert model.seconds_per_token("w") >= 1 / 40_000 * 0.99
+
+
+def test_with_own_at_least_ahead_a_requests_own_token_costs_what_one_ahead_does() -> None:
+    # The same overload as above: TTFT follows the unseen tokens ahead (1/5,000 s each) alone.
+    # Off (the default), c1 rests on its floor; on, it is held at c2, so recomputing a prefix
+    # elsewhere costs what waiting behind that many tokens does.
+    prior = TtftPrior(base_s=0.0, prefill_tokens_per_s=10_000, decode_s_per_running=0.0)
+    models = {flag: TtftModel(prior, own_at_least_ahead=flag) for flag in (False, True)}
+    rng = random.Random(2)
+    for _ in range(3000):
+        x = Features(rng.uniform(0, 8000), rng.uniform(0, 40_000), 0.0, rng.uniform(0, 64))
+        for m in models.values():
+            m.learn("w", x, 0.5 + x.unseen / 5_000)
+    off, on = (models[f].coefficients() for f in (False, True))
+    assert off[1] == pytest.approx(1 / 40_000) and off[2] == pytest.approx(1 / 5_000, rel=0.05)
+    assert on[1] == pytest.approx(on[2]) and on[1] == pytest.approx(1 / 5_000, rel=0.05)

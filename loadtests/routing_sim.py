@@ -168,6 +168,7 @@ def simulate(
     encode: Callable[[str], list[int]] | None = None,
     block_tokens: int = 16,
     engines: list[VirtualWorker] | None = None,
+    kept: list[Policy] | None = None,
     kv_events: bool = False,
     tokenize: bool = False,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
@@ -180,6 +181,8 @@ def simulate(
     per worker (``Policy.on_peer_load``; before 2026-12-01 night). ``hold_max_s``: the longest a request is held for a prefix being prefilled
     (``Decision.after``, ``routing.hold_max_s``). ``engines``: workers of an earlier run to go on
     with (their caches as that run left them; arrival times then continue from its end).
+    ``kept``: the replicas' policies of an earlier run to go on with (empty: the ones built here
+    are put in it), as a proxy process lives through a benchmark's rounds.
     ``kv_events``: every replica reads each worker's KV events (``kv_events.endpoint``; one table
     per worker stands for the identical tables of the replicas' subscribers) and keys text prompts
     by the engines' token ids (``routing.tokenizer``); ``tokenize`` alone does the latter only."""
@@ -194,9 +197,11 @@ def simulate(
             if w.kv_table is None:
                 w.engine.cache.events, w.kv_table = [], EngineBlocks()
             views[w.url] = _EventsView(w.kv_table)
-    policies: list[Policy] = [
+    policies: list[Policy] = list(kept) if kept else [
         policy_name() if callable(policy_name) else build_named(policy_name, params or {}, rng=random.Random(seed + r))
         for r in range(replicas)]
+    if kept is not None and not kept:
+        kept.extend(policies)
     in_flight: list[dict[str, int]] = [dict.fromkeys(by_url, 0) for _ in range(replicas)]
     scraped = {w.url: w.snapshot() for w in fleet}
     for policy in policies:  # as the registry tells the policy of the worker set at start-up

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -40,7 +39,6 @@ from loadtests.gpu.fleet_report import pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.registry import build_named
 from proxy.sim.config import SimConfig
 from proxy.sim.tokenizer import Encoder
 
@@ -94,17 +92,13 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             text_ids = encoder.encode(spec.text or "") if ids else None
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         policy = lambda: Oracle(group_of)  # noqa: E731
-    elif carried is not None:
-        if not carried:
-            carried.extend(build_named(name, params, rng=random.Random(seed + r)) for r in range(replicas))
-        kept = iter(carried)
-        policy = lambda: next(kept)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
-                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines)
+                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines,
+                    kept=carried)
 
 
 # The SGLang gateways are simulated by radixgate's own rendering of their policy.

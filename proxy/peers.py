@@ -68,7 +68,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import RoutingConfig
 from proxy.errors import BadRequest
-from proxy.routing.base import Policy, RouteRequest
+from proxy.routing.base import Policy, RouteRequest, summed_in_flight
 from proxy.routing.prefix_key import uncached_tokens
 from proxy.security import ApiKeys, presented_key
 from proxy.telemetry.metrics import Metrics
@@ -314,11 +314,7 @@ class PeerSync:
 
     def peer_in_flight(self) -> dict[str, int]:
         """What our connected peers last said they have in flight, summed per worker."""
-        totals: dict[str, int] = {}
-        for load in self._loads.values():
-            for worker, n in load.items():
-                totals[worker] = totals.get(worker, 0) + n
-        return totals
+        return summed_in_flight(self._loads.values())
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, admin_port: int) -> None:

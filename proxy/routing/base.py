@@ -8,7 +8,7 @@ A policy is pure: it reads a ``RouteRequest`` and frozen ``WorkerSnapshot``s and
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -201,6 +201,15 @@ class IgnoresFeedback:
 
     def on_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
         pass
+
+
+def summed_in_flight(loads: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Several replicas' requests in flight per worker (``Policy.on_peer_load`` notices), added up."""
+    totals: dict[str, int] = {}
+    for load in loads:
+        for worker, n in load.items():
+            totals[worker] = totals.get(worker, 0) + n
+    return totals
 
 
 def healthy(workers: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import NamedTuple, TypeVar
 
-from proxy.routing.base import RouteRequest, WorkerSnapshot
+from proxy.routing.base import RouteRequest, WorkerSnapshot, summed_in_flight
 from proxy.routing.ttft_model import Features
 from proxy.routing.ttft_params import TtftParams
 
@@ -155,11 +155,7 @@ class PendingWork:
             self.peer_load[peer] = {url: n for url, n in in_flight.items() if n > 0}
         else:
             self.peer_load.pop(peer, None)
-        totals: dict[str, int] = {}
-        for load in self.peer_load.values():
-            for url, n in load.items():
-                totals[url] = totals.get(url, 0) + n
-        self._peer_in_flight = totals
+        self._peer_in_flight = summed_in_flight(self.peer_load.values())
 
     def add(self, url: str, entry: InFlight) -> None:
         key = id(entry.request)

@@ -58,11 +58,6 @@ class Replay:
     unloaded_ttft_p95: float | None = None
 
 
-def shadow(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
-           policies: Sequence[str] = SHADOW_POLICIES) -> tuple[ShadowResult, ...]:
-    return replay(records, workers, capacity_tokens, policies).results
-
-
 def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
            policies: Sequence[str] = SHADOW_POLICIES) -> Replay:
     window = sorted((r for r in records if r.ok and r.block_hashes and r.timing.dispatched is not None

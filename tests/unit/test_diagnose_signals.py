@@ -199,18 +199,18 @@ def test_the_itl_floor_and_the_big_prefills_come_from_the_window() -> None:
 
 
 def test_the_shadow_replay_shows_what_a_prefix_policy_would_capture_on_round_robins_traffic() -> None:
-    from proxy.diagnose.shadow import shadow
+    from proxy.diagnose.shadow import Replay, replay
 
     # 3 prompt groups (128 tokens each) on 2 workers whose KV share (300 tokens) holds two: round
     # robin's rotation sends every group to both and each cache thrashes; affinity keeps them.
     recs = [record(blocks=chain(i % 3, 8), worker=f"http://w{i % 2}", received=float(i), cached=0)
             for i in range(40)]
-    results = {r.policy: r for r in shadow(recs, ["http://w0", "http://w1"], 600)}
+    results = {r.policy: r for r in replay(recs, ["http://w0", "http://w1"], 600).results}
     assert set(results) == {"ttft", "least_load", "round_robin"}
     assert results["ttft"].captured > results["round_robin"].captured + 0.1
     assert results["round_robin"].imbalance == pytest.approx(1.0)
     assert all(r.requests == 40 for r in results.values())
-    assert shadow([], ["http://w0"], None) == ()
+    assert replay([], ["http://w0"], None) == Replay()
 
 
 def test_the_replay_estimates_what_the_same_prompts_take_on_idle_engines() -> None:

@@ -41,6 +41,7 @@ from proxy.admission import Admission
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import Config, ConfigError, RoutingConfig
 from proxy.diagnose.reuse import AvailableReuse, fleet_kv_tokens
+from proxy.diagnose.window import RequestRecord
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
@@ -131,7 +132,11 @@ class App:
                               prefill_ended=holds.release, clock=self.clock)
         # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
         self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
-        if self.peers.enabled:  # a replica's window holds its share of the fleet's requests: say how much
+        if self.peers.enabled:
+            if config.diagnose.fleet_view:  # every replica's window holds the fleet's requests
+                self.peers.on_record = self._peer_record
+                self.diagnosis.share = self.peers.share
+            # what it misses: the requests of peers that tell it none
             self.diagnosis.diagnoser.peer_requests = self.peers.decisions_since
         # radixgate_routing_available_cached_tokens_total: the diagnosis's fleet-wide cache model, live.
         reuse = AvailableReuse(lambda: fleet_kv_tokens(self.workers.snapshots()), self.metrics.count_available)
@@ -193,6 +198,14 @@ class App:
         m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate
         m.attach_prompt_bytes_per_token(lambda: {k: v.bytes_per_token for k, v in estimate.snapshot().items()})
+
+    def _peer_record(self, record: RequestRecord) -> None:
+        """A peer's finished request: into our diagnosis if it names a worker of ours (peers name
+        workers by the same URLs; another's would read as a worker we do not have)."""
+        if record.worker in self.workers:
+            self.diagnosis.record_peer(record)
+        else:
+            self.metrics.inc(self.metrics.peer_received, "unknown_worker")
 
     def _on_scrape_failure(self, url: str) -> None:
         if url in self.workers:  # as for probes: a scrape that ends after its worker left

@@ -273,6 +273,9 @@ class DiagnoseConfig:
     nvml_interval_s: float = 1.0
     # A computed diagnosis is reused this long across /metrics and /diagnosis reads.
     refresh_s: float = 2.0
+    # Behind several replicas (routing.peers / peers_dns): tell the peers every finished request and
+    # take theirs, so each replica's /diagnosis reads the fleet's traffic; false = its own share only.
+    fleet_view: bool = True
 
 
 @dataclass(frozen=True)

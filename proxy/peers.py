@@ -22,7 +22,8 @@ document::
                     "blocks": [<u64 chained block hash>, ...], "ref": "<rid>", "uncached": 2176,
                     "stream": true}],
      "prefilled": [{"worker": "http://w1:30000", "ref": "<rid>"}],
-     "in_flight": {"http://w1:30000": 3}}
+     "in_flight": {"http://w1:30000": 3},
+     "finished": [<a finished request: proxy/diagnose/share.py>, ...]}
 
 ``in_flight``: the sender's requests dispatched and unfinished per worker, as of the message (each
 replaces the last; it rides on every message, and a change with nothing else to send goes out
@@ -48,6 +49,11 @@ peers are every address of a headless Service over the replicas, at ``routing.pe
 sender drops that address. Peers must name workers by the same URLs (they do when they share a
 config or a discovery source); a decision naming a worker the receiver does not know is ignored.
 
+``finished`` (``diagnose.fleet_view``): the sender's requests that ended since its last message,
+at most ``MAX_FINISHED_PER_MESSAGE`` a message (the rest follow at once), so each replica's
+diagnosis window holds the fleet's traffic; a sender that shares none omits the field, and its
+routed requests are then only counted (``decisions_since``, the diagnosis says what it misses).
+
 ``encode`` / ``decode`` are pure; ``PeerSync`` owns the links and the handler.
 """
 
@@ -67,6 +73,8 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.clock import Clock, MonotonicClock
 from proxy.config import RoutingConfig
+from proxy.diagnose.share import from_wire, to_wire
+from proxy.diagnose.window import RequestRecord
 from proxy.errors import BadRequest
 from proxy.routing.base import Policy, RouteRequest, summed_in_flight
 from proxy.routing.prefix_key import uncached_tokens
@@ -90,6 +98,9 @@ MAX_WORKERS = 4096  # entries of one message's in_flight
 MAX_IN_FLIGHT = 65536  # our own requests remembered as in flight (far above admission's bounds)
 # A changed in-flight count with nothing else to send goes out this often at most.
 LOAD_REFRESH_S = 0.1
+# Finished requests per message (diagnose.fleet_view): ~3 KB each for 2k-token prompts, at most
+# ~110 KB (share.py's bounds), so a full message stays far under MAX_BODY_BYTES.
+MAX_FINISHED_PER_MESSAGE = 64
 _U64 = 1 << 64
 
 
@@ -114,10 +125,14 @@ class Message(NamedTuple):
     prefilled: list[Prefilled]
     # The sender's requests in flight per worker when it wrote this (None: not told).
     in_flight: dict[str, int] | None = None
+    # Its requests finished since its last message, on the receiver's clock (None: it shares none).
+    finished: list[RequestRecord] | None = None
 
 
 def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), sender: str = "",
-           in_flight: Mapping[str, int] | None = None) -> bytes:
+           in_flight: Mapping[str, int] | None = None,
+           finished: Iterable[RequestRecord] | None = None, now: float = 0.0) -> bytes:
+    """One message; ``finished`` records are aged at our clock time ``now``."""
     doc: dict[str, Any] = {
         "v": VERSION, "from": sender,
         "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
@@ -127,11 +142,14 @@ def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), 
     }
     if in_flight is not None:
         doc["in_flight"] = dict(in_flight)
+    if finished is not None:
+        doc["finished"] = [to_wire(r, now) for r in finished]
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode(body: bytes) -> Message:
-    """One POST body; ``BadRequest`` names the first bad field."""
+def decode(body: bytes, now: float = 0.0) -> Message:
+    """One message; ``BadRequest`` names the first bad field. ``finished`` records are placed on
+    our clock as of ``now`` (when it arrived)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -149,8 +167,13 @@ def decode(body: bytes) -> Message:
             raise BadRequest(f"{name}: expected a list")
         if len(value) > MAX_ITEMS_PER_POST:
             raise BadRequest(f"{name}: at most {MAX_ITEMS_PER_POST} per request, got {len(value)}")
+    finished = doc.get("finished")
+    if finished is not None and (not isinstance(finished, list) or len(finished) > MAX_FINISHED_PER_MESSAGE):
+        raise BadRequest(f"finished: expected a list of at most {MAX_FINISHED_PER_MESSAGE} requests")
     return Message(sender, [_decision(i, item) for i, item in enumerate(items)],
-                   [_prefilled(i, item) for i, item in enumerate(notices)], _in_flight(doc.get("in_flight")))
+                   [_prefilled(i, item) for i, item in enumerate(notices)], _in_flight(doc.get("in_flight")),
+                   None if finished is None else [from_wire(item, now, peer=sender or "peer", where=f"finished[{i}]")
+                                                  for i, item in enumerate(finished)])
 
 
 def _in_flight(value: Any) -> dict[str, int] | None:
@@ -212,17 +235,21 @@ class _Link:
         self.url = url
         self.decisions: deque[Placement] = deque(maxlen=MAX_BUFFERED)
         self.prefilled: deque[Prefilled] = deque(maxlen=MAX_BUFFERED)
+        self.finished: deque[RequestRecord] = deque(maxlen=MAX_BUFFERED)
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.connected = False
         # The in-flight counts this connection last carried (None: none yet on it).
         self.told: dict[str, int] | None = None
 
-    def take(self) -> tuple[list[Placement], list[Prefilled]]:
+    def take(self) -> tuple[list[Placement], list[Prefilled], list[RequestRecord]]:
         decisions, prefilled = list(self.decisions), list(self.prefilled)
         self.decisions.clear()
         self.prefilled.clear()
-        return decisions, prefilled
+        finished = [self.finished.popleft() for _ in range(min(MAX_FINISHED_PER_MESSAGE, len(self.finished)))]
+        if self.finished:
+            self.wake.set()  # the rest in the next message, at once
+        return decisions, prefilled, finished
 
 
 class PeerSync:
@@ -231,7 +258,8 @@ class PeerSync:
     def __init__(self, config: RoutingConfig, policy: Policy, metrics: Metrics,
                  key: str | None = None, instance: str | None = None,
                  prefill_ended: Callable[[Hashable], None] = lambda key: None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
         self.config = config
         self._clock = clock or MonotonicClock()
         # (when, how many) of the peers' decisions applied: the diagnosis's view of the fleet's
@@ -242,6 +270,9 @@ class PeerSync:
         # Told when a peer's request has its first token (App: the pipeline's holds, which release
         # requests held for that prefix).
         self.prefill_ended = prefill_ended
+        # diagnose.fleet_view: where the peers' finished requests go (App: the diagnosis window);
+        # set, we share ours too (``share``). None: neither.
+        self.on_record = on_record
         self._accepted = ApiKeys([key] if key else [])
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()
@@ -294,6 +325,16 @@ class PeerSync:
         was = self._mine.pop(rid, None)
         if was is not None:
             self._count(was, -1)
+
+    def share(self, record: RequestRecord) -> None:
+        """One of our finished requests, for every peer's diagnosis (``diagnose.fleet_view``)."""
+        if self.on_record is None or record.peer:
+            return  # not sharing; or a peer's own, which it told the others itself
+        for link in self._links.values():
+            if len(link.finished) == MAX_BUFFERED:
+                self.metrics.inc(self.metrics.peer_records_dropped)
+            link.finished.append(record)
+            link.wake.set()
 
     def _count(self, worker: str | None, delta: int) -> None:
         if worker is None:
@@ -400,12 +441,14 @@ class PeerSync:
                         link.wake.clear()
                         if self.config.peer_sync_interval_s > 0:
                             await asyncio.sleep(self.config.peer_sync_interval_s)
-                        decisions, prefilled = link.take()
+                        decisions, prefilled, finished = link.take()
                         if ws.closed:
                             return "closed"
                         counts = self.in_flight()
-                        if decisions or prefilled or counts != link.told:
-                            await ws.send_bytes(encode(decisions, prefilled, self.instance, counts))
+                        if decisions or prefilled or finished or counts != link.told:
+                            sharing = finished if self.on_record is not None else None
+                            await ws.send_bytes(encode(decisions, prefilled, self.instance, counts,
+                                                       sharing, self._clock.now()))
                             link.told = counts
                             self.metrics.inc(self.metrics.peer_messages, link.url, "ok")
                 finally:
@@ -439,7 +482,8 @@ class PeerSync:
                 if msg.type not in (WSMsgType.BINARY, WSMsgType.TEXT):
                     break
                 try:
-                    message = decode(msg.data if isinstance(msg.data, bytes) else msg.data.encode())
+                    message = decode(msg.data if isinstance(msg.data, bytes) else msg.data.encode(),
+                                     self._clock.now())
                 except BadRequest as e:
                     self.metrics.inc(self.metrics.peer_received, "bad_request")
                     await ws.close(code=WSCloseCode.INVALID_TEXT, message=e.message.encode()[:120])
@@ -468,7 +512,11 @@ class PeerSync:
             self.policy.on_peer_prefilled(n.worker, key)
             self.prefill_ended(key)
         self.metrics.inc(self.metrics.peer_received, "applied", amount=len(message.decisions))
-        if message.decisions:
+        if message.finished is not None and self.on_record is not None:
+            for record in message.finished:
+                self.on_record(record)
+            self.metrics.inc(self.metrics.peer_received, "finished", amount=len(message.finished))
+        elif message.decisions:  # a peer that tells us none of its requests: count what we miss
             self._heard.append((self._clock.now(), len(message.decisions)))
         if message.prefilled:
             self.metrics.inc(self.metrics.peer_received, "prefilled", amount=len(message.prefilled))

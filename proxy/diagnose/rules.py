@@ -197,8 +197,9 @@ def rule_missing_signals(s: Signals, p: RuleParams) -> Finding | None:
                        f"~{fleet} requests in the window, its peers the rest)")
         evidence.append(Evidence("requests the peer replicas routed in the window", float(s.peer_requests),
                                  ">", 0.0, True, f"{s.window.requests / fleet:.0%} of the fleet's were this replica's"))
-        levers.append(Lever("GET /diagnosis on every replica", "radixgate",
-                            "each covers its own requests: read them all, or the fleet's /metrics summed"))
+        levers.append(Lever("diagnose.fleet_view", "radixgate",
+                            "true on every replica: each tells the others its finished requests, so every "
+                            "replica's diagnosis reads the fleet's traffic"))
     if not missing:
         return None
     summary = "the workers do not report " + " or ".join(missing) + ": findings that need them cannot fire"

@@ -273,6 +273,10 @@ class WindowInfo:
     # client left or their time ran out first: ``RequestRecord.ttft_evidence``): evidence about
     # latency, so they count towards the data floor.
     cut_short: int = 0
+    # Of ``requests``, those the peer replicas routed and told us (``diagnose.fleet_view``), and the
+    # replicas the window's requests came through (this one included).
+    from_peers: int = 0
+    replicas: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +336,9 @@ def window_info(records: Sequence[RequestRecord], samples: Sequence[SnapshotSamp
     end = max((r.timing.done or r.timing.received) for r in records)
     ok = sum(1 for r in records if r.ok)
     cut = sum(1 for r in records if not r.ok and r.ttft_evidence is not None)
-    return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples), cut)
+    peers = {r.peer for r in records if r.peer}
+    return WindowInfo(len(records), ok, len(records) - ok, max(0.0, end - start), len(samples), cut,
+                      sum(1 for r in records if r.peer), 1 + len(peers))
 
 
 # KV event stream states routing does not read (proxy/workers/kv_subscriber.py).

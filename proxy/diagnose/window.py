@@ -56,6 +56,8 @@ class RequestRecord:
     # token units (exact from KV events); the captured reuse when workers report none.
     predicted_cached_tokens: int | None = None
     cause: str | None = None  # why it did not end ok (proxy/errors.py causes), None when it did
+    # The peer replica that routed it and told us (``diagnose.fleet_view``); "" = this one.
+    peer: str = ""
 
     @classmethod
     def of(

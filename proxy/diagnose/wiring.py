@@ -6,7 +6,9 @@ to the registry's published snapshots, and hands ``handle`` and ``current`` to t
 metrics registry and the gRPC admin service. The live available-reuse counter shares the
 diagnosis's cache model (``reuse.py``).
 
-* every finished request that reached a worker → ``DiagnosisWindows.record`` (pipeline observer);
+* every finished request that reached a worker → ``DiagnosisWindows.record`` (pipeline observer),
+  and to ``share`` (behind replicas with ``diagnose.fleet_view``: the peer links tell the others);
+* every finished request a peer replica told us of → ``record_peer`` (the same window);
 * every published worker-snapshot set → ``DiagnosisWindows.observe`` (thinned to one sample per
   scrape interval);
 * every ``diagnose.refresh_s`` a background task copies the windows on the loop and computes the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -54,13 +57,21 @@ class DiagnosisService:
                                        interval_s=cfg.nvml_interval_s, max_age_s=cfg.window_s)
         self.diagnoser = Diagnoser.from_config(cfg, self.windows, clock, self.sampler)
         self._task: asyncio.Task[None] | None = None
+        # Where each of our records goes besides our window (App: the peer links), if anywhere.
+        self.share: Callable[[RequestRecord], None] | None = None
 
     def observe(self, done: CompletedRequest) -> None:
         if done.worker is None:
             return  # refused before routing: it never reached the fleet
-        self.windows.record(RequestRecord.of(done.timing, worker=done.worker, outcome=done.outcome,
-                                             route=done.route, policy=done.policy, decision=done.decision,
-                                             cause=done.cause))
+        record = RequestRecord.of(done.timing, worker=done.worker, outcome=done.outcome, route=done.route,
+                                  policy=done.policy, decision=done.decision, cause=done.cause)
+        self.windows.record(record)
+        if self.share is not None:
+            self.share(record)
+
+    def record_peer(self, record: RequestRecord) -> None:
+        """A request a peer replica routed (``RequestRecord.peer`` names it), already on our clock."""
+        self.windows.record(record)
 
     def current(self) -> Diagnosis:
         return self.diagnoser.current()

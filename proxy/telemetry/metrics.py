@@ -190,10 +190,13 @@ class Metrics:
             "(self, http_NNN, timeout, connect_error, closed).", ["peer", "outcome"], registry=r)
         self.peer_received = FastCounter(
             "radixgate_peer_decisions_received_total", "Peer replicas' decisions received, by outcome "
-            "(applied and prefilled count items; the refusals count connections).", ["outcome"], registry=r)
+            "(applied, prefilled and finished count items; the refusals count connections).", ["outcome"], registry=r)
         self.peer_decisions_dropped = FastCounter(
             "radixgate_peer_decisions_dropped_total", "Decisions dropped unsent because the peer buffer was full.",
             [], registry=r)
+        self.peer_records_dropped = FastCounter(
+            "radixgate_peer_records_dropped_total", "Finished requests dropped untold because the peer buffer was "
+            "full (diagnose.fleet_view).", [], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._by_worker: dict[str, list[tuple[AnyMetric, tuple[str, ...]]]] = {}
         # (worker, frontend, outcome) -> the children a finished request updates (see record).

@@ -246,7 +246,9 @@ async def test_a_replicas_diagnosis_counts_the_requests_its_peers_routed(
     a_admin = free_port()
     b = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.peers": [f"http://127.0.0.1:{a_admin}"],
                                            "diagnose.refresh_s": 0})
-    a = await harness.proxy(fleet.urls, **{"routing.peers": [admin(b)], "server.admin_port": a_admin})
+    # a tells b its decisions but not its finished requests (as a replica without the fleet view)
+    a = await harness.proxy(fleet.urls, **{"routing.peers": [admin(b)], "server.admin_port": a_admin,
+                                           "diagnose.fleet_view": False})
     await generate(client, base(b), "b's own prompt " * 20)
     for i in range(6):
         await generate(client, base(a), f"a's prompt {i} " * 20)
@@ -263,3 +265,65 @@ async def test_a_replicas_diagnosis_counts_the_requests_its_peers_routed(
     # Too few of its own to judge: it says the fleet routed more elsewhere.
     assert doc["verdict"]["kind"] == "insufficient_data"
     assert "(the peer replicas routed 6 more)" in doc["verdict"]["summary"], doc["verdict"]
+
+
+async def test_replicas_with_the_fleet_view_each_diagnose_the_fleets_requests(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    a_admin = free_port()
+    b = await harness.proxy(fleet.urls, **{"routing.peers": [f"http://127.0.0.1:{a_admin}"], "diagnose.refresh_s": 0})
+    a = await harness.proxy(fleet.urls, **{"routing.peers": [admin(b)], "server.admin_port": a_admin,
+                                           "diagnose.refresh_s": 0})
+    await generate(client, base(b), "b's own prompt " * 20)
+    for i in range(6):
+        await generate(client, base(a), f"a's prompt {i} " * 20)
+
+    async def window(proxy: str) -> dict[str, int]:
+        async with client.get(admin(proxy) + "/diagnosis") as r:
+            assert r.status == 200
+            doc = await r.json()
+        assert doc["peer_requests"] == 0  # nothing routed elsewhere is missing from it
+        w: dict[str, int] = doc["window"]
+        return w
+
+    async def b_has_all() -> bool:
+        return (await window(b))["requests"] == 7
+
+    await eventually(b_has_all, what="b's window holding a's 6 requests and its own")
+    wb = await window(b)
+    assert (wb["from_peers"], wb["replicas"], wb["ok"]) == (6, 2, 7)
+
+    async def a_has_all() -> bool:  # b's one was told once a came up (b's link kept it meanwhile)
+        return (await window(a))["requests"] == 7
+
+    await eventually(a_has_all, what="a's window holding b's request too")
+    wa = await window(a)
+    assert (wa["from_peers"], wa["replicas"]) == (1, 2)
+    # Each record came once: a's records are not told back to a by b.
+    assert total(await scrape(client, admin(a)), "radixgate_peer_decisions_received_total", outcome="finished") == 1
+    async with client.get(admin(b) + "/diagnosis") as r:
+        doc = await r.json()
+    # The peers' requests' stages are the fleet's: end to end measured for all seven.
+    assert doc["stages"]["e2e"]["n"] == 7, doc["stages"]["e2e"]
+
+
+async def test_a_peer_record_naming_a_worker_we_do_not_have_is_counted_not_diagnosed(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet()
+    b = await harness.proxy(fleet.urls, **{"routing.peers": ["http://127.0.0.1:9"], "diagnose.refresh_s": 0})
+    record = {"worker": fleet.urls[0], "policy": "ttft", "outcome": "ok", "cause": None, "age": 0.5,
+              "marks": [0.0, 0.0, 0.1, 0.1, 0.2, 0.4, 0.4], "hold": 0.0, "gaps": [0.1, 0.1],
+              "engine": [None, None, None], "tokens": [100, 0, 3], "blocks": [1, 2, 3], "block_tokens": 16,
+              "estimated_prompt_tokens": 100, "text": False, "predicted_cached": 0}
+    elsewhere = {**record, "worker": "http://10.9.9.9:30000"}
+    async with client.ws_connect(admin(b) + PATH, headers={"X-Radixgate-Instance": "peer-x"}) as ws:
+        await ws.send_str(json.dumps({"v": 1, "from": "peer-x", "decisions": [], "finished": [record, elsewhere]}))
+
+        async def counted() -> bool:
+            return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                         outcome="unknown_worker") == 1
+
+        await eventually(counted)
+    async with client.get(admin(b) + "/diagnosis") as r:
+        w = (await r.json())["window"]
+    assert (w["requests"], w["from_peers"]) == (1, 1)

@@ -477,5 +477,5 @@ def test_a_replica_says_its_window_holds_only_its_share_of_the_fleets_requests()
     blind = [f for f in v.findings if f.rule == "missing_signals"]
     assert blind and f"routed {base.window.requests} of the ~{4 * base.window.requests} requests" in blind[0].summary
     assert any(e.note == "25% of the fleet's were this replica's" for e in blind[0].evidence)
-    assert "GET /diagnosis on every replica" in {lv.setting for lv in blind[0].levers}
+    assert "diagnose.fleet_view" in {lv.setting for lv in blind[0].levers}
     assert v.kind == "healthy" and "as far as the signals show" in v.summary

@@ -57,7 +57,7 @@ from proxy.peers import PATH as PEER_PATH
 from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
 from proxy.pipeline.holds import Holds
-from proxy.routing.base import WorkerSnapshot
+from proxy.routing.base import ExplainsModel, WorkerSnapshot
 from proxy.routing.registry import build_policy
 from proxy.routing.tokenizer import PromptTokenizer, TokenizerUnavailable
 from proxy.security import GrpcGuard, guard_http_app, http_authorized, load_api_keys, upstream_authorization
@@ -194,6 +194,8 @@ class App:
             m.attach_kv_events(self.kv.subscribers)
         if self.peers.enabled:
             m.attach_peer_load(self.peers.peer_in_flight)
+        if isinstance(self.policy, ExplainsModel):
+            m.attach_routing_model(self.policy.model_terms)
         w.on_generation.append(lambda url, reason: m.inc(m.worker_restarts, url, worker=url))
         m.attach_state(_State(self.workers, self.admission))
         estimate = self.pipeline.token_estimate

@@ -318,6 +318,18 @@ class Routers:
                         totals[key] = totals.get(key, 0.0) + float(m[3])
         return totals
 
+    async def model_terms(self, session: aiohttp.ClientSession, name: str) -> dict[str, float]:
+        """The first replica's learned TTFT model (``radixgate_routing_ttft_model``; empty for a
+        policy that learns none): whether a floor such as ``own_at_least_ahead`` binds on these engines."""
+        terms: dict[str, float] = {}
+        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            async with session.get(f"{self.admins[name]}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                for line in (await resp.text()).splitlines():
+                    m = re.match(r'radixgate_routing_ttft_model\{term="(\w+)"\} ([0-9.e+-]+)$', line)
+                    if m:
+                        terms[m[1]] = float(m[2])
+        return terms
+
     async def kv_status(self, session: aiohttp.ClientSession, name: str) -> list[dict[str, Any]]:
         """Each worker's KV-event stream as a radixgate router sees it (``GET /workers``): state,
         source (events / approximate), batches, gaps; empty where it follows no events."""
@@ -533,6 +545,10 @@ async def main_async(args: argparse.Namespace) -> None:
                     peers = await routers.peer_counts(session, name) if spec_peers(name) else {}
                     if peers:
                         print(f"    {name} peers (cumulative): {peers}", flush=True)
+                    model = await routers.model_terms(session, name) if name in routers.admins else {}
+                    if model:
+                        print(f"    {name} ttft model: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(model.items())),
+                              flush=True)
                     await wait_idle(session, workers, 30)
                     after = await engine_stats(session, workers)
                     traces = await engine_traces(session, workers)
@@ -548,7 +564,8 @@ async def main_async(args: argparse.Namespace) -> None:
                             with (out / "diagnoses.jsonl").open("a") as f:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                     "prompts": args.prompts, "reports": args.reports,
-                                                    "diagnosis": doc, "kv_events": kv, "peers": peers}) + "\n")
+                                                    "diagnosis": doc, "kv_events": kv, "peers": peers,
+                                                    "model": model}) + "\n")
                         if kv:
                             print(f"    {name} kv events: " + ", ".join(
                                 f"{k['source']}/{k['state']} {k['batches']} batches {k['blocks']} blocks {k['gaps']} gaps"

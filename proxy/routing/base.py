@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class KvMatch(Protocol):
@@ -147,6 +147,14 @@ class FirstToken:
 
 class NoWorkerAvailable(Exception):
     """No healthy worker can take the request."""
+
+
+@runtime_checkable
+class ExplainsModel(Protocol):
+    """A policy that learns a cost model online and can show it (``ttft``): seconds per unit of
+    each term, exported on /metrics so that what it learned on a fleet can be read."""
+
+    def model_terms(self) -> Mapping[str, float]: ...
 
 
 class Policy(Protocol):

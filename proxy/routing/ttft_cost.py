@@ -136,6 +136,10 @@ class TtftCost:
     def recent_picks(self, url: str) -> float:
         return self.picks.recent_picks(url)
 
+    def model_terms(self) -> dict[str, float]:
+        """The learned TTFT model (``ExplainsModel``: ``radixgate_routing_ttft_model``)."""
+        return self.model.terms()
+
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = in_index = self.index.held(worker.url, request.block_hashes)
         tokens = None

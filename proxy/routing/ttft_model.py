@@ -118,6 +118,14 @@ class TtftModel:
         s per waiting request)."""
         return self._coefficients
 
+    def terms(self) -> dict[str, float]:
+        """The coefficients by name, as predictions use them, and the fit's own cost of an
+        uncached token before its floors (``uncached_token_fit``): where the two differ, a floor
+        binds (on the GPU fleet, the question whether ``own_at_least_ahead`` acts at all)."""
+        names = ("base", "uncached_token", "unseen_token", "queued_token", "running", "waiting")
+        return {**dict(zip(names, self._coefficients, strict=True)),
+                "uncached_token_fit": max(0.0, self._fit.theta[1]) / _TOKENS}
+
     def seconds_per_token(self, url: str) -> float:
         """This worker's prefill cost of one more uncached token of the request itself."""
         return self._coefficients[1] * self.factor(url)

@@ -359,6 +359,16 @@ class Metrics:
             "(text prompts' token estimate; routing.chars_per_token until a model's first report).",
             "model", current))
 
+    def attach_routing_model(self, current: Callable[[], Mapping[str, float]]) -> None:
+        """Register ``radixgate_routing_ttft_model`` (label term), read from ``current`` at scrape
+        time: the ttft policy's learned model (``routing/ttft_model.py``)."""
+        self.registry.register(MappingGauge(
+            "radixgate_routing_ttft_model",
+            "The ttft policy's learned TTFT model: seconds for the base term and per unit of each other "
+            "(uncached / unseen / queued token, running / waiting request), as routing uses them; "
+            "uncached_token_fit is the fit's own cost of an uncached token before its floors.",
+            "term", current))
+
     def _record_routing(self, done: CompletedRequest) -> None:
         route, decision, t = done.route, done.decision, done.timing
         if route is None or decision is None or decision.branch == PINNED:

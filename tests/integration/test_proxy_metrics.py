@@ -63,8 +63,31 @@ async def test_metrics_after_traffic(harness: Harness, client: aiohttp.ClientSes
     assert value("radixgate_worker_admission_limit", worker=worker) == 16
     assert "radixgate_worker_running_requests" in families
     assert value("radixgate_policy_decisions_total", policy="round_robin", branch="rr") == 3
+    assert "radixgate_routing_ttft_model" not in families  # round robin learns no model
     # docs/metrics.md documents every metric this proxy exposes.
     readme = README.read_text()
     documented = set(re.findall(r"`(radixgate_[a-z0-9_]+)`", readme))
     exposed = {f.name + ("_total" if f.type == "counter" else "") for f in families.values()}
     assert exposed - documented == set(), "metrics missing from the table in docs/metrics.md"
+
+
+async def test_the_ttft_policys_learned_model_is_on_metrics(harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST) for _ in range(2)])
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft"})
+    for i in range(3):
+        async with client.post(base(app) + "/generate", json={"text": f"prompt {i} " * 40,
+                                                              "sampling_params": {"max_new_tokens": 2}}) as r:
+            assert r.status == 200
+            await r.read()
+    async with client.get(admin(app) + "/metrics") as r:
+        text = await r.text()
+    terms = {s.labels["term"]: s.value for f in text_string_to_metric_families(text)
+             if f.name == "radixgate_routing_ttft_model" for s in f.samples}
+    assert set(terms) == {"base", "uncached_token", "unseen_token", "queued_token", "running", "waiting",
+                          "uncached_token_fit"}
+    assert terms["uncached_token"] > 0  # an uncached token is never free (its floor)
+    assert documented_in_metrics_md("radixgate_routing_ttft_model")
+
+
+def documented_in_metrics_md(name: str) -> bool:
+    return f"`{name}`" in README.read_text()

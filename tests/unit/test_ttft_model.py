@@ -85,3 +85,7 @@ def test_with_own_at_least_ahead_a_requests_own_token_costs_what_one_ahead_does(
     off, on = (models[f].coefficients() for f in (False, True))
     assert off[1] == pytest.approx(1 / 40_000) and off[2] == pytest.approx(1 / 5_000, rel=0.05)
     assert on[1] == pytest.approx(on[2]) and on[1] == pytest.approx(1 / 5_000, rel=0.05)
+    # What /metrics shows (radixgate_routing_ttft_model): the terms as used, and where a floor binds.
+    terms = models[True].terms()
+    assert (terms["uncached_token"], terms["unseen_token"]) == (on[1], on[2])
+    assert terms["uncached_token_fit"] < terms["uncached_token"] / 4  # the fit alone: far under the floor

@@ -194,7 +194,10 @@ def rule_prefill_stall(s: Signals, p: RuleParams) -> Finding | None:
                f"prefill, while prompts bring up to {lat.uncached_tokens_p95:.0f} uncached tokens")
     levers = (
         Lever("--enable-mixed-chunk", "sglang", "run decodes in the same batch as prefill chunks"),
-        Lever("--chunked-prefill-size", "sglang", "then lower it: each chunk bounds how long a decode step waits"),
+        # The trade, measured on the GPU fleet (loadtests/results/gpu-fleet-lever-3): half the
+        # prefill budget per step cut the worst decode stall ~20% and raised TTFT p95 1.38x.
+        Lever("--chunked-prefill-size", "sglang", "then lower it: each chunk bounds how long a decode step waits, "
+              "and prefill takes more steps: TTFT rises"),
         Lever("prefill/decode disaggregation", "fleet", "move long prefills off the decode workers"),
     )
     conf = 0.75 * data_weight(s, p) * strength(ratio(lat.itl_max.p50, lat.itl_floor), p.prefill_stall_ratio)

@@ -225,6 +225,7 @@ class Routers:
         self.bases: dict[str, list[str]] = {}  # a router's base URLs (replicas: several)
         self._turns: dict[str, int] = {}
         self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis; replicas: the first's)
+        self.every_admin: list[str] = []  # every radixgate proxy's admin base, replicas included
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> None:
@@ -252,6 +253,7 @@ class Routers:
             for replica in range(count):
                 port, admin = free_port(), admins[replica]
                 self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
+                self.every_admin.append(f"http://127.0.0.1:{admin}")
                 routing = routing_section(name, self.tokenizer)
                 if spec_peers(name):
                     routing["peers"] = [f"http://127.0.0.1:{a}" for a in admins if a != admin]
@@ -340,6 +342,17 @@ class Routers:
                     return [{"url": w["url"], **w["kv_events"]} for w in doc.get("workers", [])
                             if w.get("kv_events")]
         return []
+
+    async def flushed(self, session: aiohttp.ClientSession) -> None:
+        """Tell every radixgate proxy that the engines' caches were flushed, as an operator's
+        ``/flush_cache`` through it does (it flushes the idle engines again, harmless): each forgets
+        what it believed they held. Without it a proxy's next round on the same text routed, and
+        estimated reuse, on caches that were gone (runs 19-27: every round after the first kept the
+        first's placement, and the diagnosis read 96% captured where the engines had 75%)."""
+        for admin in self.every_admin:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.post(f"{admin}/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    await resp.read()
 
     async def stop(self) -> None:
         await stop_processes(self.procs)
@@ -533,6 +546,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     arrivals = trace(rate, args.phase_s, shape, args.seed)
                     phase += 1
                     unclean = await wait_idle(session, workers, 30)
+                    if not args.warm_index:
+                        await routers.flushed(session)
                     if unclean:
                         print(f"    WARNING {name} @ {rate:g}/s starts on busy, unflushed engines: {unclean}", flush=True)
                     before = await engine_stats(session, workers)
@@ -632,6 +647,9 @@ def main() -> None:
     p.add_argument("--phase-base", type=int, default=0, help="phase numbering offset (text keyed by it)")
     p.add_argument("--kv-events", default="", help='radixgate routers\' kv_events.endpoint ("auto": each '
                    "engine's own, started with engine_server --kv-events-config)")
+    p.add_argument("--warm-index", action="store_true",
+                   help="do not tell the radixgate proxies of the flush between phases (as runs 19-27 did): "
+                        "a later round routes on the caches the proxy believes the engines still hold")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of every router per rate (the spread between runs of one router, in one run)")
     p.add_argument("--text", choices=("same", "fresh"), default="same",

@@ -13,7 +13,8 @@ Public port, behind the API key like every path but ``/health`` and ``/ready``:
   port has every worker's view.
 * ``POST /v1/messages/count_tokens`` — one healthy worker's count for the caller's body, as sent.
 * ``GET|POST /flush_cache`` — fanned out to every worker; the answer lists each worker's status and
-  message (200 only when every worker flushed; SGLang refuses, 400, while requests run).
+  message (200 only when every worker flushed; SGLang refuses, 400, while requests run). Each
+  worker that flushed starts a new generation: routing forgets what it held at once.
 
 Why ``/flush_cache`` is not open on the public port: one call empties every worker's prefix cache,
 so every tenant's prompts are prefilled from scratch until the caches refill (TTFT up by the whole
@@ -123,6 +124,9 @@ def flush_handler(pipeline: Pipeline, upstream: UpstreamPool) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         urls = sorted(s.url for s in pipeline.registry.published())
         results = list(await asyncio.gather(*(one(u, request) for u in urls)))
+        for r in results:
+            if r["flushed"]:
+                pipeline.registry.flushed(r["worker"])
         flushed = bool(results) and all(r["flushed"] for r in results)
         if flushed:
             status = 200

@@ -167,6 +167,16 @@ class WorkerRegistry:
                 changed = True
         self._publish(changed=changed)
 
+    def flushed(self, url: str) -> None:
+        """The worker's cache was emptied through us (``/flush_cache``): a new generation, so what
+        routing believes it holds is forgotten now, not when a scrape shows it (a worker without
+        ``--enable-metrics`` never does; on the GPU fleet a proxy kept routing, and estimating
+        reuse, on the prefixes of caches flushed between phases)."""
+        w = self._workers.get(url)
+        if w is not None:
+            self._bump(w, "flush")
+            self._publish(changed=True)
+
     def _bump(self, w: _Worker, reason: str) -> None:
         w.generation += 1
         log.info("worker %s: %s (generation %d)", w.url, reason, w.generation)

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.app import App
 from proxy.sim.config import SimConfig
 from tests.integration.conftest import FAST, Harness, admin, base
 
@@ -64,6 +65,7 @@ async def test_flush_cache_on_the_admin_port_empties_every_workers_cache(
     for url in fleet.urls:  # each worker holds the prompt
         await _generate(client, url)
         assert (await _generate(client, url))["cached_tokens"] > 0
+    generations = await _generations(client, app)
     for method in ("POST", "GET"):  # SGLang takes both; bench_serving posts
         async with client.request(method, admin(app) + "/flush_cache") as r:
             assert r.status == 200
@@ -73,6 +75,13 @@ async def test_flush_cache_on_the_admin_port_empties_every_workers_cache(
         assert all(w["status"] == 200 and w["flushed"] and "Cache flushed" in w["message"] for w in body["workers"])
     for url in fleet.urls:  # the prompt is prefilled from scratch again
         assert (await _generate(client, url))["cached_tokens"] == 0
+    # and radixgate forgot what it believed they held: two flushes, two new generations each
+    assert await _generations(client, app) == {u: g + 2 for u, g in generations.items()}
+
+
+async def _generations(client: aiohttp.ClientSession, app: App) -> dict[str, int]:
+    async with client.get(admin(app) + "/workers") as r:
+        return {w["url"]: w["generation"] for w in (await r.json())["workers"]}
 
 
 async def test_flush_cache_reports_each_worker_that_did_not_flush(harness: Harness,

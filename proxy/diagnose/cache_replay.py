@@ -20,8 +20,9 @@ capacity and never exceeds the ceiling. The cache model (``routing/prefix_index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
 
 from proxy.diagnose.reuse import available_tokens
 from proxy.diagnose.window import RequestRecord, SnapshotSample
@@ -49,30 +50,72 @@ def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int
     return [cache.add(r.block_hashes, r.block_tokens) for r in records]
 
 
-def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None) -> list[int]:
+def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None,
+                              resets: Mapping[str, Sequence[float]] | None = None) -> list[int]:
     """Blocks each record would find in its own worker's cache: one LRU per worker, holding an
-    equal share of the fleet's KV, fed only the requests routed there."""
+    equal share of the fleet's KV, fed only the requests routed there (in order), and emptied at
+    each of that worker's ``resets`` (clock times: ``CacheResets.by_worker``)."""
     workers = {r.worker for r in records}
     share = capacity_tokens // len(workers) if capacity_tokens is not None and workers else None
     caches: dict[str, FleetCache] = {}
+    pending = {url: sorted(times) for url, times in (resets or {}).items()}
     out = []
     for r in records:
         cache = caches.get(r.worker)
+        times = pending.get(r.worker)
+        if times and r.order_key >= times[0]:
+            while times and r.order_key >= times[0]:
+                times.pop(0)
+            cache = None  # emptied since its last request
         if cache is None:
             cache = caches[r.worker] = FleetCache(share)
         out.append(cache.add(r.block_hashes, r.block_tokens))
     return out
 
 
-def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None) -> CacheSignal:
+@dataclass(frozen=True, slots=True)
+class CacheResets:
+    """When the window's snapshots show workers' caches emptied (a new generation: a restart, a
+    flush the scraper saw, ``/flush_cache`` through radixgate): ``fleet`` the last sample at
+    which every worker's was (None: never in the window), ``by_worker`` each worker's times.
+    Replaying requests from before a reset as if their prefixes were still cached after it made
+    the estimated capture read 96% where the engines, flushed between two GPU phases, had 75%."""
+
+    fleet: float | None = None
+    by_worker: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def since_fleet(self, records: Sequence[RequestRecord]) -> list[RequestRecord]:
+        """The records that reached the caches as they are now (all, without a fleet reset)."""
+        t = self.fleet
+        return list(records) if t is None else [r for r in records if r.order_key >= t]
+
+
+def cache_resets(samples: Sequence[SnapshotSample]) -> CacheResets:
+    by_worker: dict[str, list[float]] = {}
+    fleet = None
+    for before, after in pairwise(samples):
+        was = {w.url: w.generation for w in before.workers}
+        bumped = [w.url for w in after.workers if w.url in was and w.generation > was[w.url]]
+        for url in bumped:
+            by_worker.setdefault(url, []).append(after.at)
+        if bumped and len(bumped) == len(after.workers):
+            fleet = after.at
+    return CacheResets(fleet, {u: tuple(t) for u, t in by_worker.items()})
+
+
+def cache_signal(records: Sequence[RequestRecord], capacity_tokens: int | None,
+                 resets: CacheResets | None = None) -> CacheSignal:
     """Captured, available and reuse ceiling as shares of prompt tokens, over the requests whose
     worker reported cached tokens; where none did, over every request, from the routing
-    decisions' own predictions (``estimated``)."""
+    decisions' own predictions (``estimated``). Only the requests since the last fleet-wide
+    cache reset count, and each worker's own cache model empties at its resets."""
+    resets = resets or CacheResets()
+    records = resets.since_fleet(records)
     replayed = sorted((r for r in records if r.timing.dispatched is not None), key=lambda r: r.order_key)
     at_capacity = replay_matched_blocks(replayed, capacity_tokens)
     unbounded = replay_matched_blocks(replayed, None)
     estimated = not any(r.cached_tokens is not None and r.prompt_tokens for r in replayed)
-    own = per_worker_matched_blocks(replayed, capacity_tokens) if estimated else []
+    own = per_worker_matched_blocks(replayed, capacity_tokens, resets.by_worker) if estimated else []
     captured = available = ceiling = 0.0
     prompt_total = reporting = 0
     for k, (r, m_cap, m_all) in enumerate(zip(replayed, at_capacity, unbounded, strict=True)):

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.diagnose.cache_replay import CacheSignal, cache_signal, fleet_capacity_tokens
+from proxy.diagnose.cache_replay import CacheSignal, cache_resets, cache_signal, fleet_capacity_tokens
 from proxy.diagnose.shadow import Replay, ShadowResult, replay
 from proxy.diagnose.window import RequestRecord, SnapshotSample
 from proxy.telemetry.gpu import GpuReport
@@ -357,11 +357,13 @@ def compute_signals(
     """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
     occupancy = occupancy_signal(samples)
-    replayed = replay(records, [w.url for w in samples[-1].workers] if samples else [], capacity) \
-        if with_shadow else Replay()
+    resets = cache_resets(samples)
+    # The caches as they are now hold nothing from before a fleet-wide reset: replay what came since.
+    replayed = replay(resets.since_fleet(records), [w.url for w in samples[-1].workers] if samples else [],
+                      capacity) if with_shadow else Replay()
     return Signals(
         window=window_info(records, samples),
-        cache=cache_signal(records, capacity),
+        cache=cache_signal(records, capacity, resets),
         occupancy=occupancy,
         latency=latency_signal(records),
         gpu=gpu if gpu is not None else GpuReport.unavailable("no GPU sampler"),

@@ -248,3 +248,33 @@ def test_the_fastest_of_the_biggest_prompts_is_measured_on_their_own() -> None:
     # prompts all of one size: all count, whatever their order (not the slowest or the first tenth)
     even = [record(prompt=1000, prefill=3.0 if k < 5 else 0.05) for k in range(50)]
     assert latency_signal(even).ttft_big_p10 == pytest.approx(0.05)
+
+
+def fleet(at: float, generations: dict[str, int]) -> SnapshotSample:
+    return SnapshotSample(at=at, workers=tuple(WorkerSnapshot(url=u, healthy=True, generation=g)
+                                               for u, g in generations.items()))
+
+
+def test_a_flush_of_every_worker_starts_the_cache_replay_over() -> None:
+    # Without reports: a prompt twice on w0, the fleet's caches flushed between (a /flush_cache
+    # through radixgate, or the scraper seeing them emptied: a new generation for each).
+    recs = [record(blocks=chain(1, 4), worker="http://w0", received=t, cached=None) for t in (0.0, 2.0)]
+    samples = [fleet(0.5, {"http://w0": 0, "http://w1": 0}), fleet(1.5, {"http://w0": 1, "http://w1": 1})]
+    resets = cache_replay.cache_resets(samples)
+    assert resets.fleet == 1.5 and resets.by_worker == {"http://w0": (1.5,), "http://w1": (1.5,)}
+    assert cache_signal(recs, 10_000).captured == pytest.approx(64 / 128)  # as if nothing happened
+    after = cache_signal(recs, 10_000, resets)
+    assert after.reporting_requests == 1 and after.captured == after.available == 0.0
+    # The same through compute_signals, which finds the resets in the window's snapshots.
+    assert signals.compute_signals(recs, samples, with_shadow=False).cache.captured == 0.0
+
+
+def test_one_workers_restart_empties_its_own_cache_model_only() -> None:
+    recs = [record(blocks=chain(1, 4), worker="http://w0", received=t, cached=None) for t in (0.0, 2.0)]
+    samples = [fleet(0.5, {"http://w0": 0, "http://w1": 0}), fleet(1.5, {"http://w0": 1, "http://w1": 0})]
+    resets = cache_replay.cache_resets(samples)
+    assert resets.fleet is None and resets.by_worker == {"http://w0": (1.5,)}
+    c = cache_signal(recs, 10_000, resets)
+    assert c.reporting_requests == 2
+    assert c.captured == 0.0  # w0 restarted: its repeat found nothing
+    assert c.available == pytest.approx(64 / 128)  # a fleet-wide cache (the others' share) still could

@@ -74,8 +74,10 @@ class VirtualWorker:
     """One simulated SGLang worker advanced by the event loop instead of asyncio."""
 
     def __init__(self, url: str, config: SimConfig, gpu: SharedGpu | None = None,
-                 minimal_reports: bool = False) -> None:
+                 minimal_reports: bool = False, generation: int = 0) -> None:
         self.url = url
+        # What the registry would say of it: a new one after a restart or a flush it was told of.
+        self.generation = generation
         self.gpu = gpu
         self.minimal_reports = minimal_reports
         self.engine = Engine(config, clock=ManualClock())
@@ -100,13 +102,15 @@ class VirtualWorker:
         sched, cache = self.scheduler, self.engine.cache
         if self.minimal_reports:  # only /get_server_info answers: the static shape
             return WorkerSnapshot(url=self.url, max_running_requests=self.engine.limits.max_running_requests,
-                                  max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,))
+                                  max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,),
+                                  generation=self.generation)
         return WorkerSnapshot(
             url=self.url, running=sched.num_running, queued=len(sched.waiting),
             waiting_uncached_tokens=sched.waiting_uncached_tokens(),
             token_usage=cache.used_tokens / cache.capacity, cache_hit_rate=sched.last_batch_hit_rate,
             max_running_requests=self.engine.limits.max_running_requests,
-            max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,))
+            max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,),
+            generation=self.generation)
 
     def start_step(self, now: float) -> bool:
         self.step = self.scheduler.next_step(now)
@@ -171,6 +175,7 @@ def simulate(
     kept: list[Policy] | None = None,
     kv_events: bool = False,
     tokenize: bool = False,
+    generation: int = 0,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -185,10 +190,12 @@ def simulate(
     are put in it), as a proxy process lives through a benchmark's rounds.
     ``kv_events``: every replica reads each worker's KV events (``kv_events.endpoint``; one table
     per worker stands for the identical tables of the replicas' subscribers) and keys text prompts
-    by the engines' token ids (``routing.tokenizer``); ``tokenize`` alone does the latter only."""
+    by the engines' token ids (``routing.tokenizer``); ``tokenize`` alone does the latter only.
+    ``generation``: the new workers' generation; a ``kept`` policy that saw another forgets what
+    it believed they held (a flush or restart it was told of)."""
     sim = sim or SimConfig()
     gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
-    fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports) for i in range(workers)]
+    fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports, generation) for i in range(workers)]
     tokens = TokenEstimate(4.0) if encode is not None else None
     by_url = {w.url: w for w in fleet}
     views: dict[str, _EventsView] = {}

@@ -65,11 +65,12 @@ class Oracle(IgnoresFeedback):
 def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, phase_s: float, workers: int,
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
          start: float = 0.0, ids: bool = False,
-         carried: list[Policy] | None = None) -> tuple[list[Outcome], list[VirtualWorker]]:
+         carried: list[Policy] | None = None, generation: int = 0) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``carried``: the proxies' policies, kept from an earlier phase (empty: built here and put in
-    it), as a GPU cell's proxy processes live through its ``--repeat`` rounds."""
+    it), as a GPU cell's proxy processes live through its ``--repeat`` rounds; ``generation``: the
+    fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -98,7 +99,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
                     minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines,
-                    kept=carried)
+                    kept=carried, generation=generation)
 
 
 # The SGLang gateways are simulated by radixgate's own rendering of their policy.
@@ -156,7 +157,11 @@ def main() -> None:
                         "(each phase inherits the caches the one before left)")
     p.add_argument("--rounds", type=int, default=1,
                    help="each router this many times on the same trace and text, its proxies kept from "
-                        "round to round and the engines fresh (fleet.py --repeat, which flushes them)")
+                        "round to round and the engines fresh (fleet.py --repeat, which flushes them and "
+                        "tells the proxies: a new generation per round)")
+    p.add_argument("--warm-index", action="store_true",
+                   help="--rounds without telling the proxies of the fresh engines (fleet.py --warm-index, "
+                        "as runs 19-27): their index believes what the last round's engines held")
     p.add_argument("--whole-cell", action="store_true",
                    help="as --carry-over, across the rates too, routers rotated by one per rate (fleet.py's order)")
     a = p.parse_args()
@@ -187,10 +192,11 @@ def main() -> None:
                     phase = text_key("same", a.phase_base, rate, 0)
                 carried: list[Policy] = []
                 rounds = []
-                for _ in range(a.rounds):
+                for k_round in range(a.rounds):
                     outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
-                                           carried=carried if a.rounds > 1 else None)
+                                           carried=carried if a.rounds > 1 else None,
+                                           generation=0 if a.warm_index else k_round)
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:

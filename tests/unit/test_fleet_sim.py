@@ -77,3 +77,20 @@ def test_rounds_keep_the_proxies_policies_and_what_they_learned() -> None:
     assert carried == kept and all(a is b for a, b in zip(carried, kept, strict=True))
     assert outcomes and all(o.first is not None and o.arrival >= 60.0 for o in outcomes)
     assert [p.model.coefficients() for p in kept] != learned  # the second round taught them more
+
+
+@pytest.mark.parametrize(("generation", "first_requests_placed_anew"), [(1, True), (0, False)])
+def test_a_round_on_engines_the_proxy_was_told_are_new_places_the_groups_anew(
+        generation: int, first_requests_placed_anew: bool) -> None:
+    # fleet.py tells each proxy of the flush between rounds (a new generation per worker): the
+    # kept policy forgets what it believed the old engines held; --warm-index does not tell it.
+    carried: list = []
+    kwargs = dict(phase_s=8.0, workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True, carried=carried)
+    first, _ = fleet_sim.cell("ttft", 4.5, Shape(groups=8), seed=1, phase=7, **kwargs)
+    again, _ = fleet_sim.cell("ttft", 4.5, Shape(groups=8), seed=1, phase=7, start=60.0, generation=generation,
+                              **kwargs)
+    balance = [sum(o.branch == "balance" for o in outs) for outs in (first, again)]
+    assert balance[0] > 0
+    assert (balance[1] == balance[0]) is first_requests_placed_anew
+    if not first_requests_placed_anew:
+        assert balance[1] == 0  # every group's first request went where the last round put it

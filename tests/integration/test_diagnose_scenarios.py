@@ -273,6 +273,21 @@ async def test_max_running_requests_far_too_low_is_diagnosed_as_admission() -> N
     assert findings(doc).get("admission") == "max_running_requests"
 
 
+async def test_without_enable_metrics_the_batch_cap_is_still_found_and_raising_it_pays() -> None:
+    # Engines without --enable-metrics: no queue time in meta_info, no /metrics; their /get_load
+    # still says how many run and wait (as SGLang's does), so the cap is still seen, not guessed.
+    blind = [sim(max_running_requests=1, max_total_tokens=200_000, enable_metrics=False) for _ in range(2)]
+    doc = await run(dataclasses.replace(LOW_MAX_RUNNING, workers=blind))
+    assert doc["verdict"]["kind"] == "tune" and findings(doc).get("admission") == "max_running_requests"
+    assert doc["signals"]["worker_queue_p95"]["n"] == 0  # the engine's own queue time: not reported
+    # The lever, pulled on the same traffic: a 16-request batch takes TTFT p95 from ~0.43 s to ~0.06 s.
+    raised = [dataclasses.replace(w, max_running_requests=16) for w in blind]
+    pulled = await run(dataclasses.replace(LOW_MAX_RUNNING, workers=raised))
+    p95 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p95"]) for d in (doc, pulled)]
+    assert p95[1] <= 0.5 * p95[0], p95
+    assert "admission" not in findings(pulled) and pulled["verdict"]["kind"] == "healthy"
+
+
 @pytest.mark.parametrize("policy", ["cache_aware", "ttft"])
 async def test_unique_long_prompts_at_saturation_are_at_the_ceiling(policy: str) -> None:
     # With the default policy too: no prefix to keep, so no routing lever; the shadow replay agrees.

@@ -210,6 +210,12 @@ async def test_round_robin_on_shared_prefixes_is_diagnosed_as_routing() -> None:
     shadow = {r["policy"]: r["captured"] for r in cache["shadow"]}
     assert shadow["ttft"] >= shadow["round_robin"] + doc["params"]["capture_gap"]
     assert "ttft" in doc["verdict"]["levers"][0]["change"]
+    # The lever, pulled on the same traffic: the engines' own count of cached tokens rises by more
+    # than the gap the finding needs, and the finding is gone.
+    pulled = await run(dataclasses.replace(ROUND_ROBIN, policy="ttft"))
+    measured = [d["four_numbers"]["cache"]["captured"] for d in (doc, pulled)]
+    assert measured[1] >= measured[0] + doc["params"]["capture_gap"], measured
+    assert "cache_routing" not in findings(pulled)
 
 
 # The same fleet and traffic, engines reporting only token counts (no cached_tokens, no /metrics).
@@ -265,12 +271,24 @@ async def test_a_kv_pool_smaller_than_the_working_set_is_diagnosed_as_cache_capa
     assert "cache_capacity" in findings(doc)
     settings = {lv["setting"] for lv in doc["verdict"]["levers"]}
     assert "--mem-fraction-static" in settings
+    # The lever, pulled: ten times the KV pool per worker (the whole working set fits) and the
+    # same traffic captures more, by the engines' count; the finding is gone.
+    pulled = await run(dataclasses.replace(SMALL_KV, workers=[sim(max_total_tokens=60_000) for _ in range(2)]))
+    measured = [d["four_numbers"]["cache"]["captured"] for d in (doc, pulled)]
+    assert measured[1] >= measured[0] + doc["params"]["capture_gap"], measured
+    assert "cache_capacity" not in findings(pulled)
 
 
 async def test_max_running_requests_far_too_low_is_diagnosed_as_admission() -> None:
     doc = await run(LOW_MAX_RUNNING)
     assert doc["verdict"]["kind"] == "tune"
     assert findings(doc).get("admission") == "max_running_requests"
+    # The lever, pulled: a 16-request batch on the same traffic.
+    pulled = await run(dataclasses.replace(
+        LOW_MAX_RUNNING, workers=[sim(max_running_requests=16, max_total_tokens=200_000) for _ in range(2)]))
+    p95 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p95"]) for d in (doc, pulled)]
+    assert p95[1] <= 0.5 * p95[0], p95
+    assert "admission" not in findings(pulled)
 
 
 async def test_without_enable_metrics_the_batch_cap_is_still_found_and_raising_it_pays() -> None:

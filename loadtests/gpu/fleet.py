@@ -307,29 +307,32 @@ class Routers:
                     return doc
         return None
 
+    async def metrics(self, session: aiohttp.ClientSession, name: str) -> list[str]:
+        """The first replica's ``/metrics`` exposition, by line (empty when it does not answer)."""
+        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            async with session.get(f"{self.admins[name]}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return (await resp.text()).splitlines()
+        return []
+
     async def peer_counts(self, session: aiohttp.ClientSession, name: str) -> dict[str, float]:
         """The first replica's peer counters so far (``radixgate_peer_*`` samples summed by metric
         and outcome): evidence that ``peers=on`` replicas did tell each other their decisions."""
         totals: dict[str, float] = {}
-        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-            async with session.get(f"{self.admins[name]}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                for line in (await resp.text()).splitlines():
-                    m = re.match(r'(radixgate_peer_\w+?)(?:_total)?\{[^}]*?outcome="([^"]+)"[^}]*\} ([0-9.e+]+)$', line)
-                    if m:
-                        key = f"{m[1]}:{m[2]}"
-                        totals[key] = totals.get(key, 0.0) + float(m[3])
+        for line in await self.metrics(session, name):
+            m = re.match(r'(radixgate_peer_\w+?)(?:_total)?\{[^}]*?outcome="([^"]+)"[^}]*\} ([0-9.e+]+)$', line)
+            if m:
+                key = f"{m[1]}:{m[2]}"
+                totals[key] = totals.get(key, 0.0) + float(m[3])
         return totals
 
     async def model_terms(self, session: aiohttp.ClientSession, name: str) -> dict[str, float]:
         """The first replica's learned TTFT model (``radixgate_routing_ttft_model``; empty for a
         policy that learns none): whether a floor such as ``own_at_least_ahead`` binds on these engines."""
         terms: dict[str, float] = {}
-        with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-            async with session.get(f"{self.admins[name]}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                for line in (await resp.text()).splitlines():
-                    m = re.match(r'radixgate_routing_ttft_model\{term="(\w+)"\} ([0-9.e+-]+)$', line)
-                    if m:
-                        terms[m[1]] = float(m[2])
+        for line in await self.metrics(session, name):
+            m = re.match(r'radixgate_routing_ttft_model\{term="(\w+)"\} ([0-9.e+-]+)$', line)
+            if m:
+                terms[m[1]] = float(m[2])
         return terms
 
     async def kv_status(self, session: aiohttp.ClientSession, name: str) -> list[dict[str, Any]]:

@@ -98,9 +98,9 @@ MAX_WORKERS = 4096  # entries of one message's in_flight
 MAX_IN_FLIGHT = 65536  # our own requests remembered as in flight (far above admission's bounds)
 # A changed in-flight count with nothing else to send goes out this often at most.
 LOAD_REFRESH_S = 0.1
-# Finished requests per message (diagnose.fleet_view): ~3 KB each for 2k-token prompts, at most
-# ~110 KB (share.py's bounds), so a full message stays far under MAX_BODY_BYTES.
-MAX_FINISHED_PER_MESSAGE = 64
+# Finished requests per message (diagnose.fleet_view): ~3 KB each for 2k-token prompts, ~110 KB
+# at share.py's bounds, so a message of them stays under half of MAX_BODY_BYTES even then.
+MAX_FINISHED_PER_MESSAGE = 32
 _U64 = 1 << 64
 
 

@@ -87,7 +87,9 @@ def from_wire(item: Any, now: float, *, peer: str, where: str = "finished[0]") -
     for h in blocks:
         if type(h) is not int or not 0 <= h < _U64:
             raise BadRequest(f"{where}.blocks: expected unsigned 64-bit integers, got {h!r}")
-    block_tokens = _count(item.get("block_tokens", 16), f"{where}.block_tokens")
+    block_tokens = item.get("block_tokens", 16)
+    if type(block_tokens) is not int or not 1 <= block_tokens < _U64:
+        raise BadRequest(f"{where}.block_tokens: expected an integer >= 1, got {block_tokens!r}")
     text = item.get("text", False)
     if not isinstance(text, bool):
         raise BadRequest(f"{where}.text: expected true or false")
@@ -98,7 +100,7 @@ def from_wire(item: Any, now: float, *, peer: str, where: str = "finished[0]") -
     return RequestRecord(
         timing=timing, worker=worker, outcome=_text(item.get("outcome", "ok"), f"{where}.outcome") or "ok",
         prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion, block_hashes=tuple(blocks),
-        block_tokens=block_tokens or 16,
+        block_tokens=block_tokens,
         estimated_prompt_tokens=_count(item.get("estimated_prompt_tokens", 0), f"{where}.estimated_prompt_tokens") or 0,
         policy=_text(item.get("policy", ""), f"{where}.policy"), text_prompt=text,
         predicted_cached_tokens=_count(item.get("predicted_cached"), f"{where}.predicted_cached"),

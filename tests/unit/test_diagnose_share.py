@@ -114,6 +114,7 @@ def good(**change: object) -> dict[str, object]:
     (good(blocks=[2**64]), "finished[0].blocks"),
     (good(blocks=list(range(MAX_BLOCKS + 1))), "finished[0].blocks"),
     (good(block_tokens=-1), "finished[0].block_tokens"),
+    (good(block_tokens=0), "finished[0].block_tokens"),
     (good(text="yes"), "finished[0].text"),
     (good(outcome=None), "finished[0].outcome"),
     (good(cause=5), "finished[0].cause"),

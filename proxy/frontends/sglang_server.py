@@ -124,9 +124,7 @@ def flush_handler(pipeline: Pipeline, upstream: UpstreamPool) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         urls = sorted(s.url for s in pipeline.registry.published())
         results = list(await asyncio.gather(*(one(u, request) for u in urls)))
-        for r in results:
-            if r["flushed"]:
-                pipeline.registry.flushed(r["worker"])
+        pipeline.registry.flushed(r["worker"] for r in results if r["flushed"])
         flushed = bool(results) and all(r["flushed"] for r in results)
         if flushed:
             status = 200

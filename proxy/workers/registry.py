@@ -167,14 +167,16 @@ class WorkerRegistry:
                 changed = True
         self._publish(changed=changed)
 
-    def flushed(self, url: str) -> None:
-        """The worker's cache was emptied through us (``/flush_cache``): a new generation, so what
-        routing believes it holds is forgotten now, not when a scrape shows it (a worker without
-        ``--enable-metrics`` never does; on the GPU fleet a proxy kept routing, and estimating
-        reuse, on the prefixes of caches flushed between phases)."""
-        w = self._workers.get(url)
-        if w is not None:
+    def flushed(self, urls: Iterable[str]) -> None:
+        """These workers' caches were emptied through us (``/flush_cache``): a new generation each,
+        so what routing believes they hold is forgotten now, not when a scrape shows it (a worker
+        without ``--enable-metrics`` never does; on the GPU fleet a proxy kept routing, and
+        estimating reuse, on the prefixes of caches flushed between phases). One publish for all,
+        so the diagnosis's snapshots see the fleet flushed at once (``cache_replay.cache_resets``)."""
+        bumped = [w for url in urls if (w := self._workers.get(url)) is not None]
+        for w in bumped:
             self._bump(w, "flush")
+        if bumped:
             self._publish(changed=True)
 
     def _bump(self, w: _Worker, reason: str) -> None:

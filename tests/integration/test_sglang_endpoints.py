@@ -3,6 +3,7 @@ beside generation (``/health_generate``, model and server info, ``/flush_cache``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -77,6 +78,29 @@ async def test_flush_cache_on_the_admin_port_empties_every_workers_cache(
         assert (await _generate(client, url))["cached_tokens"] == 0
     # and radixgate forgot what it believed they held: two flushes, two new generations each
     assert await _generations(client, app) == {u: g + 2 for u, g in generations.items()}
+
+
+async def test_after_a_flush_through_radixgate_the_diagnosis_counts_the_caches_as_they_are(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_cache_report=True)] * 2)
+    app = await harness.proxy(fleet.urls, **{"diagnose.refresh_s": 0})
+    body = {"text": "a shared system prompt " * 40, "sampling_params": {"max_new_tokens": 2}}
+    for _ in range(4):
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            await r.read()
+    async with client.post(admin(app) + "/flush_cache") as r:
+        assert r.status == 200
+    await asyncio.sleep(0.2)  # a few scrape intervals: the window's snapshots show every worker flushed
+    for _ in range(2):
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            await r.read()
+    async with client.get(admin(app) + "/diagnosis") as r:
+        doc = await r.json()
+    assert doc["window"]["requests"] == 6
+    # the cache figures are of the two requests since the flush (the first prefilled it again)
+    assert doc["four_numbers"]["cache"]["n"] == 2
 
 
 async def _generations(client: aiohttp.ClientSession, app: App) -> dict[str, int]:

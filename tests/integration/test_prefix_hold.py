@@ -114,7 +114,9 @@ async def test_a_hold_ends_once_waiting_costs_more_than_recomputing_the_prefix(
     assert total(m, "radixgate_policy_decisions_total", policy="ttft", branch="hold") == 1
     assert total(m, "radixgate_prefix_hold_seconds_count", outcome="timed_out") == 1
     held = total(m, "radixgate_prefix_hold_seconds_sum")
-    assert 0.005 < held < 0.1
+    # 3-15 ms: B's recompute of the prefix (~3 ms at the prior's rate) plus the prefill still ahead
+    # of it, which is C's and A's until a scrape shows C running (3.4 ms once in CI); far below 1 s
+    assert 0.001 < held < 0.1
     assert cached_tokens(b) < PREFIX  # not worth waiting for: it computed the prefix itself
     assert accounting(m) == (3, 3, 0)
 

@@ -328,8 +328,8 @@ class PeerSync:
 
     def share(self, record: RequestRecord) -> None:
         """One of our finished requests, for every peer's diagnosis (``diagnose.fleet_view``)."""
-        if self.on_record is None or record.peer:
-            return  # not sharing; or a peer's own, which it told the others itself
+        if self.on_record is None:
+            return  # not sharing (only our own records come here: DiagnosisService.observe)
         for link in self._links.values():
             if len(link.finished) == MAX_BUFFERED:
                 self.metrics.inc(self.metrics.peer_records_dropped)

@@ -32,6 +32,7 @@ from typing import Any
 
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_order, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
+from loadtests.jsonl import read_jsonl
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
@@ -120,7 +121,7 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
 
 def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[str, float]]]:
     """(cell, router, rate, real metrics) for every fixed-placement phase of the committed run."""
-    recs = [json.loads(line) for line in (results / "requests.jsonl").read_text().splitlines() if line]
+    recs = read_jsonl(results / "requests.jsonl")
     cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
     out = []
     for cell in cells:

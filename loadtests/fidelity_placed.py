@@ -26,6 +26,7 @@ from typing import Any
 from loadtests.fidelity import TOLERANCE, _argv_value, profile_value, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import pct
+from loadtests.jsonl import exists, read_jsonl, read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
@@ -99,12 +100,12 @@ def _in_cell(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
 
 
 def placed_phases(results: Path) -> list[Placed]:
-    if not all((results / f).exists() for f in ("requests.jsonl", "summary.jsonl", "engines.jsonl")):
+    if not all(exists(results / f) for f in ("requests.jsonl", "summary.jsonl", "engines.jsonl")):
         return []  # a run that came back without its summary or engine traces
-    recs = [json.loads(line) for line in (results / "requests.jsonl").read_text().splitlines() if line]
+    recs = read_jsonl(results / "requests.jsonl")
     cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
     out = []
-    for line in (results / "engines.jsonl").read_text().splitlines():
+    for line in read_text(results / "engines.jsonl").splitlines():
         doc = json.loads(line)
         cell = next((c for c in cells if _in_cell(c, doc)), None)
         if cell is None or doc["prompts"] == "chat":  # chat prompts are rendered by a template

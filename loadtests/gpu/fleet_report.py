@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from loadtests.jsonl import read_text
+
 
 def pct(values: list[float], q: float) -> float:
     if not values:
@@ -123,7 +125,7 @@ def growth_report(paths: list[Path]) -> str:
     p = RuleParams()
     phases: dict[tuple[str, int, str, float], list[tuple[float, float]]] = {}
     for path in paths:
-        for line in path.read_text().splitlines():
+        for line in read_text(path).splitlines():
             if line.strip():
                 r = json.loads(line)
                 if r["router"] != "direct0":
@@ -148,7 +150,7 @@ def engines_report(path: Path) -> str:
     TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +
     freed but still cached) it fell to: where a router's tail came from."""
     out = []
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         if not line.strip():
             continue
         row = json.loads(line)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -163,6 +164,56 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     return f"profile {profile.name}: mean |log(sim / real)| of TTFT p50 and p95 {mean:.3f}\n" + "\n".join(lines)
 
 
+def round_pair(a: Placed, b: Placed) -> tuple[float, tuple[float, float]]:
+    """The share of the requests of both rounds (by arrival index) that reached the same engine in
+    each, and ``b``'s engine TTFT p50 and p95 over ``a``'s."""
+    where = dict(zip(a.index, a.engine, strict=True))
+    common = [(i, e) for i, e in zip(b.index, b.engine, strict=True) if i in where]
+    same = sum(where[i] == e for i, e in common) / len(common) if common else 0.0
+
+    def ratio(q: float) -> float:
+        first, second = pct(a.ttft, q), pct(b.ttft, q)
+        return second / first if first > 0 else math.nan
+
+    return same, (ratio(0.5), ratio(0.95))
+
+
+def repeatability(results: Sequence[Path]) -> str:
+    """The real engine against itself: every pair of rounds of one router in one cell (``--repeat``,
+    one arrival trace, one text), with the share of requests that reached the same engine in both,
+    and the second's engine TTFT p50 and p95 over the first's. Pairs that kept one placement say how
+    close the GPU repeats itself: the bar a simulator of it can be held to, phase by phase."""
+    lines = ["| run | router | rate /s | phases | same engine | p50 ratio | p95 ratio | both within ±30% |",
+             "|---|---|---|---|---|---|---|---|"]
+    kept: list[tuple[float, float]] = []
+    anew: list[tuple[float, float]] = []
+    for path in results:
+        rounds: dict[tuple[str, float, str], list[Placed]] = {}
+        for ph in placed_phases(path):
+            rounds.setdefault((ph.router, ph.rate, json.dumps(ph.cell["argv"])), []).append(ph)
+        for (router, rate, _), phases in rounds.items():
+            for a, b in itertools.combinations(phases, 2):
+                same, ratios = round_pair(a, b)
+                if not all(math.isfinite(r) and r > 0 for r in ratios):
+                    continue
+                (kept if same >= SAME_PLACEMENT else anew).append(ratios)
+                ok = all(abs(r - 1) <= TOLERANCE for r in ratios)
+                lines.append(f"| {path.name} | {router} | {rate:g} | {a.phase}, {b.phase} | {same:.0%} | "
+                             f"{ratios[0]:.2f} | {ratios[1]:.2f} | {'yes' if ok else 'no'} |")
+    summary = []
+    for name, pairs in ((f"one placement (>= {SAME_PLACEMENT:.0%} of requests on the same engine)", kept),
+                        ("placed anew", anew)):
+        if pairs:
+            within = sum(all(abs(r - 1) <= TOLERANCE for r in pair) for pair in pairs)
+            mean = sum(abs(math.log(r)) for pair in pairs for r in pair) / (2 * len(pairs))
+            summary.append(f"{name}: {len(pairs)} pairs of rounds, {within} with both ratios within ±30%, "
+                           f"mean |log(ratio)| {mean:.3f}")
+    return "\n".join(summary + lines)
+
+
+# Rounds whose requests reached the same engines this often count as one placement repeated.
+SAME_PLACEMENT = 0.9
+
 Row = tuple[int, float, float | None, float | None, int, int]  # engine, at, first, done, prompt, cached
 
 
@@ -220,7 +271,12 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     p.add_argument("--regress", type=float, metavar="MIN_RATE", default=None,
                    help="fit one linear TTFT model on the real and on the simulated requests of phases at this rate or more")
+    p.add_argument("--repeatability", action="store_true",
+                   help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
+    if a.repeatability:
+        print(repeatability(a.results))
+        return
     profile = perf.PROFILES[a.profile]
     for item in a.set:
         key, value = item.split("=", 1)

@@ -112,3 +112,21 @@ def test_engine_requests_are_matched_to_the_client_request_that_sent_them() -> N
                {"requests": [{"at": 9.0, "prompt": 2800}]}]  # before anyone sent it
     got = sorted((i, n) for i, n, _ in match(client, engines))
     assert got == [(0, 0), (1, 0), (2, 1)]
+
+
+def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
+    from loadtests.fidelity_placed import Placed, round_pair
+
+    def phase(engines: list[int], firsts: list[float | None]) -> Placed:
+        n = len(engines)
+        return Placed("ttft", 6.0, 1, {}, list(range(n)), engines, [0.0] * n,
+                      [(3000, 0, first, None if first is None else first + 5) for first in firsts])
+
+    a = phase([0, 1, 2, 3], [0.2, 0.4, 0.6, 0.8])
+    b = phase([0, 1, 3, 3], [0.4, 0.8, 1.2, 1.6])  # 3 of 4 on the same engine, every TTFT doubled
+    same, (p50, p95) = round_pair(a, b)
+    assert same == 0.75
+    assert (round(p50, 6), round(p95, 6)) == (2.0, 2.0)
+    # a request of the second round that never got a first token makes its p95 infinite
+    _, (_, p95) = round_pair(a, phase([0, 1, 2, 3], [0.2, 0.4, 0.6, None]))
+    assert p95 == float("inf")

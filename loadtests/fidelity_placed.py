@@ -164,6 +164,9 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     return f"profile {profile.name}: mean |log(sim / real)| of TTFT p50 and p95 {mean:.3f}\n" + "\n".join(lines)
 
 
+# Rounds whose requests reached the same engines this often count as one placement repeated.
+SAME_PLACEMENT = 0.9
+
 def round_pair(a: Placed, b: Placed) -> tuple[float, tuple[float, float]]:
     """The share of the requests of both rounds (by arrival index) that reached the same engine in
     each, and ``b``'s engine TTFT p50 and p95 over ``a``'s."""
@@ -182,7 +185,8 @@ def repeatability(results: Sequence[Path]) -> str:
     """The real engine against itself: every pair of rounds of one router in one cell (``--repeat``,
     one arrival trace, one text), with the share of requests that reached the same engine in both,
     and the second's engine TTFT p50 and p95 over the first's. Pairs that kept one placement say how
-    close the GPU repeats itself: the bar a simulator of it can be held to, phase by phase."""
+    close the GPU repeats itself: the bar a simulator of it can be held to, phase by phase. A pair
+    whose percentile falls on an unanswered request (an infinite ratio) is left out."""
     lines = ["| run | router | rate /s | phases | same engine | p50 ratio | p95 ratio | both within ±30% |",
              "|---|---|---|---|---|---|---|---|"]
     kept: list[tuple[float, float]] = []
@@ -210,9 +214,6 @@ def repeatability(results: Sequence[Path]) -> str:
                            f"mean |log(ratio)| {mean:.3f}")
     return "\n".join(summary + lines)
 
-
-# Rounds whose requests reached the same engines this often count as one placement repeated.
-SAME_PLACEMENT = 0.9
 
 Row = tuple[int, float, float | None, float | None, int, int]  # engine, at, first, done, prompt, cached
 

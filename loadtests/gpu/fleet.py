@@ -261,7 +261,8 @@ class Routers:
                 cfg.write_text(yaml.safe_dump({
                     "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
                     "workers": {"static": self.workers}, "routing": routing,
-                    # the diagnosis read after a phase covers that phase alone
+                    # the window holds a phase and more; each read after a phase asks for that
+                    # phase's own span (GET /diagnosis?window_s=)
                     "diagnose": {"window_s": self.window_s},
                     "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
                     # kv_events auto: follow each engine's own events (engine_server --kv-events-config)
@@ -296,12 +297,15 @@ class Routers:
         self._turns[name] = turn + 1
         return bases[turn % len(bases)]
 
-    async def diagnosis(self, session: aiohttp.ClientSession, name: str) -> dict[str, Any] | None:
-        """A radixgate router's ``GET /diagnosis`` (None for the others, or when it does not answer)."""
+    async def diagnosis(self, session: aiohttp.ClientSession, name: str, span_s: float) -> dict[str, Any] | None:
+        """A radixgate router's ``GET /diagnosis?window_s=`` over the last ``span_s`` seconds (None for
+        the others, or when it does not answer)."""
         if name not in self.admins:
             return None
+        span = min(span_s, self.window_s)
         with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-            async with session.get(f"{self.admins[name]}/diagnosis", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            async with session.get(f"{self.admins[name]}/diagnosis?window_s={span:.3f}",
+                                   timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status == 200:
                     doc: dict[str, Any] = await resp.json()
                     return doc
@@ -526,7 +530,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if task is not None:  # a time limit's SIGTERM ends the run through the finally below
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     names = [n for n in args.routers.split(",") if n]
-    routers = Routers(names, workers, out, Path(args.tokenizer), window_s=args.phase_s + args.drain_s + 5,
+    routers = Routers(names, workers, out, Path(args.tokenizer), window_s=args.phase_s + args.drain_s + 60,
                       kv_events=args.kv_events)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=0)
@@ -555,6 +559,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         print(f"    WARNING {name} @ {rate:g}/s starts on busy, unflushed engines: {unclean}", flush=True)
                     before = await engine_stats(session, workers)
                     await engine_traces(session, workers)  # drop what the last phase left
+                    phase_start = time.monotonic()
                     records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
                                               args.prompts, args.drain_s, encode,
                                               text_key(args.text, args.phase_base, rate, phase))
@@ -577,7 +582,8 @@ async def main_async(args: argparse.Namespace) -> None:
                                                 "engines": traces}) + "\n")
                     if name in routers.admins:
                         await asyncio.sleep(2.5)  # past the diagnosis' refresh period (2 s)
-                        doc = await routers.diagnosis(session, name)
+                        # this phase's requests only, not the tail of one before it in the window
+                        doc = await routers.diagnosis(session, name, time.monotonic() - phase_start)
                         if doc is not None:
                             with (out / "diagnoses.jsonl").open("a") as f:
                                 f.write(json.dumps({"router": name, "rate": rate, "phase": phase,

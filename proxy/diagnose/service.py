@@ -45,6 +45,8 @@ class DiagnosisInputs:
     now: float
     # Requests the peer replicas routed over the window's span (0 without peers).
     peer_requests: int = 0
+    # The span asked for (``inputs(since=...)``), reported as the window's age bound; None = the window's.
+    span_s: float | None = None
 
 
 class Diagnoser:
@@ -84,18 +86,24 @@ class Diagnoser:
             return GpuReport.unavailable("GPU sampling is off (diagnose.nvml_interval_s = 0)")
         return self._gpu.report()
 
-    def inputs(self) -> DiagnosisInputs:
-        """Copy what a diagnosis reads (cheap); call on the event loop that feeds the windows."""
+    def inputs(self, since: float | None = None) -> DiagnosisInputs:
+        """Copy what a diagnosis reads (cheap); call on the event loop that feeds the windows.
+        ``since`` (clock seconds): only the requests received and the snapshots taken from then on."""
         records = tuple(self.windows.requests.items())
+        samples = tuple(self.windows.snapshots.items())
+        if since is not None:
+            records = tuple(r for r in records if r.timing.received >= since)
+            samples = tuple(s for s in samples if s.at >= since)
         peers = 0
         if self.peer_requests is not None and records:
             peers = self.peer_requests(min(r.timing.received for r in records))
         return DiagnosisInputs(
             records=records,
-            samples=tuple(self.windows.snapshots.items()),
+            samples=samples,
             gpu=self.gpu_report(),
             now=self._clock.now(),
             peer_requests=peers,
+            span_s=None if since is None else self._clock.now() - since,
         )
 
     def compute(self, inputs: DiagnosisInputs) -> Diagnosis:
@@ -116,7 +124,7 @@ class Diagnoser:
             cost=cost,
             params=self.params,
             max_requests=self.windows.requests.max_items,
-            max_age_s=self.windows.requests.max_age_s,
+            max_age_s=self.windows.requests.max_age_s if inputs.span_s is None else inputs.span_s,
         )
 
     def store(self, diagnosis: Diagnosis) -> None:

@@ -16,6 +16,10 @@ diagnosis's cache model (``reuse.py``).
   tokens, ``loadtests/bench_diagnosis.py``), so /metrics and /diagnosis read a result at most
   ``2 x refresh_s`` old and never compute on the event loop. ``refresh_s`` 0 turns the task off:
   each read then computes inline.
+* ``GET /diagnosis?window_s=N``: the same over the requests received in the last N seconds only
+  (N up to ``diagnose.window_s``), computed for that call in a thread, one such call at a time: what
+  happened since a change (a flush, a benchmark's phase) without the window's older traffic. A bad
+  N is a 400 naming the bound.
 * the NVML sampler runs when ``diagnose.nvml_interval_s`` > 0 and reports "unavailable" otherwise.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,6 +37,7 @@ from aiohttp import web
 from proxy.diagnose.report import to_json
 from proxy.diagnose.service import Diagnoser, Diagnosis
 from proxy.diagnose.window import DiagnosisWindows, RequestRecord
+from proxy.errors import BadRequest, to_body
 from proxy.telemetry.gpu import NvmlSampler, load_nvml
 
 if TYPE_CHECKING:
@@ -45,6 +51,9 @@ log = logging.getLogger(__name__)
 class DiagnosisService:
     def __init__(self, cfg: DiagnoseConfig, clock: Clock, *, snapshot_interval_s: float) -> None:
         self._refresh_s = cfg.refresh_s
+        self._clock = clock
+        self._max_span_s = cfg.window_s if cfg.window_s > 0 else math.inf
+        self._on_demand = asyncio.Lock()  # a ?window_s= diagnosis at a time: each replays its span
         self.windows = DiagnosisWindows(
             clock,
             max_requests=cfg.window_requests,
@@ -77,7 +86,21 @@ class DiagnosisService:
         return self.diagnoser.current()
 
     async def handle(self, request: web.Request) -> web.Response:
-        return web.json_response(to_json(self.current()))
+        raw = request.query.get("window_s")
+        if raw is None:
+            return web.json_response(to_json(self.current()))
+        try:
+            span = float(raw)
+        except ValueError:
+            span = math.nan
+        if not 0 < span <= self._max_span_s:
+            bound = "diagnose.window_s" if math.isfinite(self._max_span_s) else "any"
+            body = to_body(BadRequest(f"window_s: seconds in (0, {self._max_span_s:g}] ({bound}), got {raw[:32]!r}"),
+                           dialect="openai")
+            return web.json_response(body.payload, status=body.status)
+        async with self._on_demand:
+            inputs = self.diagnoser.inputs(since=self._clock.now() - span)
+            return web.json_response(to_json(await asyncio.to_thread(self.diagnoser.compute, inputs)))
 
     async def start(self) -> None:
         if self.sampler is not None:

@@ -103,6 +103,37 @@ async def test_after_a_flush_through_radixgate_the_diagnosis_counts_the_caches_a
     assert doc["four_numbers"]["cache"]["n"] == 2
 
 
+async def test_the_diagnosis_over_the_last_seconds_only_counts_the_requests_received_in_them(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    fleet = await harness.fleet([SimConfig(time_scale=FAST)] * 2)
+    app = await harness.proxy(fleet.urls, **{"diagnose.refresh_s": 0, "diagnose.window_s": 60})
+    body = {"text": "a shared system prompt " * 40, "sampling_params": {"max_new_tokens": 2}}
+
+    async def send(n: int) -> None:
+        for _ in range(n):
+            async with client.post(base(app) + "/generate", json=body) as r:
+                assert r.status == 200
+                await r.read()
+
+    await send(3)
+    await asyncio.sleep(1.5)
+    started = asyncio.get_running_loop().time()
+    await send(2)
+    span = asyncio.get_running_loop().time() - started + 0.5  # the last two, none of the first three
+    async with client.get(admin(app) + f"/diagnosis?window_s={span:.3f}") as r:
+        assert r.status == 200
+        recent = await r.json()
+    assert recent["window"]["requests"] == 2
+    assert abs(recent["window"]["max_age_s"] - span) < 0.5
+    async with client.get(admin(app) + "/diagnosis") as r:
+        whole = await r.json()
+    assert whole["window"]["requests"] == 5 and whole["window"]["max_age_s"] == 60
+    for bad in ("0", "-1", "abc", "nan", "61"):
+        async with client.get(admin(app) + f"/diagnosis?window_s={bad}") as r:
+            assert r.status == 400
+            assert "window_s" in (await r.json())["error"]["message"]
+
+
 async def _generations(client: aiohttp.ClientSession, app: App) -> dict[str, int]:
     async with client.get(admin(app) + "/workers") as r:
         return {w["url"]: w["generation"] for w in (await r.json())["workers"]}

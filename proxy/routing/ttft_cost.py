@@ -37,7 +37,9 @@ match wins (affinity). Then (``tie_break`` "rendezvous", the default):
   TTFT p95 1.3-1.5 s (cache_aware, smg) against 2.6-3.2 s for an even count of groups per worker
   (the static oracle, and this rule before): a phase's groups differ in popularity, and a worker
   that drew popular ones is busy. Cold placements break the remaining ties, so new groups and
-  unique prompts spread evenly even at concurrency 1 (never "first in the list").
+  unique prompts spread evenly even at concurrency 1 (never "first in the list"). With
+  ``popularity`` (off until a GPU run decides) the worker whose placed groups have brought the
+  least traffic comes first, then the fewest outstanding (``ttft_popularity.py``).
   ``cold_choices`` > 0 looks only at the first that many in hash order: proxies that share
   nothing then still agree more often, at the price of a less even spread.
 Hold: when the chosen worker's match is, for at least ``hold_tokens`` tokens, a prefix that a
@@ -92,12 +94,14 @@ from proxy.routing.base import (
     WorkerSnapshot,
     healthy,
 )
+from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import PrefixIndex
 from proxy.routing.prefix_key import blocks_within, uncached_tokens
 from proxy.routing.registry import PolicySpec
 from proxy.routing.ttft_estimate import Estimate, InFlight, PendingWork, saturated, signature
 from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 from proxy.routing.ttft_params import TtftParams
+from proxy.routing.ttft_popularity import Popularity
 from proxy.routing.ttft_ties import PickHistory
 
 
@@ -116,6 +120,7 @@ class TtftCost:
         # Prefill the scraped state cannot show yet (ours in flight, our peers'), and tie-break counts.
         self.pending = PendingWork(params.max_tracked_per_worker)
         self.picks = PickHistory(params)
+        self.popularity = Popularity()
 
     # -- model inputs --------------------------------------------------------------------------
 
@@ -168,6 +173,8 @@ class TtftCost:
         if not candidates:
             raise NoWorkerAvailable("no healthy worker")
         self.index.sync(workers)
+        if self.params.popularity:
+            self.popularity.sync(workers)
         estimates = [self.estimate(request, w) for w in candidates]
         pool = [e for e in estimates if not e.saturated] or estimates
         best = min(e.score for e in pool)
@@ -178,7 +185,8 @@ class TtftCost:
             margin = max(margin, self.params.cold_tie_prefills * min(
                 e.features.uncached * self.model.seconds_per_token(e.url) for e in pool))
         tied = [e for e in pool if e.score <= best + margin]
-        chosen = min(tied, key=self.picks.cold_order(request, tied, self.pending.outstanding) if cold
+        load = self.popularity.load if self.params.popularity else None
+        chosen = min(tied, key=self.picks.cold_order(request, tied, self.pending.outstanding, load) if cold
                      else self.picks.tie_order(request))
         chosen = self._guard_spill(chosen, pool, longest)
         if cold:
@@ -200,6 +208,7 @@ class TtftCost:
                             hold_s=self.hold_worth(chosen, saved), reason="its prefix is being prefilled there")
         worker = next(w for w in candidates if w.url == chosen.url)
         self._remember(request, chosen, signature(worker))
+        self._count_traffic(request, chosen.url, longest <= self.params.cold_blocks)
         reason = (f"ttft={chosen.ttft_s * 1e3:.1f}ms pending={chosen.pending} uncached={chosen.uncached} "
                   f"f={self.model.factor(chosen.url):.2f}")
         if branch == "spill":
@@ -210,6 +219,15 @@ class TtftCost:
                        f"{' holder_saturated' if holder.saturated else ''}")
         return Decision(chosen.url, branch, matched_blocks=chosen.matched_blocks, reason=reason,
                         matched_tokens=chosen.matched_tokens)
+
+    def _count_traffic(self, request: RouteRequest, url: str, cold: bool) -> None:
+        """``popularity``: one request of its prompt key sent to ``url``, which a cold one places it on."""
+        if not self.params.popularity or not (request.block_hashes or request.session_key):
+            return
+        key = routing_key(request, self.params.key_blocks)
+        if cold:
+            self.popularity.place(key, url)
+        self.popularity.seen(key)
 
     def _guard_spill(self, chosen: Estimate, pool: Sequence[Estimate], longest: int) -> Estimate:
         """With ``spill_guard`` g > 0: leave the prefix's holder only for a worker whose pending
@@ -321,8 +339,10 @@ class TtftCost:
         (``on_peer_prefilled(worker, key)``) or a newer scrape counts it."""
         if worker not in self.index:
             return
-        if all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls()):
+        cold = all(self.index.held(url, request.block_hashes) <= self.params.cold_blocks for url in self.index.urls())
+        if cold:
             self.picks.count_cold(worker)
+        self._count_traffic(request, worker, cold)
         self.index.record(worker, request.block_hashes, request.block_tokens)
         if key is not None:
             self.pending.add_peer(worker, key, request, uncached)
@@ -342,6 +362,7 @@ class TtftCost:
         self.picks.forget(present)
         for url in [u for u in self.model.known() if u not in present]:
             self.model.forget(url)
+        self.popularity.keep(present)
 
 
 def _factory(params: TtftParams, rng: random.Random) -> TtftCost:

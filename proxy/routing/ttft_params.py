@@ -84,6 +84,11 @@ class TtftParams:
     # unchanged. On the GPU's engines the queue cost is per waiting request (c5), which this does
     # not touch: whether it binds there is the open question.
     own_at_least_ahead: bool = False
+    # Place a new group where the groups already placed since the worker's cache last started empty
+    # bring the least traffic (their decayed request counts, ``ttft_popularity.py``), before the
+    # fewest outstanding: a proxy that has seen a system prompt before knows how busy it keeps its
+    # engine. Off until a GPU run compares it (the simulator's figures: ttft_popularity.py).
+    popularity: bool = False
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 

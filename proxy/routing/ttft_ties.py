@@ -73,18 +73,21 @@ class PickHistory:
 
         return order
 
-    def cold_order(self, request: RouteRequest, tied: Sequence[Estimate],
-                   outstanding: Callable[[str], int]) -> Callable[[Estimate], tuple[int, int, int, int]]:
-        """Over the tied workers (of the first ``cold_choices`` in rendezvous order): fewest of
-        our requests ``outstanding``, then cold placements within ``cold_slack`` of the fewest,
-        then the rendezvous order."""
+    def cold_order(self, request: RouteRequest, tied: Sequence[Estimate], outstanding: Callable[[str], int],
+                   load: Callable[[str], float] | None = None,
+                   ) -> Callable[[Estimate], tuple[int, float, int, int, int]]:
+        """Over the tied workers (of the first ``cold_choices`` in rendezvous order): with ``load``
+        (``popularity``: the traffic the groups placed on each bring), the least first; then the
+        fewest of our requests ``outstanding``, then cold placements within ``cold_slack`` of the
+        fewest, then the rendezvous order."""
         key = routing_key(request, self.params.key_blocks).to_bytes(8, "little")
         rank = {e.url: xxhash.xxh3_64_intdigest(key, self._url_seed(e.url)) for e in tied}
         choices = sorted(tied, key=lambda e: rank[e.url])[: self.params.cold_choices or None]
         counts = {e.url: self.cold_placements(e.url) for e in choices}
         bound = min(counts.values()) + self.params.cold_slack
         waiting = {e.url: outstanding(e.url) for e in choices}
-        return lambda e: (int(e.url not in counts), waiting.get(e.url, 0),
+        traffic = {e.url: load(e.url) for e in choices} if load is not None else {}
+        return lambda e: (int(e.url not in counts), traffic.get(e.url, 0.0), waiting.get(e.url, 0),
                           int(counts.get(e.url, bound + 1) > bound), rank[e.url])
 
     def _url_seed(self, url: str) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -122,7 +121,7 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
 def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[str, float]]]:
     """(cell, router, rate, real metrics) for every fixed-placement phase of the committed run."""
     recs = read_jsonl(results / "requests.jsonl")
-    cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
+    cells = read_jsonl(results / "summary.jsonl")
     out = []
     for cell in cells:
         if cell.get("prompts", "text") != "text":

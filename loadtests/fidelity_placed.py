@@ -104,7 +104,7 @@ def placed_phases(results: Path) -> list[Placed]:
     if not all(exists(results / f) for f in ("requests.jsonl", "summary.jsonl", "engines.jsonl")):
         return []  # a run that came back without its summary or engine traces
     recs = read_jsonl(results / "requests.jsonl")
-    cells = [json.loads(line) for line in (results / "summary.jsonl").read_text().splitlines() if line]
+    cells = read_jsonl(results / "summary.jsonl")
     out = []
     for line in read_text(results / "engines.jsonl").splitlines():
         doc = json.loads(line)

@@ -257,7 +257,7 @@ class App:
             guard = GrpcGuard(keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                               reject=self.pipeline.reject)
             grpc = self._grpc = GrpcFrontend(cfg, self.pipeline, snapshots=self.workers.snapshots, ready=self.ready,
-                                             guard=guard, diagnosis=self.diagnosis.current)
+                                             guard=guard, diagnosis=self.diagnosis.document)
             self.workers.on_publish.append(grpc.on_publish)  # readiness may have changed
             self.grpc_port = await grpc.start()
         log.info("radixgate serving http=%s admin=%s grpc=%s policy=%s workers=%s", self.http_port,

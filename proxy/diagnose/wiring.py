@@ -30,7 +30,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -87,20 +87,24 @@ class DiagnosisService:
 
     async def handle(self, request: web.Request) -> web.Response:
         raw = request.query.get("window_s")
-        if raw is None:
-            return web.json_response(to_json(self.current()))
         try:
-            span = float(raw)
-        except ValueError:
-            span = math.nan
-        if not 0 < span <= self._max_span_s:
-            bound = "diagnose.window_s" if math.isfinite(self._max_span_s) else "any"
-            body = to_body(BadRequest(f"window_s: seconds in (0, {self._max_span_s:g}] ({bound}), got {raw[:32]!r}"),
-                           dialect="openai")
+            doc = await self.document(None if raw is None else _seconds(raw))
+        except BadRequest as e:
+            body = to_body(e, dialect="openai")
             return web.json_response(body.payload, status=body.status)
+        return web.json_response(doc)
+
+    async def document(self, window_s: float | None) -> dict[str, Any]:
+        """The diagnosis as JSON: the current one, or over the last ``window_s`` seconds only (a
+        ``BadRequest`` naming the bound when it is not in (0, diagnose.window_s])."""
+        if window_s is None:
+            return to_json(self.current())
+        if not 0 < window_s <= self._max_span_s:
+            bound = "diagnose.window_s" if math.isfinite(self._max_span_s) else "any"
+            raise BadRequest(f"window_s: seconds in (0, {self._max_span_s:g}] ({bound}), got {window_s!r}")
         async with self._on_demand:
-            inputs = self.diagnoser.inputs(since=self._clock.now() - span)
-            return web.json_response(to_json(await asyncio.to_thread(self.diagnoser.compute, inputs)))
+            inputs = self.diagnoser.inputs(since=self._clock.now() - window_s)
+            return to_json(await asyncio.to_thread(self.diagnoser.compute, inputs))
 
     async def start(self) -> None:
         if self.sampler is not None:
@@ -125,3 +129,10 @@ class DiagnosisService:
             except Exception:  # a bad window must not kill the loop; the next round retries
                 log.exception("diagnosis refresh failed")
             await asyncio.sleep(self._refresh_s)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadRequest(f"window_s: seconds, got {raw[:32]!r}") from None

@@ -46,7 +46,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -69,7 +69,6 @@ from proxy.sse import ErrorEvent, TextDelta
 
 if TYPE_CHECKING:
     from proxy.config import Config
-    from proxy.diagnose.service import Diagnosis
     from proxy.pipeline import Pipeline
 
 log = logging.getLogger("radixgate.grpc")
@@ -109,7 +108,7 @@ class GrpcFrontend:
 
     def __init__(self, config: Config, pipeline: Pipeline, *, snapshots: Callable[[], Sequence[WorkerSnapshot]],
                  ready: Callable[[], bool], guard: GrpcGuard,
-                 diagnosis: Callable[[], Diagnosis] | None = None) -> None:
+                 diagnosis: Callable[[float | None], Awaitable[dict[str, Any]]] | None = None) -> None:
         self._config, self._pipeline, self._ready, self._guard = config, pipeline, ready, guard
         self._snapshots, self._diagnosis = snapshots, diagnosis
         self._server: grpc.aio.Server | None = None
@@ -353,7 +352,7 @@ class _Generation(generate_pb2_grpc.GenerationServicer):
 
 class _Admin(admin_pb2_grpc.AdminServicer):
     def __init__(self, snapshots: Callable[[], Sequence[WorkerSnapshot]],
-                 diagnosis: Callable[[], Diagnosis] | None) -> None:
+                 diagnosis: Callable[[float | None], Awaitable[dict[str, Any]]] | None) -> None:
         self._snapshots, self._diagnosis = snapshots, diagnosis
 
     async def ListWorkers(
@@ -367,7 +366,8 @@ class _Admin(admin_pb2_grpc.AdminServicer):
         if self._diagnosis is None:
             doc: dict[str, Any] = {"available": False, "reason": "the diagnosis is not enabled in this build"}
         else:
-            from proxy.diagnose.report import to_json
-
-            doc = to_json(self._diagnosis())
+            try:
+                doc = await self._diagnosis(request.window_s if request.HasField("window_s") else None)
+            except BadRequest as e:
+                await _fail(context, e)
         return admin_pb2.GetDiagnosisResponse(json=json.dumps(doc))

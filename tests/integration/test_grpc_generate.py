@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -286,6 +287,28 @@ async def test_admin_lists_workers_and_returns_the_diagnosis_as_json(
     async with aiohttp.ClientSession() as s, s.get(f"{admin(app)}/diagnosis") as r:
         http_doc = await r.json()
     assert isinstance(doc, dict) and set(doc) == set(http_doc)
+
+
+async def test_admin_diagnosis_over_a_window_counts_only_its_requests(
+    harness: Harness, channel_factory: list[grpc.aio.Channel]
+) -> None:
+    _, app = await start(harness, **{"diagnose.refresh_s": 0, "diagnose.window_s": 60})
+    ch = open_channel(channel_factory, app)
+    admin_stub, stub = admin_pb2_grpc.AdminStub(ch), pb_grpc.GenerationStub(ch)
+    for _ in range(3):
+        await stub.GenerateUnary(text_request(max_new_tokens=2), timeout=10)
+    await asyncio.sleep(1.5)
+    started = asyncio.get_running_loop().time()
+    for _ in range(2):
+        await stub.GenerateUnary(text_request(max_new_tokens=2), timeout=10)
+    span = asyncio.get_running_loop().time() - started + 0.5  # the last two, none of the first three
+    recent = json.loads((await admin_stub.GetDiagnosis(admin_pb2.GetDiagnosisRequest(window_s=span), timeout=10)).json)
+    whole = json.loads((await admin_stub.GetDiagnosis(admin_pb2.GetDiagnosisRequest(), timeout=10)).json)
+    assert recent["window"]["requests"] == 2 and whole["window"]["requests"] == 5
+    for bad in (0.0, -1.0, math.nan, 1e9):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin_stub.GetDiagnosis(admin_pb2.GetDiagnosisRequest(window_s=bad), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "window_s" in (err.value.details() or "")
 
 
 async def _scraped(stub: admin_pb2_grpc.AdminStub) -> bool:

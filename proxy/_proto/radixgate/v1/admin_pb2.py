@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%proxy/_proto/radixgate/v1/admin.proto\x12\x0cradixgate.v1\"\x14\n\x12ListWorkersRequest\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.radixgate.v1.WorkerState\"\x90\x03\n\x0bWorkerState\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\r\n\x05stale\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\r\x12\x14\n\x07running\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06queued\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btoken_usage\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x1b\n\x0e\x63\x61\x63he_hit_rate\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12!\n\x14max_running_requests\x18\t \x01(\rH\x04\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x11\n\tpage_size\x18\x0b \x01(\r\x12\x12\n\ngeneration\x18\x0c \x01(\x04\x12\x0e\n\x06models\x18\r \x03(\tB\n\n\x08_runningB\t\n\x07_queuedB\x0e\n\x0c_token_usageB\x11\n\x0f_cache_hit_rateB\x17\n\x15_max_running_requestsB\x13\n\x11_max_total_tokens\"\x15\n\x13GetDiagnosisRequest\"$\n\x14GetDiagnosisResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xb2\x01\n\x05\x41\x64min\x12R\n\x0bListWorkers\x12 .radixgate.v1.ListWorkersRequest\x1a!.radixgate.v1.ListWorkersResponse\x12U\n\x0cGetDiagnosis\x12!.radixgate.v1.GetDiagnosisRequest\x1a\".radixgate.v1.GetDiagnosisResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%proxy/_proto/radixgate/v1/admin.proto\x12\x0cradixgate.v1\"\x14\n\x12ListWorkersRequest\"A\n\x13ListWorkersResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.radixgate.v1.WorkerState\"\x90\x03\n\x0bWorkerState\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\r\n\x05stale\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\r\x12\x14\n\x07running\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06queued\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btoken_usage\x18\x07 \x01(\x01H\x02\x88\x01\x01\x12\x1b\n\x0e\x63\x61\x63he_hit_rate\x18\x08 \x01(\x01H\x03\x88\x01\x01\x12!\n\x14max_running_requests\x18\t \x01(\rH\x04\x88\x01\x01\x12\x1d\n\x10max_total_tokens\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x11\n\tpage_size\x18\x0b \x01(\r\x12\x12\n\ngeneration\x18\x0c \x01(\x04\x12\x0e\n\x06models\x18\r \x03(\tB\n\n\x08_runningB\t\n\x07_queuedB\x0e\n\x0c_token_usageB\x11\n\x0f_cache_hit_rateB\x17\n\x15_max_running_requestsB\x13\n\x11_max_total_tokens\"9\n\x13GetDiagnosisRequest\x12\x15\n\x08window_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x42\x0b\n\t_window_s\"$\n\x14GetDiagnosisResponse\x12\x0c\n\x04json\x18\x01 \x01(\t2\xb2\x01\n\x05\x41\x64min\x12R\n\x0bListWorkers\x12 .radixgate.v1.ListWorkersRequest\x1a!.radixgate.v1.ListWorkersResponse\x12U\n\x0cGetDiagnosis\x12!.radixgate.v1.GetDiagnosisRequest\x1a\".radixgate.v1.GetDiagnosisResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATE']._serialized_start=145
   _globals['_WORKERSTATE']._serialized_end=545
   _globals['_GETDIAGNOSISREQUEST']._serialized_start=547
-  _globals['_GETDIAGNOSISREQUEST']._serialized_end=568
-  _globals['_GETDIAGNOSISRESPONSE']._serialized_start=570
-  _globals['_GETDIAGNOSISRESPONSE']._serialized_end=606
-  _globals['_ADMIN']._serialized_start=609
-  _globals['_ADMIN']._serialized_end=787
+  _globals['_GETDIAGNOSISREQUEST']._serialized_end=604
+  _globals['_GETDIAGNOSISRESPONSE']._serialized_start=606
+  _globals['_GETDIAGNOSISRESPONSE']._serialized_end=642
+  _globals['_ADMIN']._serialized_start=645
+  _globals['_ADMIN']._serialized_end=823
 # @@protoc_insertion_point(module_scope)

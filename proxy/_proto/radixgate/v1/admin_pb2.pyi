@@ -47,8 +47,10 @@ class WorkerState(_message.Message):
     def __init__(self, url: _Optional[str] = ..., healthy: _Optional[bool] = ..., stale: _Optional[bool] = ..., in_flight: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., token_usage: _Optional[float] = ..., cache_hit_rate: _Optional[float] = ..., max_running_requests: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., page_size: _Optional[int] = ..., generation: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetDiagnosisRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("window_s",)
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    window_s: float
+    def __init__(self, window_s: _Optional[float] = ...) -> None: ...
 
 class GetDiagnosisResponse(_message.Message):
     __slots__ = ("json",)

@@ -20,7 +20,12 @@ over the three rounds, better in 4-6 seeds of 8, worse in none) and no worse pas
 0.97x / 0.95x, 3 worse in each round); seeds 9-16 and text prompts alike (about 0.9x at the knee,
 even past it, ``proxy/sim/README.md``); on the GPU runs' own seed-9 traces, where the simulator
 matched the GPU within ±30%, better in 11 of 12 rounds (text at 4.5/s: 2,993 / 1,174 / 3,212 ms
--> 1,193 / 1,389 / 1,782). Not yet run on the GPU, so off by default.
+-> 1,193 / 1,389 / 1,782). On the GPU fleet (2026-12-02, runs 33-35, seed 9, three rounds per
+router placed anew, ``loadtests/results/gpu-fleet-popularity-{1,2,3}``), pooled TTFT p95 against
+the rule without it and smg 1.13.0: text at 4.5/s 1,648 against 2,215 and 2,302 ms (every round
+under every smg round), token ids at 6/s 3,616 against 3,522 and 3,064, text with full reports at
+6/s 3,087 against 3,524 and 3,320: better at the knee, even past it, as the simulator said. On
+by default since.
 
 Cost: O(1) per request (counts kept in inflated units with one shared scale, so decay touches
 nothing), O(keys placed on a worker) when that worker's generation changes; at most ``MAX_KEYS``

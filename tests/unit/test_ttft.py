@@ -387,7 +387,9 @@ def test_a_peers_requests_in_flight_count_as_load_until_it_says_otherwise_or_goe
     # Replicas each route a share of the traffic: a worker busy with a peer's requests looks idle
     # to this one unless the peer says what it has in flight there (on the GPU fleet, 4 replicas
     # that shared decisions but not loads put popular groups together: TTFT p95 1.5-2x one proxy's).
-    policy = TtftCost(TtftParams())
+    # Without popularity, which ranks the traffic of a worker's placed groups (peers' decisions,
+    # not sent here, count to it) before what is outstanding.
+    policy = TtftCost(TtftParams(popularity=False))
     policy.on_peer_load("peer-1", {"http://a": 2, "http://b": 0})
     policy.on_peer_load("peer-2", {"http://a": 1})
     a = WorkerSnapshot("http://a")

@@ -66,7 +66,7 @@ def test_keys_are_bounded_and_counts_survive_renormalisation(monkeypatch: pytest
 def test_a_new_group_goes_where_the_groups_placed_bring_the_least_traffic() -> None:
     # group 1 (popular, 12 requests) was placed on a, groups 2 and 3 (one request each) on b, each
     # while only that worker was up; every request has finished, so nothing is outstanding. The
-    # default then places a new group by its cold placements (a, with one group); with popularity
+    # rule without popularity places a new group by its cold placements (a, with one group); with it
     # it goes to b, whose groups bring less traffic.
     a_only = [fleet()[0], WorkerSnapshot(fleet()[1].url, healthy=False)]
     b_only = [WorkerSnapshot(fleet()[0].url, healthy=False), fleet()[1]]
@@ -81,5 +81,5 @@ def test_a_new_group_goes_where_the_groups_placed_bring_the_least_traffic() -> N
                 finish(policy, r, d.worker, ttft=0.05)
         return policy.select(prompt(900, 24, shared=20, shared_tag=9), both).worker
 
-    assert placed_then_new(TtftParams()) == URLS[0]
+    assert placed_then_new(TtftParams(popularity=False)) == URLS[0]
     assert placed_then_new(TtftParams(popularity=True)) == URLS[1]

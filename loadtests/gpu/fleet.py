@@ -155,7 +155,7 @@ ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer"}
 # Keys of a spec about the proxies, not their routing: ``kv_events=auto`` (follow the engines'
 # events), ``replicas=N`` (N proxies, the client's requests spread over them), ``peers=on`` (those
 # replicas tell each other their decisions: ``routing.peers``; without it they share nothing).
-PROXY_KEYS = {"kv_events", "replicas", "peers"}
+PROXY_KEYS = {"kv_events", "replicas", "peers", "fresh"}
 
 
 def routing_section(spec: str, tokenizer: Path | None = None) -> dict[str, Any]:
@@ -215,8 +215,17 @@ def spec_peers(spec: str) -> bool:
     return value is not None and bool(yaml.safe_load(value))
 
 
+def spec_fresh(spec: str) -> bool:
+    """Whether a radixgate spec's proxies are started anew before each of its rounds after the
+    first (``ttft/fresh=on``): every round then routes as the first did, from the policy's prior,
+    with nothing learned in an earlier round (its model fit, its counts), so a router's rounds
+    that get worse in run order show whether what it learned is the cause."""
+    value = spec_value(spec, "fresh")
+    return value is not None and bool(yaml.safe_load(value))
+
+
 class Routers:
-    """Every router of the run, started once, each on its own port."""
+    """Every router of the run, started once (``fresh=on``: before each round), each on its own port."""
 
     def __init__(self, names: list[str], workers: list[str], workdir: Path, tokenizer: Path,
                  window_s: float = 300.0, kv_events: str = "") -> None:
@@ -227,51 +236,75 @@ class Routers:
         self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis; replicas: the first's)
         self.every_admin: list[str] = []  # every radixgate proxy's admin base, replicas included
         self.procs: list[asyncio.subprocess.Process] = []
+        self._procs_of: dict[str, list[asyncio.subprocess.Process]] = {}  # a router's own processes
+        self._admins_of: dict[str, list[str]] = {}  # a radixgate router's admin bases
 
     async def start(self) -> None:
         for name in self.names:
-            if name in ("oracle", "direct0"):
-                continue
-            log = (self.workdir / f"router-{name.replace('/', '_')}.log").open("ab")  # cells of a call add up
-            if name in ("smg", "sglang-router"):
-                port = free_port()
-                if name == "smg":
-                    cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
-                           "--worker-urls", *self.workers, "--policy", "cache_aware",
-                           "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
-                           "--prometheus-port", str(free_port()), "--log-level", "warn"]
-                else:
-                    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                           "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
-                           "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
-                           "--log-level", "warn"]
-                self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
-                self.bases[name] = [f"http://127.0.0.1:{port}"]
-                continue
-            count = spec_replicas(name)
-            admins = [free_port() for _ in range(count)]
-            for replica in range(count):
-                port, admin = free_port(), admins[replica]
-                self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
-                self.every_admin.append(f"http://127.0.0.1:{admin}")
-                routing = routing_section(name, self.tokenizer)
-                if spec_peers(name):
-                    routing["peers"] = [f"http://127.0.0.1:{a}" for a in admins if a != admin]
-                cfg = self.workdir / f"radixgate-{name.replace('/', '_')}{f'-{replica}' if replica else ''}.yaml"
-                cfg.write_text(yaml.safe_dump({
-                    "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
-                    "workers": {"static": self.workers}, "routing": routing,
-                    # the window holds a phase and more; each read after a phase asks for that
-                    # phase's own span (GET /diagnosis?window_s=)
-                    "diagnose": {"window_s": self.window_s},
-                    "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
-                    # kv_events auto: follow each engine's own events (engine_server --kv-events-config)
-                    **({"kv_events": {"endpoint": kv}} if (kv := spec_kv_events(name, self.kv_events)) else {}),
-                    "telemetry": {"log_level": "info", "log_requests": True}}))
-                cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
-                self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
-                self.bases.setdefault(name, []).append(f"http://127.0.0.1:{port}")
+            if name not in ("oracle", "direct0"):
+                await self._launch(name)
         await asyncio.gather(*(self._ready(name, base) for name, bases in self.bases.items() for base in bases))
+
+    async def restart(self, name: str) -> None:
+        """A radixgate router's proxies stopped and started anew, on new ports (``fresh=on``)."""
+        await stop_processes(self._procs_of.pop(name, []))
+        self.procs = [proc for proc in self.procs if proc.returncode is None]
+        self.bases.pop(name, None)
+        self.admins.pop(name, None)
+        old = set(self._admins_of.pop(name, []))
+        self.every_admin = [a for a in self.every_admin if a not in old]
+        await self._launch(name)
+        await asyncio.gather(*(self._ready(name, base) for base in self.bases[name]))
+
+    async def _launch(self, name: str) -> None:
+        started = len(self.procs)
+        # cells of a call add up; the children keep their own copy of the descriptor
+        with (self.workdir / f"router-{name.replace('/', '_')}.log").open("ab") as log:
+            try:
+                await self._spawn(name, log)
+            finally:
+                self._procs_of[name] = self.procs[started:]
+
+    async def _spawn(self, name: str, log: Any) -> None:
+        if name in ("smg", "sglang-router"):
+            port = free_port()
+            if name == "smg":
+                cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
+                       "--worker-urls", *self.workers, "--policy", "cache_aware",
+                       "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
+                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
+            else:
+                cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                       "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
+                       "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
+                       "--log-level", "warn"]
+            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+            self.bases[name] = [f"http://127.0.0.1:{port}"]
+            return
+        count = spec_replicas(name)
+        admins = [free_port() for _ in range(count)]
+        self._admins_of[name] = [f"http://127.0.0.1:{a}" for a in admins]
+        for replica in range(count):
+            port, admin = free_port(), admins[replica]
+            self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
+            self.every_admin.append(f"http://127.0.0.1:{admin}")
+            routing = routing_section(name, self.tokenizer)
+            if spec_peers(name):
+                routing["peers"] = [f"http://127.0.0.1:{a}" for a in admins if a != admin]
+            cfg = self.workdir / f"radixgate-{name.replace('/', '_')}{f'-{replica}' if replica else ''}.yaml"
+            cfg.write_text(yaml.safe_dump({
+                "server": {"host": "127.0.0.1", "port": port, "admin_port": admin, "drain_grace_s": 1.0},
+                "workers": {"static": self.workers}, "routing": routing,
+                # the window holds a phase and more; each read after a phase asks for that
+                # phase's own span (GET /diagnosis?window_s=)
+                "diagnose": {"window_s": self.window_s},
+                "upstream": {"first_byte_timeout_s": 120.0, "idle_timeout_s": 120.0},
+                # kv_events auto: follow each engine's own events (engine_server --kv-events-config)
+                **({"kv_events": {"endpoint": kv}} if (kv := spec_kv_events(name, self.kv_events)) else {}),
+                "telemetry": {"log_level": "info", "log_requests": True}}))
+            cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
+            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+            self.bases.setdefault(name, []).append(f"http://127.0.0.1:{port}")
 
     async def _ready(self, name: str, base: str) -> None:
         """Until a one-token request goes through (the router found the workers healthy)."""
@@ -549,10 +582,14 @@ async def main_async(args: argparse.Namespace) -> None:
             started = time.monotonic()
             pooled: dict[tuple[str, float], tuple[list[Record], list[float], list[int]]] = {}
             with (out / "requests.jsonl").open("a") as log:
+                ran: set[str] = set()
                 for rate, _, name in phase_order(names, rates, args.repeat):
                     arrivals = trace(rate, args.phase_s, shape, args.seed)
                     phase += 1
                     unclean = await wait_idle(session, workers, 30)
+                    if name in ran and spec_fresh(name):
+                        await routers.restart(name)  # this round from the prior, as its first was
+                    ran.add(name)
                     if not args.warm_index:
                         await routers.flushed(session)
                     if unclean:

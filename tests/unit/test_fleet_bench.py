@@ -158,3 +158,10 @@ def test_replicas_share_their_decisions_only_when_the_spec_says_peers() -> None:
     assert routing_section("ttft/replicas=4/peers=on") == {"policy": "ttft", "params": {}}
     with pytest.raises(ValueError, match="peers needs replicas"):
         spec_peers("ttft/peers=on")
+
+
+def test_a_fresh_variant_is_no_routing_key() -> None:
+    from loadtests.gpu.fleet import spec_fresh
+
+    assert spec_fresh("ttft/fresh=on/popularity=false") and not spec_fresh("ttft") and not spec_fresh("ttft/fresh=off")
+    assert routing_section("ttft/fresh=on/popularity=false") == {"policy": "ttft", "params": {"popularity": False}}

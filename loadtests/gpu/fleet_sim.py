@@ -140,7 +140,9 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cells", type=Path, nargs="+", metavar="RESULTS",
-                   help="replay these GPU runs' cells on their own traces and text; print GPU / sim TTFT p95 ms")
+                   help="replay these GPU runs' cells on their own traces and text; print GPU / sim TTFT p95 ms "
+                        "(each router name as the code reads it now: a default changed since the run "
+                        "is replayed changed, e.g. runs before 33-35 had ttft with popularity off)")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
     p.add_argument("--rates", default="3,4.5")
     p.add_argument("--seed", type=int, default=1)

@@ -140,6 +140,18 @@ def test_standing_ranks_a_router_against_the_better_gateway_of_each_run(tmp_path
     out = standing([path])
     assert "| smg 1,000 | 0.50x | 0.50x |" in out and "| smg 1,000 | 2.00x | - |" in out
     assert "2 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x" in out
+    assert "interval" not in out  # two points say nothing of their spread
+
+
+def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:
+    # ratios 0.5, 1, 2: log mean 0, sample sd ln 2, so the 95% half-width is 1.96 ln2 / sqrt(3)
+    path = tmp_path / "summary.jsonl"
+    path.write_text("\n".join(json.dumps({"prompts": "ids", "reports": "full", "seed": 2, "rates": [6],
+                                          "summary": {"ttft": {"6": {"ttft_p95": r}}, "smg": {"6": {"ttft_p95": 1.0}}}})
+                              for r in (0.5, 1.0, 2.0)) + "\n")
+    half = 1.96 * math.log(2) / math.sqrt(3)
+    assert (f"3 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x "
+            f"(95% interval of the mean {math.exp(-half):.2f}-{math.exp(half):.2f}x)") in standing([path])
 
 
 def test_a_variant_runs_several_proxies_that_share_nothing() -> None:

@@ -102,6 +102,22 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     kept=carried, generation=generation)
 
 
+def forget(policies: Sequence[Policy], what: str) -> None:
+    """Between ``--rounds``: drop what the ``ttft`` proxies learned in the rounds before (``model``:
+    the TTFT fit, back to its prior; ``popularity``: the prompt keys' traffic counts; ``all``:
+    both), so a round's cost can be split between what it carried and where it placed."""
+    from proxy.routing.ttft_cost import TtftCost
+    from proxy.routing.ttft_popularity import Popularity
+
+    for policy in policies:
+        if isinstance(policy, TtftCost):
+            fresh = TtftCost(policy.params)
+            if what in ("model", "all"):
+                policy.model = fresh.model
+            if what in ("popularity", "all"):
+                policy.popularity = Popularity()
+
+
 # The SGLang gateways are simulated by radixgate's own rendering of their policy.
 AS_SIMULATED = {"smg": "cache_aware", "sglang-router": "cache_aware"}
 
@@ -161,6 +177,8 @@ def main() -> None:
                    help="each router this many times on the same trace and text, its proxies kept from "
                         "round to round and the engines fresh (fleet.py --repeat, which flushes them and "
                         "tells the proxies: a new generation per round)")
+    p.add_argument("--reset", choices=("model", "popularity", "all"), default=None,
+                   help="--rounds, forgetting this between rounds (see forget())")
     p.add_argument("--warm-index", action="store_true",
                    help="--rounds without telling the proxies of the fresh engines (fleet.py --warm-index, "
                         "as runs 19-27): their index believes what the last round's engines held")
@@ -195,6 +213,8 @@ def main() -> None:
                 carried: list[Policy] = []
                 rounds = []
                 for k_round in range(a.rounds):
+                    if k_round and a.reset:
+                        forget(carried, a.reset)
                     outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,

@@ -177,3 +177,28 @@ def test_a_fresh_variant_is_no_routing_key() -> None:
 
     assert spec_fresh("ttft/fresh=on/popularity=false") and not spec_fresh("ttft") and not spec_fresh("ttft/fresh=off")
     assert routing_section("ttft/fresh=on/popularity=false") == {"policy": "ttft", "params": {"popularity": False}}
+
+
+def test_forgetting_between_rounds_drops_the_fit_or_the_counts_and_nothing_else() -> None:
+    from loadtests.gpu.fleet_sim import forget
+    from proxy.routing.ttft_cost import TtftCost, TtftParams
+    from tests.unit.test_ttft import finish, fleet, prompt
+
+    def trained() -> TtftCost:
+        policy = TtftCost(TtftParams())
+        for k in range(40):
+            r = prompt(k, 200, shared=150, shared_tag=k % 3)
+            finish(policy, r, policy.select(r, fleet()).worker, ttft=2.0)  # far slower than the prior says
+        return policy
+
+    prior = TtftCost(TtftParams()).model.terms()
+    learned = trained()
+    assert learned.model.terms() != prior and learned.popularity.load(fleet()[0].url) + learned.popularity.load(
+        fleet()[1].url) + learned.popularity.load(fleet()[2].url) > 0
+    for what, model_reset, counts_reset in (("model", True, False), ("popularity", False, True), ("all", True, True)):
+        policy = trained()
+        terms, loads = policy.model.terms(), [policy.popularity.load(w.url) for w in fleet()]
+        forget([policy], what)
+        assert (policy.model.terms() == prior) is model_reset and (policy.model.terms() == terms) is not model_reset
+        after = [policy.popularity.load(w.url) for w in fleet()]
+        assert (after == [0.0] * len(after)) is counts_reset and (after == loads) is not counts_reset

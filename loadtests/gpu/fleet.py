@@ -709,7 +709,7 @@ def main() -> None:
     p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
     p.add_argument("--standing", nargs="+", metavar="SUMMARY",
                    help="print --router against the better of smg and sglang-router in each cell of these files, and exit")
-    p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank")
+    p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank (comma-separated: the first a cell ran)")
     p.add_argument("--growth", nargs="+", metavar="REQUESTS",
                    help="per rate, the phases of these requests.jsonl the diagnosis' overload rule calls past capacity")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")

@@ -202,3 +202,15 @@ def test_forgetting_between_rounds_drops_the_fit_or_the_counts_and_nothing_else(
         assert (policy.model.terms() == prior) is model_reset and (policy.model.terms() == terms) is not model_reset
         after = [policy.popularity.load(w.url) for w in fleet()]
         assert (after == [0.0] * len(after)) is counts_reset and (after == loads) is not counts_reset
+
+
+def test_standing_takes_the_first_of_several_router_names_a_cell_ran(tmp_path: Path) -> None:
+    path = tmp_path / "summary.jsonl"
+    path.write_text("\n".join(json.dumps({"prompts": "text", "reports": "full", "seed": 9, "rates": [6],
+                                          "summary": {**mine, "smg": {"6": {"ttft_p95": 1.0}}}})
+                              for mine in ({"ttft": {"6": {"ttft_p95": 0.5}}},
+                                           {"ttft/popularity=false": {"6": {"ttft_p95": 2.0}},
+                                            "ttft/popularity=true": {"6": {"ttft_p95": 9.0}}})) + "\n")
+    assert "1 points" in standing([path])
+    both = standing([path], "ttft,ttft/popularity=false")
+    assert "| 2,000 | smg 1,000 | 2.00x |" in both and "2 points: geometric mean 1.00x" in both

@@ -24,8 +24,8 @@ import statistics
 import time
 
 import psutil
-import yaml
 
+from loadtests.gpu.fleet import routing_section
 from proxy.gctune import settle_after_startup
 from proxy.loadgen.workloads import words
 from proxy.request import Dialect, GenerateRequest
@@ -54,10 +54,10 @@ def bench_decisions(policy_name: str, iterations: int, n_workers: int, prompt_to
     # One long body reused at random offsets keeps prompts distinct without generating 128k
     # random characters per iteration.
     body = words(rng, prompt_tokens * 2)
-    # "ttft/popularity=false": a policy with its params changed, so variants are timed side by side
-    name, *pairs = policy_name.split("/")
-    params = {k: yaml.safe_load(v) for k, v in (pair.split("=", 1) for pair in pairs)}
-    policy = build_named(name, params, rng=random.Random(seed))
+    # "ttft/popularity=false": a policy with its params changed (the fleet benchmark's router
+    # spec), so variants are timed side by side
+    section = routing_section(policy_name)
+    policy = build_named(section["policy"], section["params"], rng=random.Random(seed))
     samples: list[float] = []
     settle_after_startup()  # the collector settings `radixgate serve` runs with (proxy/gctune.py)
     for i in range(iterations):

@@ -233,11 +233,21 @@ class Routers:
         self.window_s, self.kv_events = window_s, kv_events
         self.bases: dict[str, list[str]] = {}  # a router's base URLs (replicas: several)
         self._turns: dict[str, int] = {}
-        self.admins: dict[str, str] = {}  # radixgate routers' admin base (GET /diagnosis; replicas: the first's)
-        self.every_admin: list[str] = []  # every radixgate proxy's admin base, replicas included
-        self.procs: list[asyncio.subprocess.Process] = []
-        self._procs_of: dict[str, list[asyncio.subprocess.Process]] = {}  # a router's own processes
-        self._admins_of: dict[str, list[str]] = {}  # a radixgate router's admin bases
+        self._procs_of: dict[str, list[asyncio.subprocess.Process]] = {}  # each router's processes
+        self._admins_of: dict[str, list[str]] = {}  # each radixgate router's admin bases, replicas included
+
+    @property
+    def procs(self) -> list[asyncio.subprocess.Process]:
+        return [proc for procs in self._procs_of.values() for proc in procs]
+
+    @property
+    def admins(self) -> dict[str, str]:
+        """Each radixgate router's admin base (GET /diagnosis; replicas: the first's)."""
+        return {name: bases[0] for name, bases in self._admins_of.items()}
+
+    @property
+    def every_admin(self) -> list[str]:
+        return [base for bases in self._admins_of.values() for base in bases]
 
     async def start(self) -> None:
         for name in self.names:
@@ -248,24 +258,18 @@ class Routers:
     async def restart(self, name: str) -> None:
         """A radixgate router's proxies stopped and started anew, on new ports (``fresh=on``)."""
         await stop_processes(self._procs_of.pop(name, []))
-        self.procs = [proc for proc in self.procs if proc.returncode is None]
         self.bases.pop(name, None)
-        self.admins.pop(name, None)
-        old = set(self._admins_of.pop(name, []))
-        self.every_admin = [a for a in self.every_admin if a not in old]
+        self._admins_of.pop(name, None)
         await self._launch(name)
         await asyncio.gather(*(self._ready(name, base) for base in self.bases[name]))
 
     async def _launch(self, name: str) -> None:
-        started = len(self.procs)
+        procs = self._procs_of[name] = []  # filled as each starts, so stop() finds any that did
         # cells of a call add up; the children keep their own copy of the descriptor
         with (self.workdir / f"router-{name.replace('/', '_')}.log").open("ab") as log:
-            try:
-                await self._spawn(name, log)
-            finally:
-                self._procs_of[name] = self.procs[started:]
+            await self._spawn(name, log, procs)
 
-    async def _spawn(self, name: str, log: Any) -> None:
+    async def _spawn(self, name: str, log: Any, procs: list[asyncio.subprocess.Process]) -> None:
         if name in ("smg", "sglang-router"):
             port = free_port()
             if name == "smg":
@@ -278,7 +282,7 @@ class Routers:
                        "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
                        "--tokenizer-path", str(self.tokenizer), "--prometheus-port", str(free_port()),
                        "--log-level", "warn"]
-            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+            procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
             self.bases[name] = [f"http://127.0.0.1:{port}"]
             return
         count = spec_replicas(name)
@@ -286,8 +290,6 @@ class Routers:
         self._admins_of[name] = [f"http://127.0.0.1:{a}" for a in admins]
         for replica in range(count):
             port, admin = free_port(), admins[replica]
-            self.admins.setdefault(name, f"http://127.0.0.1:{admin}")
-            self.every_admin.append(f"http://127.0.0.1:{admin}")
             routing = routing_section(name, self.tokenizer)
             if spec_peers(name):
                 routing["peers"] = [f"http://127.0.0.1:{a}" for a in admins if a != admin]
@@ -303,7 +305,7 @@ class Routers:
                 **({"kv_events": {"endpoint": kv}} if (kv := spec_kv_events(name, self.kv_events)) else {}),
                 "telemetry": {"log_level": "info", "log_requests": True}}))
             cmd = [sys.executable, "-m", "proxy", "serve", "--config", str(cfg)]
-            self.procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
+            procs.append(await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=asyncio.subprocess.STDOUT))
             self.bases.setdefault(name, []).append(f"http://127.0.0.1:{port}")
 
     async def _ready(self, name: str, base: str) -> None:

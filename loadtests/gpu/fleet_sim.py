@@ -111,9 +111,8 @@ def forget(policies: Sequence[Policy], what: str) -> None:
 
     for policy in policies:
         if isinstance(policy, TtftCost):
-            fresh = TtftCost(policy.params)
             if what in ("model", "all"):
-                policy.model = fresh.model
+                policy.model = TtftCost(policy.params).model  # the prior, as a new proxy has it
             if what in ("popularity", "all"):
                 policy.popularity = Popularity()
 

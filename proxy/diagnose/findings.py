@@ -40,7 +40,8 @@ class RuleParams:
     prefill_stall_s: float = 0.05  # …and at least this far above p10 (seconds) = decode steps wait for prefill
     prefill_heavy_tokens: float = 1024.0  # uncached prompt tokens p95 at or above this = big prefills arrive
     overload_growth: float = 2.0  # median TTFT of the window's last third at or above this x its first third…
-    overload_min_s: float = 0.5  # …and that many seconds above it, with the SLO missed = arrivals outrun the fleet
+    overload_min_s: float = 0.5  # …and that many seconds above it, with the SLO missed = arrivals outrun the fleet…
+    overload_still_growing: float = 0.25  # …and the last third this share of that rise above the middle third's
     load_bound_ratio: float = 2.0  # TTFT p95 at or above this x the same prompts' unloaded estimate = load-bound
     hot_prefix_share: float = 1.5  # one prefix's share of requests at or above this x (1 / workers)…
     # …on each worker that served it, while its own TTFT p95 misses the SLO = a hot prefix

@@ -63,6 +63,7 @@ def _signals(s: Signals) -> dict[str, Any]:
         "ttft_big_p10": _signal(lat.ttft_big_p10, lat.ttft.n // 10, w, "seconds"),
         # Median TTFT of the first and last third of the window's requests (rules_latency.rule_overload).
         "ttft_early_p50": _signal(lat.ttft_early_p50, lat.ttft.n // 3, w, "seconds"),
+        "ttft_mid_p50": _signal(lat.ttft_mid_p50, lat.ttft.n - 2 * (lat.ttft.n // 3), w, "seconds"),
         "ttft_late_p50": _signal(lat.ttft_late_p50, lat.ttft.n // 3, w, "seconds"),
         # Estimated: the shadow replay's TTFT model at no load for the window's prompts (shadow.Replay).
         "ttft_unloaded_p95": _signal(s.unloaded_ttft_p95, sum(r.requests for r in s.shadow[:1]), w, "seconds",

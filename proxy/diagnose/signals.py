@@ -164,6 +164,9 @@ class LatencySignal:
     # requests): a fleet past its capacity queues more the longer the window runs.
     ttft_early_p50: float | None = None
     ttft_late_p50: float | None = None
+    # ...and of its middle third: a queue still growing puts it between the two, where a closed
+    # loop's first burst (every client at once, then one in per one out) puts it at the last's.
+    ttft_mid_p50: float | None = None
     # ``ttft`` (and its thirds) holds every request whose TTFT is known, whatever its ending, and
     # these at how long they waited before their client left or their time ran out
     # (``RequestRecord.waited_out``): their TTFT is at least that.
@@ -208,7 +211,7 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
     admission_wait = Distribution.of(t.admission_wait for t in timings)
     proxy_overhead = Distribution.of(t.proxy_overhead for t in timings)
     itl = Distribution.of(gaps)
-    early, late = _thirds(timed)
+    early, mid, late = _thirds(timed)
     stages = (
         ("admission_wait", admission_wait),
         # Only the requests routing held for a prefix being prefilled (routing.hold_max_s).
@@ -236,18 +239,21 @@ def latency_signal(records: Sequence[RequestRecord]) -> LatencySignal:
         proxy_overhead_share=ratio(overhead_sum, ttft_sum),
         ttft_early_p50=early,
         ttft_late_p50=late,
+        ttft_mid_p50=mid,
         ttft_waited_out=waited,
         stages=stages,
     )
 
 
-def _thirds(ttfts: Sequence[tuple[float, float]]) -> tuple[float | None, float | None]:
-    """Median TTFT of the first and the last third of requests by arrival time ((received, ttft))."""
+def _thirds(ttfts: Sequence[tuple[float, float]]) -> tuple[float | None, float | None, float | None]:
+    """Median TTFT of the first, the middle and the last third of requests by arrival time
+    ((received, ttft))."""
     ordered = [v for _, v in sorted(ttfts, key=lambda rv: rv[0])]
     if len(ordered) < 30:
-        return None, None
+        return None, None, None
     third = len(ordered) // 3
-    return percentile(ordered[:third], 0.5), percentile(ordered[-third:], 0.5)
+    return (percentile(ordered[:third], 0.5), percentile(ordered[third:-third], 0.5),
+            percentile(ordered[-third:], 0.5))
 
 
 def _prefill(t: RequestTiming) -> float | None:

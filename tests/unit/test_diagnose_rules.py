@@ -357,7 +357,8 @@ def test_a_replayed_switch_predicted_to_cut_the_tail_comes_before_buying_capacit
     from proxy.diagnose.shadow import ShadowResult
 
     base = with_(healthy_signals(), cache={"captured": 0.33, "available": 0.70}, policies=("round_robin",),
-                 latency={"ttft": dist(3.0, 14.0), "ttft_early_p50": 2.0, "ttft_late_p50": 7.7})
+                 latency={"ttft": dist(3.0, 14.0), "ttft_early_p50": 2.0, "ttft_mid_p50": 4.8,
+                                                  "ttft_late_p50": 7.7})
 
     def replayed(predicted: float) -> Signals:
         return with_(base, shadow=(ShadowResult("ttft", 0.70, 1.07, 150, predicted, 9.0),
@@ -393,7 +394,8 @@ def test_a_replayed_better_policy_puts_routing_first_ahead_of_a_level_stall_find
 
 def test_a_queue_that_grows_through_the_window_is_overload_with_the_capacity_levers() -> None:
     # The GPU fleet past its knee: median TTFT 0.4 s in the first third of a phase, 6 s in the last.
-    grows = with_(healthy_signals(), latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4, "ttft_late_p50": 6.0})
+    grows = with_(healthy_signals(), latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4,
+                                                         "ttft_mid_p50": 3.1, "ttft_late_p50": 6.0})
     v = rules.verdict(grows, P)
     assert v.kind == rules.TUNE and v.findings[0].rule == "overload" and v.findings[0].cause == "over_capacity"
     assert {"replicas", "admission.queue_size / admission.queue_timeout_s"} <= {lv.setting for lv in v.levers}
@@ -402,6 +404,18 @@ def test_a_queue_that_grows_through_the_window_is_overload_with_the_capacity_lev
     assert "overload" not in {f.rule for f in rules.verdict(steady, P).findings}
     within = with_(grows, latency={"ttft": dist(0.3, 1.5), "ttft_early_p50": 0.1, "ttft_late_p50": 0.9})
     assert "overload" not in {f.rule for f in rules.verdict(within, P).findings}
+    # A closed loop's first burst: the middle third already as slow as the last, so the queue
+    # stopped growing: not overload...
+    plateau = with_(grows, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4, "ttft_mid_p50": 5.8,
+                                    "ttft_late_p50": 6.0})
+    assert "overload" not in {f.rule for f in rules.verdict(plateau, P).findings}
+    # ...unless the late TTFTs are bounds (clients left at their patience, however long the queue).
+    censored = with_(plateau, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4, "ttft_mid_p50": 5.8,
+                                       "ttft_late_p50": 6.0, "ttft_waited_out": 40})
+    assert rules.verdict(censored, P).findings[0].rule == "overload"
+    still = with_(plateau, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": 0.4, "ttft_mid_p50": 3.0,
+                                    "ttft_late_p50": 6.0})
+    assert rules.verdict(still, P).findings[0].rule == "overload"
     # Fewer than 30 requests give no thirds: silent, never assumed.
     unknown = with_(grows, latency={"ttft": dist(2.0, 8.0), "ttft_early_p50": None, "ttft_late_p50": None})
     assert "overload" not in {f.rule for f in rules.verdict(unknown, P).findings}
@@ -420,6 +434,7 @@ def test_the_thirds_are_taken_by_arrival_time() -> None:
     lat = latency_signal(records)
     assert lat.ttft_early_p50 is not None and lat.ttft_late_p50 is not None
     assert lat.ttft_early_p50 < 1.0 and lat.ttft_late_p50 == 5.0
+    assert lat.ttft_mid_p50 == 5.0  # 15-29: five rising, ten at 5 s
     assert latency_signal(records[:29]).ttft_late_p50 is None
 
 

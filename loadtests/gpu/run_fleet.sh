@@ -7,6 +7,7 @@
 #   CELLS="text:minimal:oracle,ttft,smg ids:full" RATES=3,4.5 bash loadtests/gpu/run_fleet.sh compare
 #   LADDER=3,4.5,6 ONE_RATES=1,2,3,4 UNIQUE_RATES=1,2,3 ROUTERS=none bash loadtests/gpu/run_fleet.sh calibrate
 #   GPUS=4 bash loadtests/gpu/run_fleet.sh calibrate   (nvidia-h200-x4: one engine per GPU)
+#   ALONE="6:shared:200:1,2,3,4 11:unique:300:2" bash loadtests/gpu/run_fleet.sh alone   (one engine alone only)
 # Engines start detached (setsid) and are reused by a later call while the machine stays warm.
 # Results go to $OUT (requests.jsonl, summary.jsonl, logs).
 set -uo pipefail
@@ -74,6 +75,16 @@ case "${1:-calibrate}" in
       fleet --workers "${URLS[@]}" --routers "${ROUTERS:-ttft,cache_aware,smg,round_robin}" --rates "$RATES" \
         --warmup-s 0 --phase-base 400
     fi
+    ;;
+  alone)
+    # One engine alone on the GPU, no proxy: the simulator's lone-engine points, nothing else.
+    # ALONE="seed:workload:base:rates ...": a base one below calibrate's repeats its phases exactly
+    # (6:shared:200:1,2,3,4 = gpu-fleet-calibrate-2's phases 201-204; 6:unique:301:2,3 = its 302-303).
+    for spec in ${ALONE:-6:shared:200:1,2,3,4}; do
+      IFS=: read -r seed workload base rates <<< "$spec"
+      fleet --workers "${URLS[0]}" --routers direct0 --rates "$rates" --phase-s "${ONE_PHASE_S:-20}" --warmup-s 0 \
+        --phase-base "$base" --workload "$workload" --seed "$seed"
+    done
     ;;
   compare)
     # CELLS: "prompts:reports[:routers]" entries, e.g. "text:minimal:oracle,ttft,smg ids:full".

@@ -130,3 +130,22 @@ def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
     # a request of the second round that never got a first token makes its p95 infinite
     _, (_, p95) = round_pair(a, phase([0, 1, 2, 3], [0.2, 0.4, 0.6, None]))
     assert p95 == float("inf")
+
+
+def test_decoding_counts_requests_between_first_token_and_done_over_the_busy_part_of_a_phase() -> None:
+    # Arrivals span 0-10 s, so the window is 4-10 s: 25 samples. A decodes throughout, B starts
+    # after it, C never answered, D decodes for 4-6 s (8 samples). Per engine: two engines.
+    spans = [(0.0, 1.0, 20.0), (10.0, 10.5, 30.0), (5.0, None, None), (2.0, 3.0, 6.0)]
+    assert fidelity.decoding_mean(spans, 2) == pytest.approx((25 + 8) / 25 / 2)
+    # a request whose answer never ended counts as decoding to the end
+    assert fidelity.decoding_mean([(0.0, 1.0, None), (10.0, None, None)], 1) == pytest.approx(1.0)
+    assert math.isnan(fidelity.decoding_mean([], 1))
+
+
+def test_the_real_side_of_decoding_comes_from_the_engines_own_traces() -> None:
+    # run 39's lone engine: its own request trace says how many requests decoded at once
+    real = fidelity.real_points(fidelity.RESULTS.parent / "gpu-fleet-alone-1")
+    decoding = {(p[0]["shape"]["workload"], p[0]["seed"], p[2]): p[3]["decoding"] for p in real}
+    assert len(decoding) == 9 and all(not math.isnan(v) for v in decoding.values())
+    # a busier phase of the same workload and seed decodes more at once
+    assert decoding[("shared", 6, 1.0)] < decoding[("shared", 6, 2.0)] < decoding[("shared", 6, 4.0)]

@@ -104,7 +104,7 @@ class Profile:
     # with its per-step KV-read budget: None = the KV pool's size, as the engine sets it).
     scheduler: str = "sglang"
     kv_read_budget: int | None = None
-    safety_margin: float = 0.0  # hf_fifo: decodes + one prefill below this free share of KV
+    safety_margin: float = 0.0  # hf_fifo: below this free share of KV, decodes only (one prefill if none)
 
     @property
     def kv_pool_tokens(self) -> int:

@@ -23,7 +23,8 @@ and a **KV-read budget**: the tokens already in KV of every request in the step 
 context; a cache hit: its matched prefix) add up to at most ``kv_read_budget``; a request over it
 is skipped for this step, the next one tried (no head-of-line). So at ~3,000-token contexts a
 48k-token pool runs ~15 requests a step, whatever memory is free: a hit waits while the batch
-stays small. Below ``safety_margin`` free KV only decodes and one prefill run. Admission keeps
+stays small. Below ``safety_margin`` free KV only decodes run, or one prefill when nothing decodes (the
+engine stops at the first request not decoding once anything is scheduled). Admission keeps
 this module's output reservation (the real engine allocates as it goes and preempts the newest
 when an allocation fails; the reservation leaves that out).
 
@@ -109,7 +110,7 @@ class SchedulerLimits:
     context_length: int = 131072
     kind: str = "sglang"  # "sglang" | "hf_fifo" (see the module docstring)
     kv_read_budget: int | None = None  # hf_fifo: KV tokens a step may read (None = the pool's size)
-    safety_margin: float = 0.0  # hf_fifo: below this share of KV free, decodes + one prefill only
+    safety_margin: float = 0.0  # hf_fifo: below this share of KV free, decodes only (one prefill if none)
 
 
 class Scheduler:
@@ -233,8 +234,8 @@ class Scheduler:
         for req in [*self.running, *self.prefilling, *self.waiting]:
             if slots <= 0 or tokens_left <= 0:
                 break
-            if req.state != "running" and low and prefill:
-                continue  # short of memory: decodes and the first prefill only
+            if req.state != "running" and low and (prefill or decode):
+                break  # short of memory: decodes only, or one prefill when nothing decodes
             if req.state == "waiting":
                 match = cache.match_prefix(req.input_ids[:-1])
                 cache.inc_lock(match.node)

@@ -303,11 +303,20 @@ def test_hf_at_most_max_running_requests_a_step_the_rest_wait() -> None:
     assert [r.rid for r in s.waiting] == ["r2"]
 
 
-def test_hf_below_the_safety_margin_only_decodes_and_one_prefill_run() -> None:
+def test_hf_below_the_safety_margin_only_decodes_run_or_one_prefill_when_nothing_decodes() -> None:
+    # transformers' FIFO scheduler: under the margin it stops at the first request that is not
+    # decoding once anything is scheduled, and decodes come first: no prefill beside a decode.
     s = hf(capacity=1000, safety_margin=0.5)
     s.submit(request("big", 600, out=4), 0.0)
     step_of(s)  # 601 of 1,000 tokens in use: under half free
     for i in range(2):
         s.submit(request(f"n{i}", 20, out=2, base=10_000 * (i + 1)), 1.0)
     prefill, decode = step_of(s, 1.0)
-    assert decode == ["big"] and [rid for rid, _ in prefill] == ["n0"]
+    assert decode == ["big"] and prefill == []
+    # nothing decoding: the first prefill runs, alone (here the rest of a chunked prompt)
+    s = hf(capacity=1000, safety_margin=0.5, chunked_prefill_size=300)
+    s.submit(request("big", 600, out=4), 0.0)
+    assert [rid for rid, _ in step_of(s)[0]] == ["big"]  # its first chunk; its KV is held
+    s.submit(request("n0", 20, out=2, base=10_000), 1.0)
+    prefill, decode = step_of(s, 1.0)
+    assert decode == [] and prefill == [("big", 300)]

@@ -60,8 +60,9 @@ def metrics(ttft: Sequence[float], itl: Sequence[float], e2e: Sequence[float]) -
 def decoding_mean(spans: Sequence[tuple[float, float | None, float | None]], engines: int) -> float:
     """Mean requests decoding per engine (first token out, not yet done) over the busy part of a
     phase: from 40% of its arrival span to its last arrival, sampled every 0.25 s. ``spans`` are
-    (arrival, first token, done) on one clock. Where the simulator is optimistic near capacity,
-    it runs more requests at once than the real engine (``gpu-fleet-alone-1``'s NOTE)."""
+    (arrival, first token, done) on one clock. Near a lone engine's capacity, one request more in
+    the simulated KV-bound batch was what made the simulator optimistic (``gpu-fleet-alone-1``'s
+    NOTE: the engine's safety margin, read wrong)."""
     if not spans:
         return math.nan
     arrivals = [a for a, _, _ in spans]
@@ -128,8 +129,8 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
         if gaps:
             itl.append(statistics.median(gaps))
     out = metrics(ttft, itl, e2e)
-    # prefix reuse captured, as the fleet benchmark counts it from the engines (matched / prompt)
     out["decoding"] = decoding_mean([(r.arrival, r.first_token_at, r.finished_at) for r in reqs], n_engines)
+    # prefix reuse captured, as the fleet benchmark counts it from the engines (matched / prompt)
     prompt_tokens = sum(len(r.input_ids) for r in reqs)
     out["reuse"] = sum(r.cached_tokens for r in reqs) / prompt_tokens if prompt_tokens else 0.0
     return out

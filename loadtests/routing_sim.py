@@ -334,7 +334,7 @@ def simulate(
                     tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
                 policies[replica].on_complete(Completion(
                     url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
-                    outcome.first - outcome.arrival))
+                    outcome.first - outcome.arrival, len(req.output_ids), now - outcome.first))
         worker.step = None
         worker.pump_events(now)  # what the step stored
         if worker.start_step(now):

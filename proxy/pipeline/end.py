@@ -66,7 +66,8 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
         parts.token_estimate.observe(route.model, route.prompt_bytes, m.prompt_tokens)
     if worker is not None and route is not None:
         parts.policy.on_complete(Completion(
-            worker, route, result == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft))
+            worker, route, result == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft,
+            m.completion_tokens, t.decode))
         if parts.holds:  # ended without a first token (failed, not streamed): stop holding for it
             parts.holds.release(id(route))
         for listener in parts.route_listeners:

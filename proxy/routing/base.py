@@ -131,6 +131,9 @@ class Completion:
     cached_tokens: int | None = None
     # Observed upstream TTFT (dispatch → first token), seconds.
     ttft: float | None = None
+    # Output tokens, and seconds from the first token to the last (the KV-wait term's decode length).
+    completion_tokens: int | None = None
+    decode_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,11 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
                  in flight there: ``on_peer_load``)
     waiting_w  = requests ahead there without a first token (ours since the last scrape + its
                  scraped queue; before any scrape, ours): ``waiting_requests``
+    kv_wait_w  = seconds it would wait there for room in the KV pool, from the contexts we (and
+                 our peers) have in flight there against its ``max_total_tokens`` (``ttft_kv.py``)
     ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w
-                        + c5 x waiting_w)
-                 c0..c5 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
+                        + c5 x waiting_w + c6 x kv_wait_w)
+                 c0..c6 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
                  ``factor_alpha`` > 0: a fleet of unequal GPUs)
     score_w    = ttft_w + ``work_weight`` x c1 x f_w x uncached_w
 The second term charges the prefill this request adds to the worker, which delays every later
@@ -100,6 +102,7 @@ from proxy.routing.prefix_index import PrefixIndex
 from proxy.routing.prefix_key import blocks_within, uncached_tokens
 from proxy.routing.registry import PolicySpec
 from proxy.routing.ttft_estimate import Estimate, InFlight, PendingWork, saturated, signature
+from proxy.routing.ttft_kv import KvReads
 from proxy.routing.ttft_model import Features, TtftModel, TtftPrior
 from proxy.routing.ttft_params import TtftParams
 from proxy.routing.ttft_popularity import Popularity
@@ -122,6 +125,7 @@ class TtftCost:
         self.pending = PendingWork(params.max_tracked_per_worker)
         self.picks = PickHistory(params)
         self.popularity = Popularity()
+        self.kv_reads = KvReads()
 
     # -- model inputs --------------------------------------------------------------------------
 
@@ -161,11 +165,18 @@ class TtftCost:
         unseen, queued, waiting = self.pending.ahead(worker)
         uncached = request.prompt_tokens - tokens if tokens is not None else uncached_tokens(request, matched)
         x = Features(uncached, unseen, queued, self.running(worker),
-                     waiting if self.params.waiting_requests else 0)
+                     waiting if self.params.waiting_requests else 0, self.kv_wait(request, worker))
         ttft = self.model.predict(worker.url, x)
         p = self.params
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
         return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker), tokens, in_index)
+
+    def kv_wait(self, request: RouteRequest, worker: WorkerSnapshot) -> float:
+        """Seconds ``request`` would wait on ``worker`` for room in its KV pool (``ttft_kv.py``)."""
+        if not self.params.kv_wait:
+            return 0.0
+        held = self.kv_reads.held(*self.pending.prompts_in_flight(worker.url))
+        return self.kv_reads.wait(held, self.kv_reads.context(request.prompt_tokens), worker.max_total_tokens)
 
     # -- Policy --------------------------------------------------------------------------------
 
@@ -244,6 +255,11 @@ class TtftCost:
         if not holders:
             return chosen
         holder = min(holders, key=lambda e: e.score)
+        if holder.features.kv_wait > chosen.ttft_s and chosen.features.kv_wait == 0:
+            # The holder has no room for it and this worker has: waiting there alone costs more
+            # than the whole first token here, recompute included (the GPU fleet's tail,
+            # ``ttft_kv.py``). Between workers both short of room, the guard below stands.
+            return chosen
 
         def load(e: Estimate) -> float:
             return e.features.unseen + e.features.queued + e.features.running * self.pending.mean_uncached
@@ -279,7 +295,7 @@ class TtftCost:
         tokens there, plus the prefill queued ahead of it there (the holder's among it), which
         it would wait for anyway if sent now. Past that, waiting costs more than computing the
         prefix again."""
-        _, per_uncached, per_unseen, per_queued, _, per_waiting = self.model.coefficients()
+        _, per_uncached, per_unseen, per_queued, _, per_waiting, _ = self.model.coefficients()
         x = chosen.features
         ahead = per_unseen * x.unseen + per_queued * x.queued + per_waiting * x.waiting
         return self.model.factor(chosen.url) * (per_uncached * saved + ahead)
@@ -307,6 +323,7 @@ class TtftCost:
         entry = self.pending.pop(completion.worker, completion.request)
         if entry is None or not completion.ok:
             return
+        self.kv_reads.observe(completion.completion_tokens, completion.decode_s)
         request = completion.request
         if not entry.prefilled:
             self._confirm(completion.worker, request, entry, completion.prompt_tokens, completion.cached_tokens)

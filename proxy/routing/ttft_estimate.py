@@ -91,6 +91,8 @@ class PendingWork:
         # peer -> {url: its requests in flight there}, as it last said; and their sum per url
         self.peer_load: dict[str, dict[str, int]] = {}
         self._peer_in_flight: dict[str, int] = {}
+        # url -> prompt tokens of our requests in flight there (the KV-wait term's books).
+        self._prompts: dict[str, int] = {}
 
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
         """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
@@ -149,6 +151,20 @@ class PendingWork:
         """Requests in flight on ``url``: ours, and what our peers last said they have there."""
         return len(self.in_flight.get(url, ())) + self._peer_in_flight.get(url, 0)
 
+    def prompts_in_flight(self, url: str) -> tuple[int, int]:
+        """(prompt tokens, requests) in flight on ``url``: ours, and our peers' requests there
+        counted at the mean size of ours (of all our workers', where we have none there)."""
+        mine = len(self.in_flight.get(url, ()))
+        tokens = self._prompts.get(url, 0)
+        peers = self._peer_in_flight.get(url, 0)
+        if peers:
+            if mine:
+                tokens += round(peers * tokens / mine)
+            else:
+                count = sum(len(t) for t in self.in_flight.values())
+                tokens += round(peers * sum(self._prompts.values()) / count) if count else 0
+        return tokens, mine + peers
+
     def set_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
         """A peer's requests in flight per worker, now (replacing what it said before; empty = gone)."""
         if in_flight:
@@ -159,12 +175,18 @@ class PendingWork:
 
     def add(self, url: str, entry: InFlight) -> None:
         key = id(entry.request)
-        for table in self.in_flight.values():
-            table.pop(key, None)  # a retry of the same request routes it again
+        for other, table in self.in_flight.items():
+            gone = table.pop(key, None)  # a retry of the same request routes it again
+            if gone is not None:
+                self._count(other, gone, -1)
         table = self.in_flight.setdefault(url, {})
         table[key] = entry
+        self._count(url, entry, 1)
         if len(table) > self._max_tracked:
-            del table[next(iter(table))]
+            self._count(url, table.pop(next(iter(table))), -1)
+
+    def _count(self, url: str, entry: InFlight, sign: int) -> None:
+        self._prompts[url] = self._prompts.get(url, 0) + sign * entry.request.prompt_tokens
 
     def get(self, url: str, request: RouteRequest) -> InFlight | None:
         entry = self.in_flight.get(url, {}).get(id(request))
@@ -175,7 +197,10 @@ class PendingWork:
 
     def pop(self, url: str, request: RouteRequest) -> InFlight | None:
         entry = self.in_flight.get(url, {}).pop(id(request), None)
-        return entry if entry is not None and entry.request is request else None
+        if entry is None:
+            return None
+        self._count(url, entry, -1)
+        return entry if entry.request is request else None
 
     def prefilling(self, url: str, covers: Callable[[RouteRequest], bool]) -> Hashable | None:
         """The key of a streamed request sent to ``url`` still without its first token (ours,
@@ -204,7 +229,7 @@ class PendingWork:
     def forget(self, present: Iterable[str]) -> None:
         """Drop the workers not in ``present``."""
         keep = set(present)
-        for table in (self.in_flight, self.peer_work, self.peer_pending):
+        for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts):
             for url in [u for u in table if u not in keep]:
                 del table[url]
         for peer, load in list(self.peer_load.items()):

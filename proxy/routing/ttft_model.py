@@ -1,6 +1,7 @@
 """The TTFT model behind the ``ttft`` policy, learned online from observed first-token times.
 
-    ttft(w) = f_w x (c0 + c1 x uncached + c2 x unseen + c3 x queued + c4 x running + c5 x waiting)
+    ttft(w) = f_w x (c0 + c1 x uncached + c2 x unseen + c3 x queued + c4 x running + c5 x waiting
+                     + c6 x kv_wait)
 
 * ``uncached``: this request's own prompt tokens not in the worker's cache; ``unseen``: uncached
   tokens of our requests sent there since its last scrape; ``queued``: the waiting uncached
@@ -14,7 +15,11 @@
   no weight to their tokens), which only this term can learn. Why, found later in transformers'
   scheduler: a step reads at most the pool's size of its requests' resident KV, so a hit waits
   for running requests to finish while memory is half free (proxy/sim/README.md).
-* ``c0 .. c5``: one fleet-wide fit by recursive least squares with forgetting (token features in
+* ``kv_wait``: seconds this request would wait there for room in the KV pool, estimated from our
+  own requests in flight (``ttft_kv.py``): the step that ``waiting`` can only average over. Its
+  coefficient starts at 1 (the estimate taken at its word) and is fitted like the others, so an
+  engine that does not wait where the estimate says it would drives it down.
+* ``c0 .. c6``: one fleet-wide fit by recursive least squares with forgetting (token features in
   thousands, running and waiting in tens, so one prior strength suits all), fed every finished request with
   its features at decision time and its observed TTFT. Coefficients start at a prior (``c1`` =
   ``c2`` = 1 / prior prefill rate, ``c3`` half that) and are clamped at >= 0 when used, ``c1``
@@ -30,7 +35,7 @@
 * An observation is clipped to 10x the prediction first: one request stuck behind a stall must not
   swing the fit.
 
-Cost: O(1) per prediction; a 6x6 update per finished request.
+Cost: O(1) per prediction; a 7x7 update per finished request.
 """
 
 from __future__ import annotations
@@ -50,10 +55,11 @@ class Features(NamedTuple):
     queued: float
     running: float
     waiting: float = 0.0
+    kv_wait: float = 0.0  # seconds
 
     def vector(self) -> list[float]:
         return [1.0, self.uncached / _TOKENS, self.unseen / _TOKENS, self.queued / _TOKENS, self.running / _RUNNING,
-                self.waiting / _RUNNING]
+                self.waiting / _RUNNING, self.kv_wait]
 
 
 class OnlineLinear:
@@ -98,7 +104,7 @@ class TtftModel:
                  own_at_least_ahead: bool = False) -> None:
         per_k = _TOKENS / prior.prefill_tokens_per_s
         self._fit = OnlineLinear(
-            [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running, 0.0],
+            [prior.base_s, per_k, per_k, per_k / 2, _RUNNING * prior.decode_s_per_running, 0.0, 1.0],
             prior_variance=0.01,
             forgetting=forgetting,
         )
@@ -108,21 +114,21 @@ class TtftModel:
         self._own_at_least_ahead = own_at_least_ahead
         self._coefficients = self._clamped()
 
-    def _clamped(self) -> tuple[float, float, float, float, float, float]:
+    def _clamped(self) -> tuple[float, float, float, float, float, float, float]:
         c = [max(0.0, t) for t in self._fit.theta]
         c[1] = max(c[1], self._min_c1, c[2] if self._own_at_least_ahead else 0.0)
-        return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING, c[5] / _RUNNING)
+        return (c[0], c[1] / _TOKENS, c[2] / _TOKENS, c[3] / _TOKENS, c[4] / _RUNNING, c[5] / _RUNNING, c[6])
 
     def coefficients(self) -> tuple[float, ...]:
         """(base s, s per uncached token, s per unseen token, s per queued token, s per running,
-        s per waiting request)."""
+        s per waiting request, s per estimated second of KV wait)."""
         return self._coefficients
 
     def terms(self) -> dict[str, float]:
         """The coefficients by name, as predictions use them, and the fit's own cost of an
         uncached token before its floors (``uncached_token_fit``): where the two differ, a floor
         binds (on the GPU fleet, the question whether ``own_at_least_ahead`` acts at all)."""
-        names = ("base", "uncached_token", "unseen_token", "queued_token", "running", "waiting")
+        names = ("base", "uncached_token", "unseen_token", "queued_token", "running", "waiting", "kv_wait")
         return {**dict(zip(names, self._coefficients, strict=True)),
                 "uncached_token_fit": max(0.0, self._fit.theta[1]) / _TOKENS}
 
@@ -135,8 +141,8 @@ class TtftModel:
 
     def fleet_predict(self, x: Features) -> float:
         # Spelled out: it runs once per worker per decision, and a generator over zip() cost ~5 µs.
-        c0, c1, c2, c3, c4, c5 = self._coefficients
-        return c0 + c1 * x.uncached + c2 * x.unseen + c3 * x.queued + c4 * x.running + c5 * x.waiting
+        c0, c1, c2, c3, c4, c5, c6 = self._coefficients
+        return c0 + c1 * x.uncached + c2 * x.unseen + c3 * x.queued + c4 * x.running + c5 * x.waiting + c6 * x.kv_wait
 
     def predict(self, url: str, x: Features) -> float:
         return self.factor(url) * self.fleet_predict(x)

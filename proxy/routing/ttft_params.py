@@ -91,6 +91,12 @@ class TtftParams:
     # the rule without it (text 4.5/s, ids 6/s, text with full reports 6/s), as the simulator said
     # (~0.9x at the knee, even past it); the figures: ttft_popularity.py.
     popularity: bool = True
+    # Estimate how long a request would wait on each worker for room in its KV pool, from the
+    # contexts in flight there (``ttft_kv.py``), as a feature of the TTFT fit (coefficient prior 1),
+    # and let a follower leave a holder with no room for a worker with room. Off: on the GPU fleet
+    # (runs 40-42, 6 req/s, token ids and text) TTFT p95 0.67x / 1.08x / 1.37x the rule without it,
+    # reuse 2-4 points lower; the simulator had said no better (fleet_sim, 6 seeds).
+    kv_wait: bool = False
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 

@@ -84,7 +84,7 @@ async def test_the_ttft_policys_learned_model_is_on_metrics(harness: Harness, cl
     terms = {s.labels["term"]: s.value for f in text_string_to_metric_families(text)
              if f.name == "radixgate_routing_ttft_model" for s in f.samples}
     assert set(terms) == {"base", "uncached_token", "unseen_token", "queued_token", "running", "waiting",
-                          "uncached_token_fit"}
+                          "kv_wait", "uncached_token_fit"}
     assert terms["uncached_token"] > 0  # an uncached token is never free (its floor)
     assert documented_in_metrics_md("radixgate_routing_ttft_model")
 

@@ -29,7 +29,7 @@ def test_the_model_learns_prefill_rate_decode_interference_and_admission_cost(pe
         # requests per step charges each waiting one (0.3 s), one that batches them charges none.
         model.learn("w", x, 0.01 + (x.uncached + x.unseen + 0.5 * x.queued) / 20_000 + 0.002 * x.running
                     + per_waiting_s * x.waiting)
-    base, per_uncached, per_unseen, per_queued, per_running, per_waiting = model.coefficients()
+    base, per_uncached, per_unseen, per_queued, per_running, per_waiting, _ = model.coefficients()
     assert per_uncached == pytest.approx(1 / 20_000, rel=0.1)
     assert per_unseen == pytest.approx(1 / 20_000, rel=0.1)
     assert per_queued == pytest.approx(0.5 / 20_000, rel=0.15)

@@ -26,7 +26,7 @@
   at >= a quarter of its prior: 1 / c1 is the learned prefill rate, and an uncached token is never
   free (under overload the fit can put all of TTFT on the queue terms; a c1 of 0 would then make
   recomputing a prefix elsewhere look free and scatter prefixes over the fleet). With
-  ``own_at_least_ahead`` (``TtftParams``, off until a GPU run decides) also at >= ``c2``: a
+  ``own_at_least_ahead`` (``TtftParams``, on by default) also at >= ``c2``: a
   request's own uncached token costs at least what an unseen token ahead of it does, as FCFS
   prefill has it.
 * ``f_w``: the worker's own speed factor, an EWMA of observed / fleet-predicted TTFT clamped to

@@ -77,13 +77,16 @@ class TtftParams:
     # requests to end). False = the feature is always 0 (the fit before it).
     waiting_requests: bool = True
     # Hold the fit's cost of a request's own uncached token at least at its cost of an unseen token
-    # ahead (ttft_model.py). Off until a GPU run compares it. In the simulator (fleet_sim --rates 6
-    # --seed 1 --seeds 8 --prompts ids --rounds 2: a policy kept across two rounds) second rounds
-    # without the spill guard kept 65-76% reuse where they fell to 52-73%; with the guard as well,
-    # every second round within 3 points of its first (the guard alone: 63-76%); first rounds
-    # unchanged. On the GPU's engines the queue cost is per waiting request (c5), which this does
-    # not touch: whether it binds there is the open question.
-    own_at_least_ahead: bool = False
+    # ahead (ttft_model.py). Why: after a loaded phase the fit puts TTFT on its queue terms and the
+    # own-token cost on its floor, so recomputing a prefix elsewhere looks cheaper than the prefill
+    # queued on its holder, often that very prefix still being prefilled (GPU run 43, chat, 6/s:
+    # rounds 2-3 spilled 4 and 6 followers early in the round, reuse 75% -> 71%, p50 0.86 ->
+    # 1.5 s; at the rounds' ends the own-token cost at its floor, an unseen token ahead 9-16x it).
+    # On the GPU fleet against the rule without it: 0.62x (run 25), 1.02x (run 27), 0.97x (run 38,
+    # no spill in either). In the simulator (fleet_sim --rates 6 --seed 1 --seeds 4 --rounds 3,
+    # ids and text) first rounds identical, later rounds TTFT p95 0.65-1.04x with reuse kept
+    # (67-69% -> 71-74% where the rule without it lost it); at 4.5/s identical.
+    own_at_least_ahead: bool = True
     # Place a new group where the groups already placed since the worker's cache last started empty
     # bring the least traffic (their decayed request counts, ``ttft_popularity.py``), before the
     # fewest outstanding: a proxy that has seen a system prompt before knows how busy it keeps its

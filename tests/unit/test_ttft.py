@@ -600,12 +600,14 @@ def test_a_holder_whose_waiting_requests_each_cost_a_step_loses_the_follower(wai
     holder = prompt(1, 64, shared=60, shared_tag=5)
     home = policy.select(holder, fleet()).worker
     finish(policy, holder, home, ttft=0.3, cached=0)
-    decisions = [policy.select(prompt(100 + i, 64, shared=60, shared_tag=5), fleet()) for i in range(6)]
+    decisions = [policy.select(prompt(100 + i, 64, shared=60, shared_tag=5), fleet()) for i in range(10)]
     assert decisions[0].worker == home  # nothing waiting there yet: the cache hit wins
     left = [d for d in decisions if d.worker != home]
     if waiting_requests:
         assert left and left[0].branch == "spill"
-        # it leaves only once requests wait there: the queue it would have joined cost more
-        assert 1 <= decisions.index(left[0]) <= 5
+        # it leaves only once requests wait there: the queue it would have joined cost more (the
+        # own-token floor, on by default, prices the recompute at an unseen token's cost: a
+        # couple of waiting requests more than without it)
+        assert 1 <= decisions.index(left[0]) <= 7
     else:
         assert not left

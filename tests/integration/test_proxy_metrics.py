@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -91,3 +92,30 @@ async def test_the_ttft_policys_learned_model_is_on_metrics(harness: Harness, cl
 
 def documented_in_metrics_md(name: str) -> bool:
     return f"`{name}`" in README.read_text()
+
+
+async def test_with_kv_wait_the_fit_learns_the_wait_term_from_streamed_answers(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    # Two workers with small KV pools, eight long streamed answers at once per round: by the
+    # second round the proxy has learned a decode's length from finished answers (the pipeline's
+    # completion tokens and decode time), the requests in flight overfill the pools by its books,
+    # and the fit's kv_wait coefficient moves off its prior of 1.
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, max_total_tokens=2_000) for _ in range(2)])
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.params": {"kv_wait": True}})
+
+    async def one(i: int) -> None:
+        body = {"text": f"request {i} " + "shared words " * 120, "stream": True,
+                "sampling_params": {"max_new_tokens": 24}}
+        async with client.post(base(app) + "/generate", json=body) as r:
+            assert r.status == 200
+            await r.read()
+
+    async def kv_wait_term() -> float:
+        async with client.get(admin(app) + "/metrics") as r:
+            text = await r.text()
+        return next(s.value for f in text_string_to_metric_families(text)
+                    if f.name == "radixgate_routing_ttft_model" for s in f.samples if s.labels["term"] == "kv_wait")
+
+    for k in range(3):
+        await asyncio.gather(*(one(8 * k + i) for i in range(8)))
+    assert await kv_wait_term() != 1.0

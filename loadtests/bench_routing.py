@@ -53,7 +53,7 @@ def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arr
     peer_sync = args.peer_sync if replicas > 1 and args.peer_sync >= 0 else None
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
                                scrape_interval_s=args.scrape_interval, seed=args.seed, params=params,
-                               peer_sync_s=peer_sync, kv_events=kv_events)
+                               peer_sync_s=peer_sync, kv_events=kv_events, hold_max_s=args.hold_max_s)
     done = [o for o in outcomes if o.first is not None and o.done is not None]
     touched: dict[str, set[str]] = defaultdict(set)
     for o in outcomes:
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-sync", type=float, default=-1.0,
                     help="with --replicas, also a run where replicas share decisions (routing.peers): sim mode, "
                          "arriving this many seconds later; http mode, over real POSTs (any value >= 0); -1 = no")
+    ap.add_argument("--hold-max-s", type=float, default=1.0,
+                    help="sim mode: routing.hold_max_s of every proxy (the product's default is 0: off)")
     ap.add_argument("--params", default="{}", help='sim mode: policy params, e.g. {"ttft": {"work_weight": 2}}')
     ap.add_argument("--kv-events", action="store_true",
                     help="sim mode: also --replica-policy reading the workers' KV events (and keying text by "

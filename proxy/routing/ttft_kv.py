@@ -62,7 +62,7 @@ class KvReads:
     def wait(self, held: float, own: float, capacity: int | None) -> float:
         """Seconds a request reading ``own`` tokens waits for room where ``held`` are taken of a
         ``capacity``-token pool (None: unknown, no wait)."""
-        if not self._seen or not capacity:
+        if not self._seen or capacity is None or capacity <= 0:
             return 0.0
         over = held + own - capacity
         if over <= 0:

@@ -31,6 +31,7 @@ def test_no_wait_before_any_completion_or_without_a_known_pool() -> None:
     assert kv.wait(held=60_000, own=3_000, capacity=POOL) == 0.0  # nothing learned yet
     kv.observe(32, 9.0)
     assert kv.wait(held=60_000, own=3_000, capacity=None) == 0.0
+    assert kv.wait(held=60_000, own=3_000, capacity=0) == kv.wait(held=60_000, own=3_000, capacity=-5) == 0.0
 
 
 def test_the_wait_is_the_share_of_a_decode_that_frees_the_overflow() -> None:

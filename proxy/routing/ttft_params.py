@@ -85,7 +85,9 @@ class TtftParams:
     # On the GPU fleet against the rule without it: 0.62x (run 25), 1.02x (run 27), 0.97x (run 38,
     # no spill in either). In the simulator (fleet_sim --rates 6 --seed 1 --seeds 4 --rounds 3,
     # ids and text) first rounds identical, later rounds TTFT p95 0.65-1.04x with reuse kept
-    # (67-69% -> 71-74% where the rule without it lost it); at 4.5/s identical.
+    # (67-69% -> 71-74% where the rule without it lost it); seeds 5-12 (ids): later rounds p95
+    # geometric mean 0.90x (0.69-1.37x, 14 of 16 at or under 1.0x), p50 0.77x, reuse 75-76%
+    # against 68-73%; at 4.5/s identical.
     own_at_least_ahead: bool = True
     # Place a new group where the groups already placed since the worker's cache last started empty
     # bring the least traffic (their decayed request counts, ``ttft_popularity.py``), before the

@@ -65,16 +65,21 @@ class Oracle(IgnoresFeedback):
 def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, phase_s: float, workers: int,
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
          start: float = 0.0, ids: bool = False,
-         carried: list[Policy] | None = None, generation: int = 0) -> tuple[list[Outcome], list[VirtualWorker]]:
+         carried: list[Policy] | None = None, generation: int = 0,
+         chat: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
+    ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
+    the rendered turns, the engines tokenize the chat template);
     ``carried``: the proxies' policies, kept from an earlier phase (empty: built here and put in
     it), as a GPU cell's proxy processes live through its ``--repeat`` rounds; ``generation``: the
     fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
-    specs = [RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
+    specs = [RequestSpec(f"g{g}", shape.output_tokens, messages=[{"role": "system", "content": s},
+                                                                {"role": "user", "content": q}])
+             if chat else RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
              for (s, q), (_, g) in zip(phase_texts(arrivals, shape, phase), arrivals, strict=True)]
     section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
     name, params = section.pop("policy"), section.pop("params")
@@ -90,7 +95,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     if name == "oracle":
         group_of = {}
         for spec, (_, g) in zip(specs, arrivals, strict=True):  # the first block as the proxies key it
-            text_ids = encoder.encode(spec.text or "") if ids else None
+            text_ids = encoder.encode(spec.text or "") if ids and not chat else None
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
@@ -131,8 +136,8 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
         return lines  # a run that came back without its summary
     for line in (results / "summary.jsonl").read_text().splitlines():
         c = json.loads(line)
-        if c["prompts"] == "chat" or c["shape"]["workload"] != "shared":
-            continue  # chat prompts are rendered by the engines' template
+        if c["shape"]["workload"] != "shared":
+            continue
         shape, base = Shape(**c["shape"]), int(_argv_value(c["argv"], "--phase-base", "0"))
         for rate in c["rates"]:
             row = []
@@ -143,7 +148,8 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
                 key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, r, rate))
                 name = AS_SIMULATED.get(r, r)
                 outs, _ = cell(name, rate, shape, c["seed"], key, float(_argv_value(c["argv"], "--phase-s", "30")),
-                               c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids")
+                               c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
+                               chat=c["prompts"] == "chat")
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]
                 row.append(f"{r} {got['ttft_p95'] * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}")
             if row:
@@ -167,8 +173,9 @@ def main() -> None:
     p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
     p.add_argument("--phase-base", type=int, default=None,
                    help="draw each rate's text as a GPU cell with this --phase-base did (its prompts exactly)")
-    p.add_argument("--prompts", choices=("text", "ids"), default="text",
-                   help="what the proxies route by: the text (a bytes-per-token estimate) or the token ids")
+    p.add_argument("--prompts", choices=("text", "ids", "chat"), default="text",
+                   help="what the proxies route by: the text (a bytes-per-token estimate), the token ids, "
+                        "or OpenAI chat messages (rendered turn by turn)")
     p.add_argument("--carry-over", action="store_true",
                    help="run a rate's routers one after another on the same engines, as the GPU cell does "
                         "(each phase inherits the caches the one before left)")
@@ -217,7 +224,7 @@ def main() -> None:
                     outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
-                                           generation=0 if a.warm_index else k_round)
+                                           generation=0 if a.warm_index else k_round, chat=a.prompts == "chat")
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:

@@ -52,6 +52,23 @@ def test_the_simulated_engines_are_warm_as_the_measured_ones_are() -> None:
     assert first and all(o.first is not None and o.first - o.arrival < warmup for o in first)
 
 
+def test_chat_cells_route_rendered_turns_and_keep_groups_as_text_cells_do() -> None:
+    # OpenAI chat (the GPU cells' "chat"): the engines tokenize the chat template, so prompts are
+    # a few tokens longer than the same text; the oracle still finds its groups, and ttft keeps
+    # each group on one worker as it does for text.
+    encoder = Encoder(str(TOKENIZER))
+    common = dict(seed=1, phase=7, phase_s=8.0, workers=4, encoder=encoder, minimal=True)
+    chat, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), chat=True, **common)  # type: ignore[arg-type]
+    text, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), **common)  # type: ignore[arg-type]
+    assert chat and all(o.worker == f"http://w{int(o.group[1:]) % 4}" for o in chat)
+    assert [o.prompt_tokens > t.prompt_tokens for o, t in zip(chat, text, strict=True)] == [True] * len(chat)
+    routed, _ = fleet_sim.cell("ttft", 3.0, Shape(groups=8), chat=True, **common)  # type: ignore[arg-type]
+    homes: dict[str, set[str]] = {}
+    for o in routed:
+        homes.setdefault(o.group, set()).add(o.worker)
+    assert sum(len(w) == 1 for w in homes.values()) >= len(homes) - 1
+
+
 def test_the_oracle_finds_its_groups_when_the_proxies_route_token_ids() -> None:
     outcomes, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
                                  encoder=Encoder(str(TOKENIZER)), minimal=True, ids=True)

@@ -13,7 +13,8 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
     waiting_w  = requests ahead there without a first token (ours since the last scrape + its
                  scraped queue; before any scrape, ours): ``waiting_requests``
     kv_wait_w  = seconds it would wait there for room in the KV pool, from the contexts we (and
-                 our peers) have in flight there against its ``max_total_tokens`` (``ttft_kv.py``)
+                 our peers) have in flight there against its ``max_total_tokens`` (``ttft_kv.py``;
+                 0 unless ``kv_wait``, off by default: even with the rule without it on the GPU)
     ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w
                         + c5 x waiting_w + c6 x kv_wait_w)
                  c0..c6 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless

@@ -55,6 +55,7 @@ from loadtests.gpu.fleet_report import (
     growth_report,
     knee,
     pct,
+    repeatability,
     report,
     standing,
     table,
@@ -712,6 +713,9 @@ def main() -> None:
     p.add_argument("--standing", nargs="+", metavar="SUMMARY",
                    help="print --router against the better of smg and sglang-router in each cell of these files, and exit")
     p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank (comma-separated: the first a cell ran)")
+    p.add_argument("--repeatability", nargs="+", metavar="SUMMARY",
+                   help="print each fixed router's TTFT on the same phases across these runs (the engines' own "
+                        "spread between runs), and exit")
     p.add_argument("--growth", nargs="+", metavar="REQUESTS",
                    help="per rate, the phases of these requests.jsonl the diagnosis' overload rule calls past capacity")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
@@ -730,6 +734,9 @@ def main() -> None:
         return
     if args.standing:
         print(standing([Path(p) for p in args.standing], args.router))
+        return
+    if args.repeatability:
+        print(repeatability([Path(p) for p in args.repeatability]))
         return
     if args.engines:
         print(engines_report(Path(args.engines)))

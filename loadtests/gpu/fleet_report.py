@@ -125,6 +125,41 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     return "\n".join(rows)
 
 
+# Routers whose placement does not learn: run twice on the same phases they route alike, so what
+# moves between runs is the engines.
+FIXED_ROUTERS = ("smg", "sglang-router", "oracle", "round_robin")
+
+
+def repeatability(paths: list[Path]) -> str:
+    """The real engines against themselves: each fixed router's TTFT p50 / p95 on the same phases
+    (cell, seed, phase base, rate, the same prompt text) in every run that ran them, and the
+    largest over the smallest. What a ±30% fidelity goal, or one run's ratio, is up against."""
+    seen: dict[tuple[str, ...], list[tuple[str, float, float]]] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            cell = json.loads(line)
+            argv = cell.get("argv", [])
+            base = argv[argv.index("--phase-base") + 1] if "--phase-base" in argv else ""
+            if cell.get("text", "fresh") != "same" or not base:
+                continue  # fresh text per phase: no two runs sent the same prompts
+            for router in FIXED_ROUTERS:
+                for rate, got in cell["summary"].get(router, {}).items():
+                    key = (router, cell["prompts"], cell["reports"], str(cell["seed"]), base, rate)
+                    seen.setdefault(key, []).append((path.parent.name, got["ttft_p50"], got["ttft_p95"]))
+    rows = ["| router | prompts, reports, seed, phase base | rate | runs: p95 ms | p50 max / min | p95 max / min |",
+            "|---|---|---|---|---|---|"]
+    for (router, prompts, reports, seed, base, rate), runs in sorted(seen.items()):
+        if len(runs) < 2:
+            continue
+        p50s, p95s = [r[1] for r in runs], [r[2] for r in runs]
+        listed = "; ".join(f"{name} {p95 * 1e3:,.0f}" for name, _, p95 in runs)
+        rows.append(f"| {router} | {prompts}, {reports}, {seed}, {base} | {rate} | {listed} | "
+                    f"{max(p50s) / min(p50s):.2f} | {max(p95s) / min(p95s):.2f} |")
+    return "\n".join(rows)
+
+
 def growth_report(paths: list[Path]) -> str:
     """Per rate, over these ``requests.jsonl`` files: in how many phases the client's TTFT met the
     diagnosis' overload rule (``proxy/diagnose/rules_latency.rule_overload``, default thresholds:

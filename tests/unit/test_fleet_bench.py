@@ -19,7 +19,7 @@ from loadtests.gpu.fleet import (
     text_key,
     trace,
 )
-from loadtests.gpu.fleet_report import knee, standing
+from loadtests.gpu.fleet_report import knee, repeatability, standing
 
 
 def test_every_router_gets_the_same_arrivals_at_a_rate_and_a_new_seed_gives_new_ones() -> None:
@@ -152,6 +152,25 @@ def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> 
     half = 1.96 * math.log(2) / math.sqrt(3)
     assert (f"3 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x "
             f"(95% interval of the mean {math.exp(-half):.2f}-{math.exp(half):.2f}x)") in standing([path])
+
+
+def test_repeatability_sets_a_fixed_router_on_the_same_phases_of_several_runs_side_by_side(tmp_path: Path) -> None:
+    def run(name: str, smg: float, ttft: float, base: str = "1900", text: str = "same") -> Path:
+        cell = {"prompts": "ids", "reports": "minimal", "seed": 9, "rates": [6.0], "text": text,
+                "argv": ["--phase-base", base],
+                "summary": {"smg": {"6": {"ttft_p50": smg / 4, "ttft_p95": smg}},
+                            "ttft": {"6": {"ttft_p50": 0.5, "ttft_p95": ttft}}}}
+        path = tmp_path / name / "summary.jsonl"
+        path.parent.mkdir()
+        path.write_text(json.dumps(cell) + "\n")
+        return path
+
+    out = repeatability([run("day-1", 2.0, 1.0), run("day-2", 3.0, 9.0), run("other-phases", 5.0, 1.0, base="2600"),
+                         run("fresh-text", 7.0, 1.0, text="fresh")])
+    # smg on phase base 1900 twice: 2,000 and 3,000 ms, 1.5x; nothing else ran the same phases twice,
+    # fresh text never counts, and ttft (which learns) is not a fixed router
+    assert "| smg | ids, minimal, 9, 1900 | 6 | day-1 2,000; day-2 3,000 | 1.50 | 1.50 |" in out
+    assert "2600" not in out and "fresh-text" not in out and "| ttft |" not in out
 
 
 def test_a_variant_runs_several_proxies_that_share_nothing() -> None:

@@ -109,7 +109,7 @@ def placed_phases(results: Path) -> list[Placed]:
     for line in read_text(results / "engines.jsonl").splitlines():
         doc = json.loads(line)
         cell = next((c for c in cells if _in_cell(c, doc)), None)
-        if cell is None or doc["prompts"] == "chat":  # chat prompts are rendered by a template
+        if cell is None:
             continue
         client = [r for r in recs if r["phase"] == doc["phase"] and r["router"] == doc["router"]]
         pairs = match(client, doc["engines"])
@@ -132,7 +132,11 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
     key = (text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), p.rate, p.phase),
            p.rate, shape, cell["seed"])
     if key not in cache:
-        cache[key] = [encoder.encode(s + "\n\n" + q) for s, q in phase_texts(arrivals, shape, key[0])]
+        texts = phase_texts(arrivals, shape, key[0])
+        # chat: the prompt the engine tokenized, through the tokenizer's chat template as it does
+        cache[key] = ([encoder.encode_chat([{"role": "system", "content": s}, {"role": "user", "content": q}]) or []
+                       for s, q in texts] if cell["prompts"] == "chat"
+                      else [encoder.encode(s + "\n\n" + q) for s, q in texts])
     order = sorted(range(len(p.at)), key=lambda k: p.at[k])
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],

@@ -149,3 +149,21 @@ def test_the_real_side_of_decoding_comes_from_the_engines_own_traces() -> None:
     assert len(decoding) == 9 and all(not math.isnan(v) for v in decoding.values())
     # a busier phase of the same workload and seed decodes more at once
     assert decoding[("shared", 6, 1.0)] < decoding[("shared", 6, 2.0)] < decoding[("shared", 6, 4.0)]
+
+
+def test_chat_phases_replay_the_prompts_the_engines_tokenized_through_the_chat_template() -> None:
+    # Run 43's engines tokenized OpenAI chat with the tokenizer's template; the replay must feed
+    # the simulated engines those very prompts, not the text the other cells send.
+    from pathlib import Path
+
+    from loadtests.fidelity_placed import placed_phases, simulate
+    from loadtests.gpu.fleet import TOKENIZER
+
+    results = Path(fidelity.__file__).parent / "results" / "gpu-fleet-chat-1"
+    phases = placed_phases(results)
+    assert phases and {p.cell["prompts"] for p in phases} == {"chat"}
+    cache: dict[object, list[list[int]]] = {}
+    first = phases[0]
+    simulate(first, perf.PROFILES["h200-transformers-7b"], Encoder(str(TOKENIZER)), cache)
+    (prompts,) = cache.values()
+    assert [len(prompts[i]) for i in first.index] == [row[0] for row in first.engine_rows]

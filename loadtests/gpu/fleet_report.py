@@ -133,7 +133,9 @@ FIXED_ROUTERS = ("smg", "sglang-router", "oracle", "round_robin")
 def repeatability(paths: list[Path]) -> str:
     """The real engines against themselves: each fixed router's TTFT p50 / p95 on the same phases
     (cell, seed, phase base, rate, the same prompt text) in every run that ran them, and the
-    largest over the smallest. What a ±30% fidelity goal, or one run's ratio, is up against."""
+    largest over the smallest. What a ±30% fidelity goal, or one run's ratio, is up against.
+    (Within one run, round against round on the engines' own traces: ``fidelity_placed
+    --repeatability``.)"""
     seen: dict[tuple[str, ...], list[tuple[str, float, float]]] = {}
     for path in paths:
         for line in path.read_text().splitlines():

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_order, phase_texts, text_key, trace
-from loadtests.gpu.fleet_report import pct
+from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.jsonl import exists, read_jsonl
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
@@ -174,16 +174,9 @@ def _real_decoding(traces: list[dict[str, Any]], router: str, rate: float, phase
     return math.nan
 
 
-def _argv_value(argv: list[str], flag: str, default: str) -> str:
-    """``flag``'s value as argparse read it: the last one given (run_fleet.sh's one-engine cells
-    pass ``--phase-s`` twice, the common one first)."""
-    at = [i for i, a in enumerate(argv[:-1]) if a == flag]
-    return argv[at[-1] + 1] if at else default
-
-
 def _phase_of(cell: dict[str, Any], router: str, rate: float) -> int:
     """The phase number fleet.py gave (router, rate) in this cell (its first round, same order)."""
-    base = int(_argv_value(cell["argv"], "--phase-base", "0"))
+    base = int(argv_value(cell["argv"], "--phase-base", "0"))
     order = phase_order(cell["routers"], cell["rates"], int(cell.get("repeat", 1)))
     for k, (r, _, name) in enumerate(order):
         if name == router and r == rate:
@@ -198,10 +191,10 @@ def simulate(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], 
         argv = cell["argv"]
         shape = Shape(**cell["shape"])
         seed = cell["seed"]
-        phase_s = float(_argv_value(argv, "--phase-s", "30"))
-        drain_s = float(_argv_value(argv, "--drain-s", "20"))
+        phase_s = float(argv_value(argv, "--phase-s", "30"))
+        drain_s = float(argv_value(argv, "--drain-s", "20"))
         arrivals = trace(rate, phase_s, shape, seed)
-        phase = text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), rate,
+        phase = text_key(cell.get("text", "fresh"), int(argv_value(argv, "--phase-base", "0")), rate,
                          _phase_of(cell, router, rate))
         key = (phase, rate, shape, seed)  # one phase number can recur in runs of other seeds
         if key not in cache:

@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity import TOLERANCE, _argv_value, profile_value, replay
+from loadtests.fidelity import TOLERANCE, profile_value, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
-from loadtests.gpu.fleet_report import pct
+from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.jsonl import exists, read_jsonl, read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
+from proxy.sim.protocol import chat_prompt_ids
 from proxy.sim.scheduler import SimRequest
 from proxy.sim.tokenizer import Encoder
 
@@ -93,7 +94,7 @@ def match(client: Sequence[dict[str, Any]], engines: Sequence[dict[str, Any]]) -
 def _in_cell(cell: dict[str, Any], doc: dict[str, Any]) -> bool:
     """Whether the engines' phase ``doc`` ran in this cell of the summary (its phase numbers follow
     the cell's ``--phase-base``, one per router, rate and round)."""
-    base = int(_argv_value(cell["argv"], "--phase-base", "0"))
+    base = int(argv_value(cell["argv"], "--phase-base", "0"))
     phases = len(cell["routers"]) * len(cell["rates"]) * int(cell.get("repeat", 1))
     return (cell["prompts"] == doc["prompts"] and cell["reports"] == doc["reports"]
             and doc["router"] in cell["routers"] and doc["rate"] in cell["rates"]
@@ -128,20 +129,20 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
              into: list[tuple[int, SimRequest]] | None = None) -> dict[str, float]:
     cell, argv = p.cell, p.cell["argv"]
     shape = Shape(**cell["shape"])
-    arrivals = trace(p.rate, float(_argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
-    key = (text_key(cell.get("text", "fresh"), int(_argv_value(argv, "--phase-base", "0")), p.rate, p.phase),
+    arrivals = trace(p.rate, float(argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
+    key = (text_key(cell.get("text", "fresh"), int(argv_value(argv, "--phase-base", "0")), p.rate, p.phase),
            p.rate, shape, cell["seed"])
     if key not in cache:
         texts = phase_texts(arrivals, shape, key[0])
         # chat: the prompt the engine tokenized, through the tokenizer's chat template as it does
-        cache[key] = ([encoder.encode_chat([{"role": "system", "content": s}, {"role": "user", "content": q}]) or []
-                       for s, q in texts] if cell["prompts"] == "chat"
-                      else [encoder.encode(s + "\n\n" + q) for s, q in texts])
+        cache[key] = ([chat_prompt_ids([{"role": "system", "content": s}, {"role": "user", "content": q}],
+                                       encoder.encode, encoder.encode_chat) for s, q in texts]
+                      if cell["prompts"] == "chat" else [encoder.encode(s + "\n\n" + q) for s, q in texts])
     order = sorted(range(len(p.at)), key=lambda k: p.at[k])
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
                   cell["workers"], shape.output_tokens, profile, config,
-                  float(_argv_value(argv, "--drain-s", "20")), into=into)
+                  float(argv_value(argv, "--drain-s", "20")), into=into)
 
 
 def report(results: Sequence[Path], profile: perf.Profile) -> str:

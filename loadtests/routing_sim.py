@@ -21,7 +21,8 @@ proxies that share nothing. ``shared_gpu``: the workers are engine processes on 
 (``perf.SharedGpu``, as the real GPU fleet runs them); ``minimal_reports``: engines that report
 only token counts (snapshots without engine state, no ``cached_tokens``), as that fleet's engines;
 ``encode``: the engines' tokenizer, with the proxy's bytes-per-token estimate learned from each
-answer's ``prompt_tokens`` as the pipeline does (``routing/token_estimate.py``).
+answer's ``prompt_tokens`` as the pipeline does (``routing/token_estimate.py``); ``encode_chat``:
+its chat template, which chat prompts go through as a worker's (``protocol.chat_prompt_ids``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import heapq
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -128,9 +130,10 @@ class VirtualWorker:
         return True
 
 
-def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer.encode) -> list[int]:
+def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer.encode,
+               encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None) -> list[int]:
     if spec.messages is not None:
-        return encode(protocol.render_chat(spec.messages))
+        return protocol.chat_prompt_ids(spec.messages, encode, encode_chat)
     return encode(spec.text or "")
 
 
@@ -170,6 +173,7 @@ def simulate(
     shared_gpu: bool = False,
     minimal_reports: bool = False,
     encode: Callable[[str], list[int]] | None = None,
+    encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None,
     block_tokens: int = 16,
     engines: list[VirtualWorker] | None = None,
     kept: list[Policy] | None = None,
@@ -258,7 +262,7 @@ def simulate(
             seq += 1
             uncached = uncached_tokens(route, decision.matched_blocks)
             heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
-        req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec, encode or tokenizer.encode),
+        req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec, encode or tokenizer.encode, encode_chat),
                          max_new_tokens=spec.max_new_tokens)
         predicted = (decision.matched_tokens if decision.matched_tokens is not None
                      else min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens))

@@ -12,6 +12,13 @@ from typing import Any
 from loadtests.jsonl import read_text
 
 
+def argv_value(argv: list[str], flag: str, default: str) -> str:
+    """``flag``'s value as argparse read it: the last one given (run_fleet.sh's one-engine cells
+    pass ``--phase-s`` twice, the common one first)."""
+    at = [i for i, a in enumerate(argv[:-1]) if a == flag]
+    return argv[at[-1] + 1] if at else default
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -142,8 +149,7 @@ def repeatability(paths: list[Path]) -> str:
             if not line.strip():
                 continue
             cell = json.loads(line)
-            argv = cell.get("argv", [])
-            base = argv[argv.index("--phase-base") + 1] if "--phase-base" in argv else ""
+            base = argv_value(cell.get("argv", []), "--phase-base", "")
             if cell.get("text", "fresh") != "same" or not base:
                 continue  # fresh text per phase: no two runs sent the same prompts
             for router in FIXED_ROUTERS:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
-from loadtests.fidelity import _argv_value, _phase_of
+from loadtests.fidelity import _phase_of
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,
@@ -35,7 +35,7 @@ from loadtests.gpu.fleet import (
     text_key,
     trace,
 )
-from loadtests.gpu.fleet_report import pct
+from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, WorkerSnapshot
@@ -103,7 +103,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
-                    minimal_reports=minimal, encode=encoder.encode, block_tokens=32, engines=engines,
+                    minimal_reports=minimal, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
                     kept=carried, generation=generation)
 
 
@@ -138,7 +138,7 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
         c = json.loads(line)
         if c["shape"]["workload"] != "shared":
             continue
-        shape, base = Shape(**c["shape"]), int(_argv_value(c["argv"], "--phase-base", "0"))
+        shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
         for rate in c["rates"]:
             row = []
             for r in c["routers"]:
@@ -147,7 +147,7 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
                     continue
                 key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, r, rate))
                 name = AS_SIMULATED.get(r, r)
-                outs, _ = cell(name, rate, shape, c["seed"], key, float(_argv_value(c["argv"], "--phase-s", "30")),
+                outs, _ = cell(name, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
                                c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
                                chat=c["prompts"] == "chat")
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]

@@ -62,6 +62,15 @@ def test_chat_cells_route_rendered_turns_and_keep_groups_as_text_cells_do() -> N
     text, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8), **common)  # type: ignore[arg-type]
     assert chat and all(o.worker == f"http://w{int(o.group[1:]) % 4}" for o in chat)
     assert [o.prompt_tokens > t.prompt_tokens for o, t in zip(chat, text, strict=True)] == [True] * len(chat)
+    # ...exactly the prompts the GPU engines tokenize: the tokenizer's chat template
+    from loadtests.gpu.fleet import phase_texts, trace
+    from proxy.sim.protocol import chat_prompt_ids
+
+    arrivals = trace(3.0, 8.0, Shape(groups=8), 1)
+    engine_ids = [chat_prompt_ids([{"role": "system", "content": s}, {"role": "user", "content": q}],
+                                  encoder.encode, encoder.encode_chat)
+                  for s, q in phase_texts(arrivals, Shape(groups=8), 7)]
+    assert sorted(o.prompt_tokens for o in chat) == sorted(len(ids) for ids in engine_ids)
     routed, _ = fleet_sim.cell("ttft", 3.0, Shape(groups=8), chat=True, **common)  # type: ignore[arg-type]
     homes: dict[str, set[str]] = {}
     for o in routed:

@@ -35,6 +35,7 @@ from loadtests.jsonl import exists, read_jsonl
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
+from proxy.sim.gpu_share import gpu_pool
 from proxy.sim.scheduler import SimRequest
 from proxy.sim.tokenizer import Encoder
 
@@ -81,11 +82,10 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
     last arrival counts as infinitely slow, as the fleet benchmark cancels it then. ``into``
     receives (engine, request) of every request, for per-request analysis."""
     engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
-    one = perf.SharedGpu(profile.gpu_exclusive_host)
-    gpus = [one if shared_gpu else perf.SharedGpu(profile.gpu_exclusive_host) for _ in engines]
     stamps: dict[int, list[float]] = defaultdict(list)
     reqs: list[SimRequest] = []
-    in_flight: dict[int, tuple[Any, float]] = {}
+    gpus = gpu_pool(profile, n_engines, shared_gpu)
+    in_flight: dict[int, Any] = {}
     first = [True] * n_engines
     now, k = 0.0, 0
     stop_at = (times[-1] if times else 0.0) + horizon_s
@@ -97,11 +97,9 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
             if into is not None:
                 into.append((placement[k], req))
             k += 1
-        for i, (step, end) in list(in_flight.items()):
-            if end <= now:
-                del in_flight[i]
-                for req in engines[i].scheduler.finish_step(step, end):
-                    stamps[id(req)].append(end)
+        for i in gpus.done(now):
+            for req in engines[i].scheduler.finish_step(in_flight.pop(i), now):
+                stamps[id(req)].append(now)
         for i, e in enumerate(engines):
             if i in in_flight or not e.scheduler.has_work():
                 continue
@@ -112,9 +110,10 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
                 step.work = dataclasses.replace(step.work, first_step=False)
                 first[i] = False
             host, device = perf.step_parts(profile, step.work)
-            in_flight[i] = (step, gpus[i].reserve(now, host, device))
-        events = [end for _, end in in_flight.values()] + ([times[k]] if k < len(times) else [])
-        if not events:
+            in_flight[i] = step
+            gpus.submit(i, now, host, device)
+        events = [gpus.next_event()] + ([times[k]] if k < len(times) else [])
+        if not in_flight and k >= len(times):
             break
         now = min(events)
     ttft, itl, e2e = [], [], []

@@ -98,6 +98,10 @@ class Profile:
     prefill_max_requests: int | None = None
     # Share of host time a step holds a shared GPU (SharedGpu.exclusive; 0 = only its kernels).
     gpu_exclusive_host: float = 0.0
+    # How engine processes on one GPU share it: "fcfs" (SharedGpu: whole steps, first come first
+    # served) or "slices" (gpu_share.TimeSlicedGpu: an equal share each, as the driver time-slices
+    # contexts; the virtual-time loops only).
+    gpu_sharing: str = "fcfs"
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False
     # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,

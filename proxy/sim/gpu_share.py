@@ -1,0 +1,113 @@
+"""One GPU that several engine processes share, as the driver time-slices their contexts: each
+engine with a step on the GPU gets an equal share of it (processor sharing), so a short decode
+step of a lightly loaded engine runs beside a long prefill step of a busy one instead of waiting
+for all of it (``perf.SharedGpu``, first come first served, makes it wait).
+
+For the virtual-time loops (``loadtests/fidelity.py``, ``loadtests/routing_sim.py``): a step's end
+depends on the steps that start after it, so the loop asks ``next_event`` for the next instant
+anything changes, advances to it, and collects the steps ``done`` then. A step of ``host`` +
+``device`` seconds spends ``(1 - exclusive) x host`` on the host first (other engines' GPU work
+overlaps it), then needs ``exclusive x host + device`` seconds of the GPU: an engine launching
+kernels one by one keeps its context resident through part of its host time. Alone on the GPU a
+step takes ``host + device``, as with ``SharedGpu``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+from proxy.sim.perf import Profile, SharedGpu
+
+# Work left below this (seconds of GPU) counts as done: float residue of the shares.
+_EPS = 1e-12
+
+
+class TimeSlicedGpu:
+    def __init__(self, exclusive: float = 0.0) -> None:
+        if not 0.0 <= exclusive <= 1.0:
+            raise ValueError("exclusive must be within [0, 1]")
+        self.exclusive = exclusive
+        # key -> [GPU seconds left, when its host part ends]
+        self._steps: dict[Hashable, list[float]] = {}
+        self._now = -math.inf
+
+    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+        """A step of ``key`` (one engine: one step at a time) issued at ``now``."""
+        self.advance(now)
+        if key in self._steps:
+            raise ValueError(f"{key!r} already has a step on the GPU")
+        self._steps[key] = [self.exclusive * host + device, now + (1.0 - self.exclusive) * host]
+
+    def busy(self, key: Hashable) -> bool:
+        return key in self._steps
+
+    def _on_gpu(self, now: float) -> list[list[float]]:
+        return [s for s in self._steps.values() if s[1] <= now and s[0] > _EPS]
+
+    def next_event(self) -> float:
+        """The next instant a step ends or joins the GPU (inf: nothing in flight)."""
+        now = self._now
+        waiting = [ready for _, ready in self._steps.values() if ready > now]
+        on = self._on_gpu(now)
+        ends = [now + min(left for left, _ in on) * len(on)] if on else []
+        # a step with no GPU work left ends when its host part does
+        ends += [ready for left, ready in self._steps.values() if left <= _EPS]
+        return min(waiting + ends, default=math.inf)
+
+    def advance(self, now: float) -> None:
+        """Serve the GPU up to ``now``, which must not pass ``next_event`` (the shares are
+        constant up to it)."""
+        if now <= self._now:
+            return
+        if self._now > -math.inf:
+            on = self._on_gpu(self._now)
+            for step in on:
+                step[0] = max(0.0, step[0] - (now - self._now) / len(on))
+        self._now = now
+
+    def done(self, now: float) -> list[Hashable]:
+        """The keys whose steps have ended by ``now`` (removed)."""
+        self.advance(now)
+        out = [k for k, (left, ready) in self._steps.items() if left <= _EPS and ready <= now]
+        for k in out:
+            del self._steps[k]
+        return out
+
+
+class WholeSteps:
+    """``SharedGpu`` (whole steps, first come first served) behind ``TimeSlicedGpu``'s interface:
+    one GPU for every key, or one each (``shared`` False)."""
+
+    def __init__(self, exclusive: float, shared: bool = True) -> None:
+        self._one = SharedGpu(exclusive) if shared else None
+        self._exclusive = exclusive
+        self._gpus: dict[Hashable, SharedGpu] = {}
+        self._ends: dict[Hashable, float] = {}
+
+    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+        if key in self._ends:
+            raise ValueError(f"{key!r} already has a step on the GPU")
+        gpu = self._one or self._gpus.setdefault(key, SharedGpu(self._exclusive))
+        self._ends[key] = gpu.reserve(now, host, device)
+
+    def busy(self, key: Hashable) -> bool:
+        return key in self._ends
+
+    def next_event(self) -> float:
+        return min(self._ends.values(), default=math.inf)
+
+    def done(self, now: float) -> list[Hashable]:
+        out = [k for k, end in self._ends.items() if end <= now]
+        for k in out:
+            del self._ends[k]
+        return out
+
+
+def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> TimeSlicedGpu | WholeSteps:
+    """The GPU(s) ``engines`` engine processes run on, shared as ``profile.gpu_sharing`` says."""
+    if shared and engines > 1 and profile.gpu_sharing == "slices":
+        return TimeSlicedGpu(profile.gpu_exclusive_host)
+    if profile.gpu_sharing not in ("fcfs", "slices"):
+        raise ValueError(f"gpu_sharing: {profile.gpu_sharing!r} is neither fcfs nor slices")
+    return WholeSteps(profile.gpu_exclusive_host, shared)

@@ -1,0 +1,71 @@
+"""proxy.sim.gpu_share: engine processes time-slicing one GPU, and whole steps first come first
+served behind the same interface."""
+
+import dataclasses
+import math
+
+import pytest
+
+from proxy.sim import perf
+from proxy.sim.gpu_share import TimeSlicedGpu, WholeSteps, gpu_pool
+
+
+def run(gpu: TimeSlicedGpu | WholeSteps, steps: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+    """Issue each key's (at, host, device) step and drive the GPU: each key's end."""
+    pending = sorted(steps.items(), key=lambda kv: kv[1][0])
+    ends: dict[str, float] = {}
+    now = 0.0
+    for _ in range(1000):
+        while pending and pending[0][1][0] <= now:
+            key, (_at, host, device) = pending.pop(0)
+            gpu.submit(key, now, host, device)
+        for key in gpu.done(now):
+            ends[str(key)] = now
+        if not pending and len(ends) == len(steps):
+            return ends
+        now = min([gpu.next_event()] + [p[1][0] for p in pending])
+    raise AssertionError("did not finish")
+
+
+def test_alone_a_step_takes_host_plus_device_in_either() -> None:
+    for gpu in (TimeSlicedGpu(0.2), WholeSteps(0.2)):
+        assert run(gpu, {"a": (1.0, 0.06, 0.5)})["a"] == pytest.approx(1.56)
+
+
+def test_time_slices_let_a_short_step_pass_a_long_one() -> None:
+    steps = {"long": (0.0, 0.0, 1.0), "short": (0.1, 0.0, 0.1)}
+    sliced = run(TimeSlicedGpu(0.0), steps)
+    # from 0.1 both share: short needs 0.1 s of GPU at half speed -> 0.3; long then gets it whole
+    assert sliced["short"] == pytest.approx(0.3)
+    assert sliced["long"] == pytest.approx(1.1)  # work conserved: 1.1 s of GPU work in all
+    whole = run(WholeSteps(0.0), steps)
+    assert whole["short"] == pytest.approx(1.1) and whole["long"] == pytest.approx(1.0)
+
+
+def test_host_time_overlaps_other_engines_gpu_work() -> None:
+    # exclusive 0.5: b's 0.2 s of host time is half on the host alone (0.1) then half on the GPU
+    ends = run(TimeSlicedGpu(0.5), {"a": (0.0, 0.0, 1.0), "b": (0.0, 0.2, 0.0)})
+    # b joins the GPU at 0.1 with 0.1 s of work, shared: done at 0.3; a: 1.0 + 0.1 = 1.1
+    assert ends["b"] == pytest.approx(0.3)
+    assert ends["a"] == pytest.approx(1.1)
+
+
+def test_one_step_per_key_and_the_pool_by_profile() -> None:
+    gpu = TimeSlicedGpu()
+    gpu.submit("a", 0.0, 0.0, 1.0)
+    with pytest.raises(ValueError):
+        gpu.submit("a", 0.5, 0.0, 1.0)
+    assert gpu.busy("a") and not gpu.busy("b")
+    assert TimeSlicedGpu().next_event() == math.inf
+    profile = perf.PROFILES["h200-transformers-7b"]
+    assert isinstance(gpu_pool(profile, 4), WholeSteps)
+    sliced = dataclasses.replace(profile, gpu_sharing="slices")
+    assert isinstance(gpu_pool(sliced, 4), TimeSlicedGpu)
+    assert isinstance(gpu_pool(sliced, 4, shared=False), WholeSteps)
+    with pytest.raises(ValueError, match="gpu_sharing"):
+        gpu_pool(dataclasses.replace(profile, gpu_sharing="mps"), 4)
+
+
+def test_separate_gpus_do_not_queue() -> None:
+    ends = run(WholeSteps(0.0, shared=False), {"a": (0.0, 0.0, 1.0), "b": (0.0, 0.0, 1.0)})
+    assert ends == {"a": pytest.approx(1.0), "b": pytest.approx(1.0)}

@@ -24,11 +24,14 @@ _EPS = 1e-12
 
 
 class TimeSlicedGpu:
-    def __init__(self, exclusive: float = 0.0) -> None:
+    def __init__(self, exclusive: float = 0.0, overlap: bool = False) -> None:
         if not 0.0 <= exclusive <= 1.0:
             raise ValueError("exclusive must be within [0, 1]")
         self.exclusive = exclusive
-        # key -> [GPU seconds left, when its host part ends]
+        # overlap: a step's GPU work starts as it is issued and its host time runs beside it (the
+        # engine launches kernels asynchronously); it ends at the later of the two
+        self.overlap = overlap
+        # key -> [GPU seconds left, when it joins the GPU, when it may end at the earliest]
         self._steps: dict[Hashable, list[float]] = {}
         self._now = -math.inf
 
@@ -37,7 +40,11 @@ class TimeSlicedGpu:
         self.advance(now)
         if key in self._steps:
             raise ValueError(f"{key!r} already has a step on the GPU")
-        self._steps[key] = [self.exclusive * host + device, now + (1.0 - self.exclusive) * host]
+        if self.overlap:
+            self._steps[key] = [device, now, now + host]
+        else:
+            ready = now + (1.0 - self.exclusive) * host
+            self._steps[key] = [self.exclusive * host + device, ready, ready]
 
     def busy(self, key: Hashable) -> bool:
         return key in self._steps
@@ -48,11 +55,11 @@ class TimeSlicedGpu:
     def next_event(self) -> float:
         """The next instant a step ends or joins the GPU (inf: nothing in flight)."""
         now = self._now
-        waiting = [ready for _, ready in self._steps.values() if ready > now]
+        waiting = [ready for _, ready, _ in self._steps.values() if ready > now]
         on = self._on_gpu(now)
-        ends = [now + min(left for left, _ in on) * len(on)] if on else []
+        ends = [now + min(s[0] for s in on) * len(on)] if on else []
         # a step with no GPU work left ends when its host part does
-        ends += [ready for left, ready in self._steps.values() if left <= _EPS]
+        ends += [end for left, _, end in self._steps.values() if left <= _EPS]
         return min(waiting + ends, default=math.inf)
 
     def advance(self, now: float) -> None:
@@ -69,7 +76,7 @@ class TimeSlicedGpu:
     def done(self, now: float) -> list[Hashable]:
         """The keys whose steps have ended by ``now`` (removed)."""
         self.advance(now)
-        out = [k for k, (left, ready) in self._steps.items() if left <= _EPS and ready <= now]
+        out = [k for k, (left, _, end) in self._steps.items() if left <= _EPS and end <= now]
         for k in out:
             del self._steps[k]
         return out
@@ -106,8 +113,11 @@ class WholeSteps:
 
 def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> TimeSlicedGpu | WholeSteps:
     """The GPU(s) ``engines`` engine processes run on, shared as ``profile.gpu_sharing`` says."""
+    if profile.gpu_sharing == "slices-overlap" and (shared or engines == 1):
+        # the overlap of a step's host and GPU time holds for an engine alone as well
+        return TimeSlicedGpu(profile.gpu_exclusive_host, overlap=True)
     if shared and engines > 1 and profile.gpu_sharing == "slices":
         return TimeSlicedGpu(profile.gpu_exclusive_host)
-    if profile.gpu_sharing not in ("fcfs", "slices"):
+    if profile.gpu_sharing not in ("fcfs", "slices", "slices-overlap"):
         raise ValueError(f"gpu_sharing: {profile.gpu_sharing!r} is neither fcfs nor slices")
     return WholeSteps(profile.gpu_exclusive_host, shared)

@@ -99,8 +99,9 @@ class Profile:
     # Share of host time a step holds a shared GPU (SharedGpu.exclusive; 0 = only its kernels).
     gpu_exclusive_host: float = 0.0
     # How engine processes on one GPU share it: "fcfs" (SharedGpu: whole steps, first come first
-    # served) or "slices" (gpu_share.TimeSlicedGpu: an equal share each, as the driver time-slices
-    # contexts; the virtual-time loops only).
+    # served), "slices" (gpu_share.TimeSlicedGpu: an equal share each, as the driver time-slices
+    # contexts) or "slices-overlap" (and a step's host time beside its own GPU work). The last
+    # two in the virtual-time loops only; both measured worse than fcfs (proxy/sim/README.md).
     gpu_sharing: str = "fcfs"
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False

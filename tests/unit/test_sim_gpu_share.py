@@ -69,3 +69,15 @@ def test_one_step_per_key_and_the_pool_by_profile() -> None:
 def test_separate_gpus_do_not_queue() -> None:
     ends = run(WholeSteps(0.0, shared=False), {"a": (0.0, 0.0, 1.0), "b": (0.0, 0.0, 1.0)})
     assert ends == {"a": pytest.approx(1.0), "b": pytest.approx(1.0)}
+
+
+def test_overlap_ends_a_step_at_the_later_of_host_and_gpu_time() -> None:
+    # alone: max(host, device), not their sum
+    assert run(TimeSlicedGpu(overlap=True), {"a": (0.0, 0.06, 0.5)})["a"] == pytest.approx(0.5)
+    assert run(TimeSlicedGpu(overlap=True), {"a": (0.0, 0.06, 0.01)})["a"] == pytest.approx(0.06)
+    # two engines: the GPU shared from the start, host time beside it
+    ends = run(TimeSlicedGpu(overlap=True), {"a": (0.0, 0.06, 0.1), "b": (0.0, 0.3, 0.1)})
+    assert ends["a"] == pytest.approx(0.2) and ends["b"] == pytest.approx(0.3)
+    profile = dataclasses.replace(perf.PROFILES["h200-transformers-7b"], gpu_sharing="slices-overlap")
+    lone = gpu_pool(profile, 1)
+    assert isinstance(lone, TimeSlicedGpu) and lone.overlap

@@ -82,6 +82,73 @@ class TimeSlicedGpu:
         return out
 
 
+class QuantumGpu:
+    """Steps take the GPU in arrival order for at most ``quantum_s`` at a time, an unfinished one
+    going to the back of the queue (round robin): whole steps first come first served as the
+    quantum grows (``SharedGpu``), equal shares as it shrinks (``TimeSlicedGpu``). Host time as
+    ``TimeSlicedGpu``'s (``exclusive``)."""
+
+    def __init__(self, exclusive: float = 0.0, quantum_s: float = math.inf) -> None:
+        if not 0.0 <= exclusive <= 1.0 or not quantum_s > 0:
+            raise ValueError("exclusive must be within [0, 1] and quantum_s > 0")
+        self.exclusive, self.quantum_s = exclusive, quantum_s
+        self._steps: dict[Hashable, list[float]] = {}  # key -> [GPU seconds left, joins the GPU at]
+        self._queue: list[Hashable] = []  # on the GPU: the head runs
+        self._slice_left = quantum_s
+        self._now = -math.inf
+
+    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+        self.advance(now)
+        if key in self._steps:
+            raise ValueError(f"{key!r} already has a step on the GPU")
+        self._steps[key] = [self.exclusive * host + device, now + (1.0 - self.exclusive) * host]
+        self._join(now)
+
+    def busy(self, key: Hashable) -> bool:
+        return key in self._steps
+
+    def _join(self, now: float) -> None:
+        """Steps whose host part has ended queue for the GPU, in the order they got there."""
+        ready = sorted((at, str(k), k) for k, (left, at) in self._steps.items()
+                       if at <= now and left > _EPS and k not in self._queue)
+        if not self._queue and ready:
+            self._slice_left = self.quantum_s
+        self._queue += [k for _, _, k in ready]
+
+    def next_event(self) -> float:
+        now = self._now
+        times = [at for left, at in self._steps.values() if at > now]
+        if self._queue:
+            times.append(now + min(self._steps[self._queue[0]][0], self._slice_left))
+        times += [at for left, at in self._steps.values() if left <= _EPS]
+        return min(times, default=math.inf)
+
+    def advance(self, now: float) -> None:
+        """Serve the head up to ``now`` (not past ``next_event``), rotate it at its quantum's end."""
+        if now <= self._now:
+            return
+        if self._queue and self._now > -math.inf:
+            head = self._steps[self._queue[0]]
+            used = now - self._now
+            head[0] = max(0.0, head[0] - used)
+            self._slice_left -= used
+            if head[0] <= _EPS:
+                self._queue.pop(0)
+                self._slice_left = self.quantum_s
+            elif self._slice_left <= _EPS:
+                self._queue.append(self._queue.pop(0))
+                self._slice_left = self.quantum_s
+        self._now = now
+        self._join(now)
+
+    def done(self, now: float) -> list[Hashable]:
+        self.advance(now)
+        out = [k for k, (left, at) in self._steps.items() if left <= _EPS and at <= now]
+        for k in out:
+            del self._steps[k]
+        return out
+
+
 class WholeSteps:
     """``SharedGpu`` (whole steps, first come first served) behind ``TimeSlicedGpu``'s interface:
     one GPU for every key, or one each (``shared`` False)."""
@@ -118,6 +185,8 @@ def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> TimeSlicedG
         return TimeSlicedGpu(profile.gpu_exclusive_host, overlap=True)
     if shared and engines > 1 and profile.gpu_sharing == "slices":
         return TimeSlicedGpu(profile.gpu_exclusive_host)
-    if profile.gpu_sharing not in ("fcfs", "slices", "slices-overlap"):
+    if shared and engines > 1 and profile.gpu_sharing == "quanta":
+        return QuantumGpu(profile.gpu_exclusive_host, profile.gpu_quantum_s)
+    if profile.gpu_sharing not in ("fcfs", "slices", "slices-overlap", "quanta"):
         raise ValueError(f"gpu_sharing: {profile.gpu_sharing!r} is neither fcfs nor slices")
     return WholeSteps(profile.gpu_exclusive_host, shared)

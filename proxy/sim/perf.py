@@ -103,6 +103,7 @@ class Profile:
     # contexts) or "slices-overlap" (and a step's host time beside its own GPU work). The last
     # two in the virtual-time loops only; both measured worse than fcfs (proxy/sim/README.md).
     gpu_sharing: str = "fcfs"
+    gpu_quantum_s: float = 0.05  # "quanta": the longest a step holds the GPU before the next in turn
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False
     # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,

@@ -81,3 +81,18 @@ def test_overlap_ends_a_step_at_the_later_of_host_and_gpu_time() -> None:
     profile = dataclasses.replace(perf.PROFILES["h200-transformers-7b"], gpu_sharing="slices-overlap")
     lone = gpu_pool(profile, 1)
     assert isinstance(lone, TimeSlicedGpu) and lone.overlap
+
+
+def test_quanta_between_whole_steps_and_equal_shares() -> None:
+    from proxy.sim.gpu_share import QuantumGpu
+    steps = {"long": (0.0, 0.0, 1.0), "short": (0.1, 0.0, 0.1)}
+    # a quantum longer than any step: whole steps, first come first served
+    assert run(QuantumGpu(0.0, 10.0), steps) == {"long": pytest.approx(1.0), "short": pytest.approx(1.1)}
+    # 0.05 s turns: short joins at 0.1 (long's turn ends at 0.15), runs 0.15-0.2, long's turn,
+    # short again 0.25-0.3; long ends at 1.1 (work conserved)
+    ends = run(QuantumGpu(0.0, 0.05), steps)
+    assert ends["short"] == pytest.approx(0.3) and ends["long"] == pytest.approx(1.1)
+    # alone, host + device whatever the quantum
+    assert run(QuantumGpu(0.2, 0.01), {"a": (1.0, 0.06, 0.5)})["a"] == pytest.approx(1.56)
+    with pytest.raises(ValueError):
+        QuantumGpu(0.0, 0.0)

@@ -16,11 +16,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import Protocol
 
 from proxy.sim.perf import Profile, SharedGpu
 
 # Work left below this (seconds of GPU) counts as done: float residue of the shares.
 _EPS = 1e-12
+
+
+class GpuSteps(Protocol):
+    """The engines' steps on their GPU(s), for a virtual-time loop."""
+
+    def submit(self, key: Hashable, now: float, host: float, device: float) -> None: ...
+    def busy(self, key: Hashable) -> bool: ...
+    def next_event(self) -> float: ...
+    def done(self, now: float) -> list[Hashable]: ...
 
 
 class TimeSlicedGpu:
@@ -178,7 +188,7 @@ class WholeSteps:
         return out
 
 
-def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> TimeSlicedGpu | WholeSteps:
+def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> GpuSteps:
     """The GPU(s) ``engines`` engine processes run on, shared as ``profile.gpu_sharing`` says."""
     if profile.gpu_sharing == "slices-overlap" and (shared or engines == 1):
         # the overlap of a step's host and GPU time holds for an engine alone as well

@@ -7,10 +7,10 @@ import math
 import pytest
 
 from proxy.sim import perf
-from proxy.sim.gpu_share import TimeSlicedGpu, WholeSteps, gpu_pool
+from proxy.sim.gpu_share import GpuSteps, QuantumGpu, TimeSlicedGpu, WholeSteps, gpu_pool
 
 
-def run(gpu: TimeSlicedGpu | WholeSteps, steps: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+def run(gpu: GpuSteps, steps: dict[str, tuple[float, float, float]]) -> dict[str, float]:
     """Issue each key's (at, host, device) step and drive the GPU: each key's end."""
     pending = sorted(steps.items(), key=lambda kv: kv[1][0])
     ends: dict[str, float] = {}
@@ -84,7 +84,6 @@ def test_overlap_ends_a_step_at_the_later_of_host_and_gpu_time() -> None:
 
 
 def test_quanta_between_whole_steps_and_equal_shares() -> None:
-    from proxy.sim.gpu_share import QuantumGpu
     steps = {"long": (0.0, 0.0, 1.0), "short": (0.1, 0.0, 0.1)}
     # a quantum longer than any step: whole steps, first come first served
     assert run(QuantumGpu(0.0, 10.0), steps) == {"long": pytest.approx(1.0), "short": pytest.approx(1.1)}

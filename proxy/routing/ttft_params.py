@@ -87,7 +87,8 @@ class TtftParams:
     # ids and text) first rounds identical, later rounds TTFT p95 0.65-1.04x with reuse kept
     # (67-69% -> 71-74% where the rule without it lost it); seeds 5-12 (ids): later rounds p95
     # geometric mean 0.90x (0.69-1.37x, 14 of 16 at or under 1.0x), p50 0.77x, reuse 75-76%
-    # against 68-73%; at 4.5/s identical.
+    # against 68-73%; at 4.5/s identical. As the default on run 43's cell (GPU run 44): 1.03x,
+    # neither rule spilled there.
     own_at_least_ahead: bool = True
     # Place a new group where the groups already placed since the worker's cache last started empty
     # bring the least traffic (their decayed request counts, ``ttft_popularity.py``), before the

@@ -1,15 +1,19 @@
-"""One GPU that several engine processes share, as the driver time-slices their contexts: each
-engine with a step on the GPU gets an equal share of it (processor sharing), so a short decode
-step of a lightly loaded engine runs beside a long prefill step of a busy one instead of waiting
-for all of it (``perf.SharedGpu``, first come first served, makes it wait).
+"""How engine processes on one GPU share it, for a virtual-time loop (``loadtests/fidelity.py``'s
+replay): ``gpu_pool`` picks by ``Profile.gpu_sharing``.
 
-For the virtual-time loops (``loadtests/fidelity.py``, ``loadtests/routing_sim.py``): a step's end
-depends on the steps that start after it, so the loop asks ``next_event`` for the next instant
-anything changes, advances to it, and collects the steps ``done`` then. A step of ``host`` +
-``device`` seconds spends ``(1 - exclusive) x host`` on the host first (other engines' GPU work
-overlaps it), then needs ``exclusive x host + device`` seconds of the GPU: an engine launching
-kernels one by one keeps its context resident through part of its host time. Alone on the GPU a
-step takes ``host + device``, as with ``SharedGpu``.
+* ``WholeSteps`` (``fcfs``, the default): ``perf.SharedGpu`` behind this interface; each step
+  holds the GPU whole, first come first served. The GPU fleet's runs fit it best.
+* ``TimeSlicedGpu`` (``slices``): an equal share to every engine with a step on the GPU, as the
+  driver time-slices contexts; with ``overlap`` (``slices-overlap``) a step's host time also runs
+  beside its own GPU work. ``QuantumGpu`` (``quanta``): turns of at most ``gpu_quantum_s``, round
+  robin, between the two. Each measured worse than whole steps (``proxy/sim/README.md``).
+
+A step's end can depend on steps issued after it, so the loop asks ``next_event`` for the next
+instant anything changes, advances to it, and collects the steps ``done`` then. A step of
+``host`` + ``device`` seconds spends ``(1 - exclusive) x host`` on the host first (other engines'
+GPU work overlaps it), then needs ``exclusive x host + device`` seconds of the GPU: an engine
+launching kernels one by one keeps its context resident through part of its host time. Alone on
+the GPU a step takes ``host + device`` (with ``overlap``: the longer of the two).
 """
 
 from __future__ import annotations

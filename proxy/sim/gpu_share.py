@@ -38,6 +38,8 @@ class GpuSteps(Protocol):
 
 
 class TimeSlicedGpu:
+    """Processor sharing: every step on the GPU advances at 1 / (steps on it)."""
+
     def __init__(self, exclusive: float = 0.0, overlap: bool = False) -> None:
         if not 0.0 <= exclusive <= 1.0:
             raise ValueError("exclusive must be within [0, 1]")

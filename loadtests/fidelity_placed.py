@@ -1,6 +1,7 @@
 """The simulator against a real engine on routed phases: each request replayed where it really went.
 
     .venv/bin/python -m loadtests.fidelity_placed --results loadtests/results/gpu-fleet-replicas-2 [--set F=V]
+    .venv/bin/python -m loadtests.fidelity_placed --engines --phase 2805 --results loadtests/results/gpu-fleet-default-2
 
 ``loadtests/fidelity.py`` replays the phases whose placement the trace alone fixes (the oracle, one
 engine alone). A routed phase's placement is in its ``engines.jsonl`` (each engine's requests with
@@ -169,6 +170,47 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     return f"profile {profile.name}: mean |log(sim / real)| of TTFT p50 and p95 {mean:.3f}\n" + "\n".join(lines)
 
 
+def per_engine(results: Sequence[Path], profile: perf.Profile, phase: int | None = None) -> str:
+    """Per routed round and engine, real against simulated: requests, engine TTFT p50 / p95, the
+    mean decode time (first token to done) and reuse. Where a round's totals miss, this says on
+    which engine and whether in queueing (TTFT) or in decoding."""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    lines = ["| run | router | phase | engine | requests | TTFT p50 real / sim | p95 real / sim "
+             "| decode s real / sim | reuse real / sim |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in results:
+        for p in placed_phases(path):
+            if phase is not None and p.phase != phase:
+                continue
+            into: list[tuple[int, SimRequest]] = []
+            simulate(p, profile, encoder, cache, into=into)
+            # ``into`` is in arrival order, as the replay submitted them
+            order = sorted(range(len(p.at)), key=lambda k: p.at[k])
+            ttft = p.ttft
+            for engine in sorted(set(p.engine)):
+                mine = [(k, sim) for k, (n, sim) in zip(order, into, strict=True) if n == engine]
+                real_rows = [p.engine_rows[k] for k, _ in mine]
+                sims = [sim for _, sim in mine]
+                real_ttft = [ttft[k] for k, _ in mine]
+                sim_ttft = [math.inf if r.first_token_at is None else r.first_token_at - r.arrival for r in sims]
+                real_decode = [d - f for _, _, f, d in real_rows if f is not None and d is not None]
+                sim_decode = [r.finished_at - r.first_token_at for r in sims
+                              if r.first_token_at is not None and r.finished_at is not None]
+                prompt = sum(r[0] for r in real_rows) or 1
+                sim_prompt = sum(len(r.input_ids) for r in sims) or 1
+                lines.append(
+                    f"| {path.name} | {p.router} | {p.phase} | {engine} | {len(mine)} "
+                    f"| {pct(real_ttft, 0.5):.2f} / {pct(sim_ttft, 0.5):.2f} "
+                    f"| {pct(real_ttft, 0.95):.2f} / {pct(sim_ttft, 0.95):.2f} "
+                    f"| {_mean(real_decode):.2f} / {_mean(sim_decode):.2f} "
+                    f"| {sum(r[1] for r in real_rows) / prompt:.0%} / {sum(r.cached_tokens for r in sims) / sim_prompt:.0%} |")
+    return "\n".join(lines)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 # Rounds whose requests reached the same engines this often count as one placement repeated.
 SAME_PLACEMENT = 0.9
 
@@ -277,6 +319,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     p.add_argument("--regress", type=float, metavar="MIN_RATE", default=None,
                    help="fit one linear TTFT model on the real and on the simulated requests of phases at this rate or more")
+    p.add_argument("--engines", action="store_true",
+                   help="per routed round and engine: TTFT, decode time and reuse, real against simulated")
+    p.add_argument("--phase", type=int, default=None, help="with --engines: only this phase")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
@@ -289,6 +334,9 @@ def main() -> None:
         profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
     if a.regress is not None:
         print(regress(a.results, profile, a.regress))
+        return
+    if a.engines:
+        print(per_engine(a.results, profile, a.phase))
         return
     print(report(a.results, profile))
 

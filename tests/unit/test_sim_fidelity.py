@@ -167,3 +167,21 @@ def test_chat_phases_replay_the_prompts_the_engines_tokenized_through_the_chat_t
     simulate(first, perf.PROFILES["h200-transformers-7b"], Encoder(str(TOKENIZER)), cache)
     (prompts,) = cache.values()
     assert [len(prompts[i]) for i in first.index] == [row[0] for row in first.engine_rows]
+
+
+def test_the_per_engine_table_splits_a_round_by_the_engine_each_request_reached() -> None:
+    from pathlib import Path
+
+    from loadtests.fidelity_placed import per_engine, placed_phases
+
+    results = Path(fidelity.__file__).parent / "results" / "gpu-fleet-default-2"
+    phase = placed_phases(results)[0]
+    table = per_engine([results], perf.PROFILES["h200-transformers-7b"], phase.phase)
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    assert [int(r[3]) for r in rows] == sorted(set(phase.engine))
+    assert sum(int(r[4]) for r in rows) == len(phase.engine)
+    for r in rows:
+        engine = int(r[3])
+        real = [row for row, n in zip(phase.engine_rows, phase.engine, strict=True) if n == engine]
+        reuse = sum(row[1] for row in real) / sum(row[0] for row in real)
+        assert r[8].split("/")[0].strip() == f"{reuse:.0%}"

@@ -32,7 +32,6 @@ class GpuSteps(Protocol):
     """The engines' steps on their GPU(s), for a virtual-time loop."""
 
     def submit(self, key: Hashable, now: float, host: float, device: float) -> None: ...
-    def busy(self, key: Hashable) -> bool: ...
     def next_event(self) -> float: ...
     def done(self, now: float) -> list[Hashable]: ...
 
@@ -61,9 +60,6 @@ class TimeSlicedGpu:
         else:
             ready = now + (1.0 - self.exclusive) * host
             self._steps[key] = [self.exclusive * host + device, ready, ready]
-
-    def busy(self, key: Hashable) -> bool:
-        return key in self._steps
 
     def _on_gpu(self, now: float) -> list[list[float]]:
         return [s for s in self._steps.values() if s[1] <= now and s[0] > _EPS]
@@ -119,9 +115,6 @@ class QuantumGpu:
             raise ValueError(f"{key!r} already has a step on the GPU")
         self._steps[key] = [self.exclusive * host + device, now + (1.0 - self.exclusive) * host]
         self._join(now)
-
-    def busy(self, key: Hashable) -> bool:
-        return key in self._steps
 
     def _join(self, now: float) -> None:
         """Steps whose host part has ended queue for the GPU, in the order they got there."""
@@ -180,9 +173,6 @@ class WholeSteps:
             raise ValueError(f"{key!r} already has a step on the GPU")
         gpu = self._one or self._gpus.setdefault(key, SharedGpu(self._exclusive))
         self._ends[key] = gpu.reserve(now, host, device)
-
-    def busy(self, key: Hashable) -> bool:
-        return key in self._ends
 
     def next_event(self) -> float:
         return min(self._ends.values(), default=math.inf)

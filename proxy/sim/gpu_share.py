@@ -186,13 +186,16 @@ class WholeSteps:
 
 def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> GpuSteps:
     """The GPU(s) ``engines`` engine processes run on, shared as ``profile.gpu_sharing`` says."""
-    if profile.gpu_sharing == "slices-overlap" and (shared or engines == 1):
+    sharing = profile.gpu_sharing
+    if sharing not in ("fcfs", "slices", "slices-overlap", "quanta"):
+        raise ValueError(f"gpu_sharing: {sharing!r} is none of fcfs, slices, slices-overlap, quanta")
+    if sharing == "slices-overlap":
         # the overlap of a step's host and GPU time holds for an engine alone as well
+        if not shared and engines > 1:
+            raise ValueError("gpu_sharing slices-overlap: one GPU for every engine only")
         return TimeSlicedGpu(profile.gpu_exclusive_host, overlap=True)
-    if shared and engines > 1 and profile.gpu_sharing == "slices":
+    if shared and engines > 1 and sharing == "slices":
         return TimeSlicedGpu(profile.gpu_exclusive_host)
-    if shared and engines > 1 and profile.gpu_sharing == "quanta":
+    if shared and engines > 1 and sharing == "quanta":
         return QuantumGpu(profile.gpu_exclusive_host, profile.gpu_quantum_s)
-    if profile.gpu_sharing not in ("fcfs", "slices", "slices-overlap", "quanta"):
-        raise ValueError(f"gpu_sharing: {profile.gpu_sharing!r} is neither fcfs nor slices")
     return WholeSteps(profile.gpu_exclusive_host, shared)

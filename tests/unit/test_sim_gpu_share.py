@@ -80,6 +80,8 @@ def test_overlap_ends_a_step_at_the_later_of_host_and_gpu_time() -> None:
     profile = dataclasses.replace(perf.PROFILES["h200-transformers-7b"], gpu_sharing="slices-overlap")
     lone = gpu_pool(profile, 1)
     assert isinstance(lone, TimeSlicedGpu) and lone.overlap
+    with pytest.raises(ValueError, match="one GPU for every engine"):
+        gpu_pool(profile, 4, shared=False)
 
 
 def test_quanta_between_whole_steps_and_equal_shares() -> None:

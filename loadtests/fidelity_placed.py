@@ -283,32 +283,86 @@ def _features(rows: Sequence[Row]) -> tuple[list[list[float]], list[float]]:
     return x, y
 
 
+def _itl_features(rows: Sequence[Row], tokens: int, samples: int = 10) -> tuple[list[list[float]], list[float]]:
+    """Per request of one phase that decoded: [1, requests decoding on its own engine, decoding on
+    the others, waiting for a first token on its own, waiting on the others], each averaged over
+    ``samples`` instants inside its decode, and its time per output token. Engines that share a
+    GPU slow each other: the split says by how much, against what each engine's own batch costs."""
+    starts: dict[int, list[float]] = {}
+    ends: dict[int, list[float]] = {}
+    arrivals: dict[int, list[float]] = {}
+    for engine, at, first, done, _, _ in rows:
+        arrivals.setdefault(engine, []).append(at)
+        if first is not None:
+            starts.setdefault(engine, []).append(first)
+            ends.setdefault(engine, []).append(done if done is not None else math.inf)
+    for table in (starts, ends, arrivals):
+        for times in table.values():
+            times.sort()
+
+    def count(table: dict[int, list[float]], engine: int, t: float) -> int:
+        return bisect.bisect_right(table.get(engine, []), t)
+
+    x, y = [], []
+    for engine, _, first, done, _, _ in rows:
+        if first is None or done is None or done <= first:
+            continue
+        sums = [0.0, 0.0, 0.0, 0.0]
+        for i in range(1, samples + 1):
+            t = first + (done - first) * i / (samples + 1)
+            for e in arrivals:
+                decoding = count(starts, e, t) - count(ends, e, t)
+                waiting = count(arrivals, e, t) - count(starts, e, t)
+                own = 0 if e == engine else 1
+                sums[own] += decoding
+                sums[2 + own] += waiting
+        x.append([1.0, *(v / samples for v in sums)])
+        y.append((done - first) / max(1, tokens - 1))
+    return x, y
+
+
 def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> str:
     """The same linear TTFT model fitted on the real engines' requests and on their placed replays
     (phases at ``min_rate`` or more): where the percentiles agree, do the costs? (The ``ttft``
     policy learns these; a simulator whose prefill is cheap next to its queueing teaches it to
-    spill.)"""
+    spill.) Then the time per output token split by whose requests share the GPU (phases of
+    several engines)."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     real: list[Row] = []
     sim: list[Row] = []
+    itl: dict[str, tuple[list[list[float]], list[float]]] = {"real": ([], []), "sim": ([], [])}
     for path in results:
         for p in placed_phases(path):
             if p.rate < min_rate:
                 continue
             base = len({r[0] for r in real + sim}) + 1000  # engines of different phases never mix
-            real.extend((base + e, at, first, done, prompt, cached)
-                        for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True))
+            phase_real = [(base + e, at, first, done, prompt, cached)
+                          for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
             got: list[tuple[int, SimRequest]] = []
             simulate(p, profile, encoder, cache, into=got)
-            sim.extend((base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
-                       for e, r in got)
+            phase_sim = [(base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
+                         for e, r in got]
+            real.extend(phase_real)
+            sim.extend(phase_sim)
+            if p.cell["workers"] > 1:
+                tokens = Shape(**p.cell["shape"]).output_tokens
+                for name, rows in (("real", phase_real), ("sim", phase_sim)):
+                    fx, fy = _itl_features(rows, tokens)
+                    itl[name][0].extend(fx)
+                    itl[name][1].extend(fy)
     lines = [f"engine TTFT ~ c0 + per 1,000 uncached tokens + per 10 running + per 10 waiting (phases >= {min_rate:g}/s)"]
     for name, rows in (("real", real), ("sim", sim)):
         x, y = _features(rows)
         c = (least_squares(x, y) if x else None) or [math.nan] * 4
         lines.append(f"{name}: {len(y)} requests; c0 {c[0]:.3f} s, {c[1]:.3f} s per 1,000 uncached, "
                      f"{c[2]:.3f} s per 10 running, {c[3]:.3f} s per 10 waiting")
+    lines.append("time per output token ~ c0 + per request decoding on its engine / on the others "
+                 "+ per request waiting there / on the others (ms)")
+    for name, (x, y) in itl.items():
+        c = (least_squares(x, y) if x else None) or [math.nan] * 5
+        lines.append(f"{name}: {len(y)} requests, mean {1000 * _mean(y):.0f}; c0 {1000 * c[0]:.0f}, decoding "
+                     f"{1000 * c[1]:.1f} / {1000 * c[2]:.1f}, waiting {1000 * c[3]:.1f} / {1000 * c[4]:.1f}")
     return "\n".join(lines)
 
 

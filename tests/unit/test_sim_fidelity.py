@@ -132,6 +132,22 @@ def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
     assert p95 == float("inf")
 
 
+def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
+    from loadtests.fidelity_placed import _itl_features
+
+    # (engine, at, first, done, prompt, cached). A decodes over 1-12 s on engine 0 with 9 tokens
+    # after its first (1.375 s each); B decodes beside it on engine 0 over 0-20 s; C decodes on
+    # engine 1 until 6.5 s; D waits on engine 1 from 0 s to its first token at 7 s and decodes
+    # until 30 s; E never gets a first token on engine 0 (waits throughout).
+    rows = [(0, 0.5, 1.0, 12.0, 3000, 0), (0, 0.0, 0.0, 20.0, 3000, 0), (1, 0.0, 0.5, 6.5, 3000, 0),
+            (1, 0.0, 7.0, 30.0, 3000, 0), (0, 0.0, None, None, 3000, 0)]
+    x, y = _itl_features(rows, tokens=9, samples=10)
+    assert len(x) == 4 and y[0] == pytest.approx(11.0 / 8)
+    # A's samples at 2, 3, ..., 11 s: on its engine A and B decode, E waits; on the other, C
+    # decodes at 2-6 s (5 samples) and D waits there until 7 s (5), then decodes (5 samples)
+    assert x[0] == pytest.approx([1.0, 2.0, (5 + 5) / 10, 1.0, 5 / 10])
+
+
 def test_decoding_counts_requests_between_first_token_and_done_over_the_busy_part_of_a_phase() -> None:
     # Arrivals span 0-10 s, so the window is 4-10 s: 25 samples. A decodes throughout, B starts
     # after it, C never answered, D decodes for 4-6 s (8 samples). Per engine: two engines.

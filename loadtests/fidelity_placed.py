@@ -355,8 +355,12 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
     for name, rows in (("real", real), ("sim", sim)):
         x, y = _features(rows)
         c = (least_squares(x, y) if x else None) or [math.nan] * 4
+        # a request reaching an engine with nothing waiting and at most 3 running: the sharing of
+        # the GPU at its lightest, where no queue of its own explains the TTFT
+        idle = [t for row, t in zip(x, y, strict=True) if row[3] == 0 and row[2] <= 0.3]
         lines.append(f"{name}: {len(y)} requests; c0 {c[0]:.3f} s, {c[1]:.3f} s per 1,000 uncached, "
-                     f"{c[2]:.3f} s per 10 running, {c[3]:.3f} s per 10 waiting")
+                     f"{c[2]:.3f} s per 10 running, {c[3]:.3f} s per 10 waiting; "
+                     f"median at an idle engine {pct(idle, 0.5):.3f} s ({len(idle)})")
     lines.append("time per output token ~ c0 + per request decoding on its engine / on the others "
                  "+ per request waiting there / on the others (ms)")
     for name, (x, y) in itl.items():

@@ -332,25 +332,23 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
     real: list[Row] = []
     sim: list[Row] = []
     itl: dict[str, tuple[list[list[float]], list[float]]] = {"real": ([], []), "sim": ([], [])}
-    for path in results:
-        for p in placed_phases(path):
-            if p.rate < min_rate:
-                continue
-            base = len({r[0] for r in real + sim}) + 1000  # engines of different phases never mix
-            phase_real = [(base + e, at, first, done, prompt, cached)
-                          for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
-            got: list[tuple[int, SimRequest]] = []
-            simulate(p, profile, encoder, cache, into=got)
-            phase_sim = [(base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
-                         for e, r in got]
-            real.extend(phase_real)
-            sim.extend(phase_sim)
-            if p.cell["workers"] > 1:
-                tokens = Shape(**p.cell["shape"]).output_tokens
-                for name, rows in (("real", phase_real), ("sim", phase_sim)):
-                    fx, fy = _itl_features(rows, tokens)
-                    itl[name][0].extend(fx)
-                    itl[name][1].extend(fy)
+    phases = (p for path in results for p in placed_phases(path) if p.rate >= min_rate)
+    for n, p in enumerate(phases):
+        base = 1000 * (n + 1)  # engines of different phases never mix
+        phase_real = [(base + e, at, first, done, prompt, cached)
+                      for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
+        got: list[tuple[int, SimRequest]] = []
+        simulate(p, profile, encoder, cache, into=got)
+        phase_sim = [(base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
+                     for e, r in got]
+        real.extend(phase_real)
+        sim.extend(phase_sim)
+        if p.cell["workers"] > 1:
+            tokens = Shape(**p.cell["shape"]).output_tokens
+            for name, rows in (("real", phase_real), ("sim", phase_sim)):
+                fx, fy = _itl_features(rows, tokens)
+                itl[name][0].extend(fx)
+                itl[name][1].extend(fy)
     lines = [f"engine TTFT ~ c0 + per 1,000 uncached tokens + per 10 running + per 10 waiting (phases >= {min_rate:g}/s)"]
     for name, rows in (("real", real), ("sim", sim)):
         x, y = _features(rows)

@@ -55,6 +55,34 @@ HEALTH_PROBE_S = 20.0  # SGLang's /health probe timeout
 LOOP_DEAD = "generation loop not running"
 
 
+class StepTimes:
+    """When the engine's steps ended, from the outputs they produced: a step streams one output per
+    request it advanced, all at once, so outputs less than ``gap_s`` apart are one step (20 ms:
+    over Python's 5 ms thread switch, which can pause the drain, and under the engine's 60 ms a
+    step). Each entry is [the step's first output (perf_counter s), outputs in it]. Steps that
+    produced no output (a prefill chunk that did not finish its prompt) are not seen.
+    Thread-safe: marked by the dispatch thread, drained by the server's loop."""
+
+    def __init__(self, gap_s: float = 0.02, maxlen: int = 100_000) -> None:
+        self.gap_s = gap_s
+        self._steps: deque[list[float]] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def mark(self, now: float) -> None:
+        with self._lock:
+            if self._steps and now - self._steps[-1][2] < self.gap_s:
+                self._steps[-1][1] += 1
+                self._steps[-1][2] = now
+            else:
+                self._steps.append([now, 1, now])
+
+    def drain(self) -> list[list[float]]:
+        with self._lock:
+            out = [[round(t, 4), int(n)] for t, n, _ in self._steps]
+            self._steps.clear()
+        return out
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
@@ -110,6 +138,7 @@ class Engine:
         self.waiting: dict[str, int] = {}
         self._stop = False
         self.last_output = time.monotonic()  # the engine's last sign of progress (an output, or idle)
+        self.steps = StepTimes()  # for /bench/trace: how the engine processes sharing a GPU interleave
         threading.Thread(target=self._dispatch, daemon=True).start()
 
     def unhealthy(self) -> str | None:
@@ -140,6 +169,7 @@ class Engine:
                 continue
             if out is None:
                 continue
+            self.steps.mark(time.perf_counter())
             self.last_output = time.monotonic()
             with self.lock:
                 target = self.queues.get(out.request_id)
@@ -304,7 +334,8 @@ class Server:
     async def bench_trace(self, _: web.Request) -> web.Response:
         doc = {"requests": list(self.trace), "timeline": list(self.timeline),
                "timeline_fields": ["t", "running", "waiting", "waiting_tokens", "free_blocks", "cached_blocks"],
-               "blocks": self.engine.total_blocks(), "block_size": self.args.block_size}
+               "blocks": self.engine.total_blocks(), "block_size": self.args.block_size,
+               "steps": self.engine.steps.drain(), "steps_fields": ["t", "outputs"]}
         self.trace.clear()
         self.timeline.clear()
         return web.json_response(doc)

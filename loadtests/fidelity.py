@@ -77,10 +77,12 @@ def decoding_mean(spans: Sequence[tuple[float, float | None, float | None]], eng
 
 def replay(prompts: list[list[int]], times: list[float], placement: list[int], n_engines: int,
            output_tokens: int, profile: perf.Profile, config: SimConfig, horizon_s: float,
-           shared_gpu: bool = True, into: list[tuple[int, SimRequest]] | None = None) -> dict[str, float]:
+           shared_gpu: bool = True, into: list[tuple[int, SimRequest]] | None = None,
+           steps_into: list[tuple[int, float, int]] | None = None) -> dict[str, float]:
     """N engines sharing one GPU on a virtual clock. A request unanswered ``horizon_s`` after the
     last arrival counts as infinitely slow, as the fleet benchmark cancels it then. ``into``
-    receives (engine, request) of every request, for per-request analysis."""
+    receives (engine, request) of every request, for per-request analysis; ``steps_into``
+    (engine, end, tokens) of every step that gave a token, as the GPU shim's step clock sees them."""
     engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
     stamps: dict[int, list[float]] = defaultdict(list)
     reqs: list[SimRequest] = []
@@ -98,8 +100,11 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
                 into.append((placement[k], req))
             k += 1
         for i in gpus.done(now):
-            for req in engines[i].scheduler.finish_step(in_flight.pop(i), now):
+            advanced = engines[i].scheduler.finish_step(in_flight.pop(i), now)
+            for req in advanced:
                 stamps[id(req)].append(now)
+            if steps_into is not None and advanced:
+                steps_into.append((i, now, len(advanced)))
         for i, e in enumerate(engines):
             if i in in_flight or not e.scheduler.has_work():
                 continue

@@ -56,6 +56,8 @@ class Placed:
     at: list[float]
     # per request, as the engine saw it: (prompt tokens, cached tokens, first token, done), s from t0
     engine_rows: list[tuple[int, int, float | None, float | None]]
+    # per engine, its steps that gave a token: (end, tokens), s from t0 (runs since gpu-fleet-steps-1)
+    steps: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> list[float]:
@@ -122,12 +124,14 @@ def placed_phases(results: Path) -> list[Placed]:
             doc["router"], doc["rate"], doc["phase"], cell, [i for i, _, _ in pairs], [n for _, n, _ in pairs],
             [q["at"] - t0 for _, _, q in pairs],
             [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
-              None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]))
+              None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs],
+            [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]]))
     return out
 
 
 def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]],
-             into: list[tuple[int, SimRequest]] | None = None) -> dict[str, float]:
+             into: list[tuple[int, SimRequest]] | None = None,
+             steps_into: list[tuple[int, float, int]] | None = None) -> dict[str, float]:
     cell, argv = p.cell, p.cell["argv"]
     shape = Shape(**cell["shape"])
     arrivals = trace(p.rate, float(argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
@@ -143,7 +147,7 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
                   cell["workers"], shape.output_tokens, profile, config,
-                  float(argv_value(argv, "--drain-s", "20")), into=into)
+                  float(argv_value(argv, "--drain-s", "20")), into=into, steps_into=steps_into)
 
 
 def report(results: Sequence[Path], profile: perf.Profile) -> str:
@@ -368,6 +372,81 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
     return "\n".join(lines)
 
 
+# A request's first token and the step that gave it are one instant on a simulated engine; on a
+# GPU engine the shim stamps them a few ms apart (two threads).
+STEP_MATCH_S = 0.03
+
+StepRow = tuple[float, int, int, int]  # duration, requests decoding through it, uncached tokens it finished, others busy
+
+
+def _covered(spans: Sequence[tuple[float, float]], t0: float, t1: float) -> bool:
+    """Whether requests in flight (arrival to done) cover all of ``t0``-``t1``."""
+    reach = t0
+    for at, done in sorted(spans):
+        if at > reach + STEP_MATCH_S:
+            break
+        reach = max(reach, done)
+    return reach >= t1 - STEP_MATCH_S
+
+
+def _step_rows(steps: Sequence[Sequence[tuple[float, int]]], rows: Sequence[Row]) -> list[StepRow]:
+    """Per interval between two consecutive token-giving steps of one engine that had work in
+    flight all along: its length, the requests that decoded through it (tokens given at its end
+    less first tokens), the uncached prompt tokens of the requests whose first token ended it, and
+    how many other engines had a request in flight at its middle. (A prefill chunk that finished
+    no prompt gives no token: its time falls in the interval of the step after it.)"""
+    by_engine: dict[int, list[Row]] = {}
+    for r in rows:
+        by_engine.setdefault(r[0], []).append(r)
+    spans = {e: [(r[1], math.inf if r[3] is None else r[3]) for r in mine] for e, mine in by_engine.items()}
+    out: list[StepRow] = []
+    for e, st in enumerate(steps):
+        mine = by_engine.get(e, [])
+        for (t0, _), (t1, tokens) in itertools.pairwise(st):
+            if not _covered(spans.get(e, []), t0, t1):
+                continue  # idle for part of it
+            first = [r for r in mine if r[2] is not None and abs(r[2] - t1) <= STEP_MATCH_S]
+            mid = (t0 + t1) / 2
+            busy = sum(1 for o, sp in spans.items() if o != e and any(at < mid < done for at, done in sp))
+            out.append((t1 - t0, max(0, tokens - len(first)), sum(r[4] - r[5] for r in first), busy))
+    return out
+
+
+def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
+    """What one engine step costs, by what is in it and how many other engine processes share the
+    GPU meanwhile, on the GPU engines (their shim's step clock) and on the replay of the same
+    placements: step seconds ~ c0 + per request decoding + per 1,000 uncached tokens prefilled."""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    got: dict[str, list[StepRow]] = {"real": [], "sim": []}
+    for path in results:
+        for p in placed_phases(path):
+            if not any(p.steps):
+                continue
+            real_rows = [(e, at, first, done, prompt, cached)
+                         for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
+            got["real"] += _step_rows(p.steps, real_rows)
+            into: list[tuple[int, SimRequest]] = []
+            sim_steps: list[tuple[int, float, int]] = []
+            simulate(p, profile, encoder, cache, into=into, steps_into=sim_steps)
+            per_engine: list[list[tuple[float, int]]] = [[] for _ in range(p.cell["workers"])]
+            for e, t, n in sim_steps:
+                per_engine[e].append((t, n))
+            sim_rows = [(e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
+                        for e, r in into]
+            got["sim"] += _step_rows(per_engine, sim_rows)
+    lines = ["| other engines busy | side | steps | median ms | c0 ms | ms per request decoding "
+             "| ms per 1,000 uncached tokens |", "|---|---|---|---|---|---|---|"]
+    for busy in range(4):
+        for side, rows in got.items():
+            mine = [r for r in rows if r[3] == busy]
+            c = (least_squares([[1.0, r[1], r[2] / 1000] for r in mine], [r[0] for r in mine])
+                 if len(mine) >= 10 else None) or [math.nan] * 3
+            lines.append(f"| {busy} | {side} | {len(mine)} | {1000 * pct([r[0] for r in mine], 0.5):.0f} | "
+                         f"{1000 * c[0]:.0f} | {1000 * c[1]:.1f} | {1000 * c[2]:.0f} |")
+    return f"profile {profile.name}\n" + "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", required=True)
@@ -378,6 +457,9 @@ def main() -> None:
     p.add_argument("--engines", action="store_true",
                    help="per routed round and engine: TTFT, decode time and reuse, real against simulated")
     p.add_argument("--phase", type=int, default=None, help="with --engines: only this phase")
+    p.add_argument("--steps", action="store_true",
+                   help="step cost by its content and the engines sharing the GPU, real against simulated "
+                        "(runs whose shim recorded its steps)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
@@ -388,6 +470,9 @@ def main() -> None:
     for item in a.set:
         key, value = item.split("=", 1)
         profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    if a.steps:
+        print(steps_report(a.results, profile))
+        return
     if a.regress is not None:
         print(regress(a.results, profile, a.regress))
         return

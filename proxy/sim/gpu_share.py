@@ -3,10 +3,13 @@ replay): ``gpu_pool`` picks by ``Profile.gpu_sharing``.
 
 * ``WholeSteps`` (``fcfs``, the default): ``perf.SharedGpu`` behind this interface; each step
   holds the GPU whole, first come first served. The GPU fleet's runs fit it best.
-* ``TimeSlicedGpu`` (``slices``): an equal share to every engine with a step on the GPU, as the
-  driver time-slices contexts; with ``overlap`` (``slices-overlap``) a step's host time also runs
-  beside its own GPU work. ``QuantumGpu`` (``quanta``): turns of at most ``gpu_quantum_s``, round
-  robin, between the two. Each measured worse than whole steps (``proxy/sim/README.md``).
+* ``TimeSlicedGpu`` (``slices``): a share to every engine with a step on the GPU, as the driver
+  time-slices contexts: equal, or weighted by the step's GPU seconds ** ``gpu_share_exponent``;
+  with ``overlap`` (``slices-overlap``) a step's host time also runs beside its own GPU work.
+  ``QuantumGpu`` (``quanta``): turns of at most ``gpu_quantum_s``, round robin, between whole
+  steps and equal shares. Weighted slices (profile ``h200-transformers-7b-slices``) match the GPU
+  engines' own step clock; equal shares, overlap and quanta measured worse than whole steps
+  (``proxy/sim/README.md``).
 
 A step's end can depend on steps issued after it, so the loop asks ``next_event`` for the next
 instant anything changes, advances to it, and collects the steps ``done`` then. A step of
@@ -39,10 +42,14 @@ class GpuSteps(Protocol):
 class TimeSlicedGpu:
     """Processor sharing: every step on the GPU advances at 1 / (steps on it)."""
 
-    def __init__(self, exclusive: float = 0.0, overlap: bool = False) -> None:
+    def __init__(self, exclusive: float = 0.0, overlap: bool = False, exponent: float = 0.0) -> None:
         if not 0.0 <= exclusive <= 1.0:
             raise ValueError("exclusive must be within [0, 1]")
         self.exclusive = exclusive
+        # a step's share weighs (its GPU seconds) ** exponent: 0 equal shares; above 0 a step of
+        # big kernels (a prefill) keeps the GPU longer per turn than one of small ones (decodes)
+        self.exponent = exponent
+        self._weight: dict[Hashable, float] = {}
         # overlap: a step's GPU work starts as it is issued and its host time runs beside it (the
         # engine launches kernels asynchronously); it ends at the later of the two
         self.overlap = overlap
@@ -60,16 +67,18 @@ class TimeSlicedGpu:
         else:
             ready = now + (1.0 - self.exclusive) * host
             self._steps[key] = [self.exclusive * host + device, ready, ready]
+        self._weight[key] = max(self._steps[key][0], 1e-6) ** self.exponent
 
-    def _on_gpu(self, now: float) -> list[list[float]]:
-        return [s for s in self._steps.values() if s[1] <= now and s[0] > _EPS]
+    def _on_gpu(self, now: float) -> list[tuple[list[float], float]]:
+        return [(s, self._weight[k]) for k, s in self._steps.items() if s[1] <= now and s[0] > _EPS]
 
     def next_event(self) -> float:
         """The next instant a step ends or joins the GPU (inf: nothing in flight)."""
         now = self._now
         waiting = [ready for _, ready, _ in self._steps.values() if ready > now]
         on = self._on_gpu(now)
-        ends = [now + min(s[0] for s in on) * len(on)] if on else []
+        total = sum(w for _, w in on)
+        ends = [now + min(s[0] * total / w for s, w in on)] if on else []
         # a step with no GPU work left ends when its host part does
         ends += [end for left, _, end in self._steps.values() if left <= _EPS]
         return min(waiting + ends, default=math.inf)
@@ -81,8 +90,9 @@ class TimeSlicedGpu:
             return
         if self._now > -math.inf:
             on = self._on_gpu(self._now)
-            for step in on:
-                step[0] = max(0.0, step[0] - (now - self._now) / len(on))
+            total = sum(w for _, w in on)
+            for step, w in on:
+                step[0] = max(0.0, step[0] - (now - self._now) * w / total)
         self._now = now
 
     def done(self, now: float) -> list[Hashable]:
@@ -91,6 +101,7 @@ class TimeSlicedGpu:
         out = [k for k, (left, _, end) in self._steps.items() if left <= _EPS and end <= now]
         for k in out:
             del self._steps[k]
+            del self._weight[k]
         return out
 
 
@@ -195,7 +206,7 @@ def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> GpuSteps:
             raise ValueError("gpu_sharing slices-overlap: one GPU for every engine only")
         return TimeSlicedGpu(profile.gpu_exclusive_host, overlap=True)
     if shared and engines > 1 and sharing == "slices":
-        return TimeSlicedGpu(profile.gpu_exclusive_host)
+        return TimeSlicedGpu(profile.gpu_exclusive_host, exponent=profile.gpu_share_exponent)
     if shared and engines > 1 and sharing == "quanta":
         return QuantumGpu(profile.gpu_exclusive_host, profile.gpu_quantum_s)
     return WholeSteps(profile.gpu_exclusive_host, shared)

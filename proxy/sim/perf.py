@@ -20,6 +20,7 @@ proxy/sim/README.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,9 +102,12 @@ class Profile:
     # How engine processes on one GPU share it: "fcfs" (SharedGpu: whole steps, first come first
     # served), "slices" (gpu_share.TimeSlicedGpu: an equal share each, as the driver time-slices
     # contexts) or "slices-overlap" (and a step's host time beside its own GPU work). The last
-    # two in the virtual-time loops only; both measured worse than fcfs (proxy/sim/README.md).
+    # two in the virtual-time replays only; weighted slices match the GPU's step clock
+    # (h200-transformers-7b-slices), the others measured worse than fcfs (proxy/sim/README.md).
     gpu_sharing: str = "fcfs"
     gpu_quantum_s: float = 0.05  # "quanta": the longest a step holds the GPU before the next in turn
+    # "slices": a step's share weighs (its GPU seconds) ** this (0: equal shares)
+    gpu_share_exponent: float = 0.0
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False
     # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,
@@ -232,3 +236,14 @@ PROFILES: dict[str, Profile] = {
         Profile("zero", LLAMA_31_8B, H100_SXM, mfu=0.0, bw_eff=0.0, step_overhead_s=0.0),
     )
 }
+
+# The served engine above with the GPU shared as its engines' step clock shows it (gpu-fleet-steps-1/2,
+# `fidelity_placed --steps`): beside three busy engines a step's fixed host cost stays what it is
+# alone, while its per-request and per-prefill-token costs grow 2.7-3.7x; time slices (shares
+# weighted by each step's GPU seconds ** 0.3, all per-sequence cost GPU work, no host time holding
+# the GPU) reproduce that, where whole steps turn the sharing into a fixed wait. Alone it is the
+# profile above. Only the virtual-time replays (loadtests/fidelity*.py) slice the GPU; the routing
+# simulator's loop (loadtests/routing_sim.py) takes whole steps whatever the profile says.
+PROFILES["h200-transformers-7b-slices"] = dataclasses.replace(
+    PROFILES["h200-transformers-7b"], name="h200-transformers-7b-slices", gpu_sharing="slices",
+    gpu_exclusive_host=0.0, seq_gpu_share=1.0, gpu_share_exponent=0.3)

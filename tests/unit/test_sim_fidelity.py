@@ -201,3 +201,20 @@ def test_the_per_engine_table_splits_a_round_by_the_engine_each_request_reached(
         real = [row for row, n in zip(phase.engine_rows, phase.engine, strict=True) if n == engine]
         reuse = sum(row[1] for row in real) / sum(row[0] for row in real)
         assert r[8].split("/")[0].strip() == f"{reuse:.0%}"
+
+
+def test_step_intervals_count_what_decoded_through_them_and_what_they_prefilled() -> None:
+    from loadtests.fidelity_placed import _step_rows
+
+    # (engine, at, first, done, prompt, cached). Engine 0 steps at 1.0, 1.2, 1.5 and (idle from
+    # 2.0) 3.0 s: A arrives at 0.8, first token at 1.0, done at 2.0; B arrives at 1.1 and gets its
+    # first token from the step ending 1.5 (2,000 of 2,500 tokens uncached); C arrives at 2.5.
+    # Engine 1 has D in flight from 0 to 1.4 s, so it is busy at the middle of 1.0-1.2 only.
+    rows = [(0, 0.8, 1.0, 2.0, 1000, 0), (0, 1.1, 1.5, 2.0, 2500, 500), (0, 2.5, 3.0, 4.0, 900, 0),
+            (1, 0.0, 0.2, 1.4, 1000, 0)]
+    steps = [[(1.0, 1), (1.2, 1), (1.5, 2), (3.0, 1)], [(0.2, 1)]]
+    got = _step_rows(steps, rows)
+    # 1.0-1.2: A decodes, D on engine 1 is in flight at 1.1; 1.2-1.5: A decodes, B's first token
+    # ends it (2,000 uncached), engine 1's D ended at 1.4, after the middle 1.35; 1.5-3.0 is
+    # left out: nothing was in flight on engine 0 from 2.0 to 2.5
+    assert got == [(pytest.approx(0.2), 1, 0, 1), (pytest.approx(0.3), 1, 2000, 1)]

@@ -42,6 +42,18 @@ def test_time_slices_let_a_short_step_pass_a_long_one() -> None:
     assert whole["short"] == pytest.approx(1.1) and whole["long"] == pytest.approx(1.0)
 
 
+def test_weighted_slices_give_a_step_of_more_gpu_work_a_larger_share() -> None:
+    steps = {"prefill": (0.0, 0.0, 4.0), "decode": (0.0, 0.0, 1.0)}
+    equal = run(TimeSlicedGpu(0.0), steps)
+    assert equal["decode"] == pytest.approx(2.0) and equal["prefill"] == pytest.approx(5.0)
+    # weights 4 ** 0.5 = 2 and 1: the prefill runs at 2/3, the decode at 1/3 until it ends at 3
+    weighted = run(TimeSlicedGpu(0.0, exponent=0.5), steps)
+    assert weighted["decode"] == pytest.approx(3.0) and weighted["prefill"] == pytest.approx(5.0)
+    # exponent 1: shares in proportion to the work, so both end together (work conserved)
+    both = run(TimeSlicedGpu(0.0, exponent=1.0), steps)
+    assert both["decode"] == pytest.approx(5.0) and both["prefill"] == pytest.approx(5.0)
+
+
 def test_host_time_overlaps_other_engines_gpu_work() -> None:
     # exclusive 0.5: b's 0.2 s of host time is half on the host alone (0.1) then half on the GPU
     ends = run(TimeSlicedGpu(0.5), {"a": (0.0, 0.0, 1.0), "b": (0.0, 0.2, 0.0)})

@@ -412,10 +412,14 @@ def _step_rows(steps: Sequence[Sequence[tuple[float, int]]], rows: Sequence[Row]
     return out
 
 
-def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
+StepCost = tuple[int, float, float, float, float]  # steps, median s, c0 s, s per request decoding, s per 1,000 tokens
+
+
+def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int, str], StepCost]:
     """What one engine step costs, by what is in it and how many other engine processes share the
     GPU meanwhile, on the GPU engines (their shim's step clock) and on the replay of the same
-    placements: step seconds ~ c0 + per request decoding + per 1,000 uncached tokens prefilled."""
+    placements: step seconds ~ c0 + per request decoding + per 1,000 uncached tokens prefilled.
+    Keyed by (other engines busy, "real" or "sim")."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     got: dict[str, list[StepRow]] = {"real": [], "sim": []}
@@ -435,15 +439,22 @@ def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
             sim_rows = [(e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
                         for e, r in into]
             got["sim"] += _step_rows(per_engine, sim_rows)
-    lines = ["| other engines busy | side | steps | median ms | c0 ms | ms per request decoding "
-             "| ms per 1,000 uncached tokens |", "|---|---|---|---|---|---|---|"]
+    out: dict[tuple[int, str], StepCost] = {}
     for busy in range(4):
         for side, rows in got.items():
             mine = [r for r in rows if r[3] == busy]
             c = (least_squares([[1.0, r[1], r[2] / 1000] for r in mine], [r[0] for r in mine])
                  if len(mine) >= 10 else None) or [math.nan] * 3
-            lines.append(f"| {busy} | {side} | {len(mine)} | {1000 * pct([r[0] for r in mine], 0.5):.0f} | "
-                         f"{1000 * c[0]:.0f} | {1000 * c[1]:.1f} | {1000 * c[2]:.0f} |")
+            out[(busy, side)] = (len(mine), pct([r[0] for r in mine], 0.5), c[0], c[1], c[2])
+    return out
+
+
+def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
+    lines = ["| other engines busy | side | steps | median ms | c0 ms | ms per request decoding "
+             "| ms per 1,000 uncached tokens |", "|---|---|---|---|---|---|---|"]
+    for (busy, side), (n, median, c0, dec, tokens) in step_costs(results, profile).items():
+        lines.append(f"| {busy} | {side} | {n} | {1000 * median:.0f} | {1000 * c0:.0f} | {1000 * dec:.1f} | "
+                     f"{1000 * tokens:.0f} |")
     return f"profile {profile.name}\n" + "\n".join(lines)
 
 

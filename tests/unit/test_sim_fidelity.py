@@ -218,3 +218,24 @@ def test_step_intervals_count_what_decoded_through_them_and_what_they_prefilled(
     # ends it (2,000 uncached), engine 1's D ended at 1.4, after the middle 1.35; 1.5-3.0 is
     # left out: nothing was in flight on engine 0 from 2.0 to 2.5
     assert got == [(pytest.approx(0.2), 1, 0, 1), (pytest.approx(0.3), 1, 2000, 1)]
+
+
+def test_weighted_time_slices_cost_a_shared_step_as_the_gpu_engines_step_clock_does() -> None:
+    from pathlib import Path
+
+    from loadtests.fidelity_placed import step_costs
+
+    # runs 51-52: four engines on one H200 (the oracle at 4.5 and 6/s) and one engine alone, each
+    # step's end recorded by the shim. Beside three busy engines a real step kept its fixed cost
+    # (~75 ms; 71 alone) and paid ~3.7x per request decoding and ~2.7x per uncached token.
+    results = [Path(fidelity.__file__).parent / "results" / f"gpu-fleet-steps-{n}" for n in (1, 2)]
+    slices = step_costs(results, perf.PROFILES["h200-transformers-7b-slices"])
+    whole = step_costs(results, perf.PROFILES["h200-transformers-7b"])
+    _, _, c0, dec, tokens = slices[(3, "real")]
+    assert whole[(3, "real")] == slices[(3, "real")]  # the real side does not depend on the model
+    assert 0.05 < c0 < 0.1 and dec > 2.5 * slices[(0, "real")][3] and tokens > 2 * slices[(0, "real")][4]
+    # the slices profile: every term within 30% of the real one; whole steps: a fixed wait over
+    # twice the real one and under two thirds of its per-request and per-token costs
+    for k in (2, 3, 4):
+        assert abs(slices[(3, "sim")][k] / slices[(3, "real")][k] - 1) <= 0.3, (k, slices)
+    assert whole[(3, "sim")][2] > 2 * c0 and whole[(3, "sim")][3] < 0.67 * dec and whole[(3, "sim")][4] < 0.67 * tokens

@@ -40,7 +40,8 @@ class GpuSteps(Protocol):
 
 
 class TimeSlicedGpu:
-    """Processor sharing: every step on the GPU advances at 1 / (steps on it)."""
+    """Processor sharing: every step on the GPU advances at its weight over the sum of the
+    weights of the steps on it (equal shares with ``exponent`` 0)."""
 
     def __init__(self, exclusive: float = 0.0, overlap: bool = False, exponent: float = 0.0) -> None:
         if not 0.0 <= exclusive <= 1.0:

@@ -100,8 +100,9 @@ class Profile:
     # Share of host time a step holds a shared GPU (SharedGpu.exclusive; 0 = only its kernels).
     gpu_exclusive_host: float = 0.0
     # How engine processes on one GPU share it: "fcfs" (SharedGpu: whole steps, first come first
-    # served), "slices" (gpu_share.TimeSlicedGpu: an equal share each, as the driver time-slices
-    # contexts) or "slices-overlap" (and a step's host time beside its own GPU work). The last
+    # served), "slices" (gpu_share.TimeSlicedGpu: a share each, as the driver time-slices
+    # contexts, weighted by gpu_share_exponent), "quanta" (turns of gpu_quantum_s, round robin)
+    # or "slices-overlap" (and a step's host time beside its own GPU work). The last
     # two in the virtual-time replays only; weighted slices match the GPU's step clock
     # (h200-transformers-7b-slices), the others measured worse than fcfs (proxy/sim/README.md).
     gpu_sharing: str = "fcfs"

@@ -269,6 +269,18 @@ def repeatability(results: Sequence[Path]) -> str:
 Row = tuple[int, float, float | None, float | None, int, int]  # engine, at, first, done, prompt, cached
 
 
+def _real_rows(p: Placed, base: int = 0) -> list[Row]:
+    """The phase's requests as its GPU engines reported them, engines numbered from ``base``."""
+    return [(base + e, at, first, done, prompt, cached)
+            for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
+
+
+def _sim_rows(replayed: Sequence[tuple[int, SimRequest]], base: int = 0) -> list[Row]:
+    """The same for the replay's (engine, request) pairs."""
+    return [(base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
+            for e, r in replayed]
+
+
 def _features(rows: Sequence[Row]) -> tuple[list[list[float]], list[float]]:
     """Per answered request: [1, its uncached tokens / 1000, requests running on its engine at its
     arrival / 10, requests there still without a first token / 10] and its engine TTFT."""
@@ -339,12 +351,10 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
     phases = (p for path in results for p in placed_phases(path) if p.rate >= min_rate)
     for n, p in enumerate(phases):
         base = 1000 * (n + 1)  # engines of different phases never mix
-        phase_real = [(base + e, at, first, done, prompt, cached)
-                      for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
+        phase_real = _real_rows(p, base)
         got: list[tuple[int, SimRequest]] = []
         simulate(p, profile, encoder, cache, into=got)
-        phase_sim = [(base + e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
-                     for e, r in got]
+        phase_sim = _sim_rows(got, base)
         real.extend(phase_real)
         sim.extend(phase_sim)
         if p.cell["workers"] > 1:
@@ -380,9 +390,9 @@ StepRow = tuple[float, int, int, int]  # duration, requests decoding through it,
 
 
 def _covered(spans: Sequence[tuple[float, float]], t0: float, t1: float) -> bool:
-    """Whether requests in flight (arrival to done) cover all of ``t0``-``t1``."""
+    """Whether requests in flight (arrival to done, sorted by arrival) cover all of ``t0``-``t1``."""
     reach = t0
-    for at, done in sorted(spans):
+    for at, done in spans:
         if at > reach + STEP_MATCH_S:
             break
         reach = max(reach, done)
@@ -398,7 +408,7 @@ def _step_rows(steps: Sequence[Sequence[tuple[float, int]]], rows: Sequence[Row]
     by_engine: dict[int, list[Row]] = {}
     for r in rows:
         by_engine.setdefault(r[0], []).append(r)
-    spans = {e: [(r[1], math.inf if r[3] is None else r[3]) for r in mine] for e, mine in by_engine.items()}
+    spans = {e: sorted((r[1], math.inf if r[3] is None else r[3]) for r in mine) for e, mine in by_engine.items()}
     out: list[StepRow] = []
     for e, st in enumerate(steps):
         mine = by_engine.get(e, [])
@@ -427,18 +437,14 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
         for p in placed_phases(path):
             if not any(p.steps):
                 continue
-            real_rows = [(e, at, first, done, prompt, cached)
-                         for e, at, (prompt, cached, first, done) in zip(p.engine, p.at, p.engine_rows, strict=True)]
-            got["real"] += _step_rows(p.steps, real_rows)
+            got["real"] += _step_rows(p.steps, _real_rows(p))
             into: list[tuple[int, SimRequest]] = []
             sim_steps: list[tuple[int, float, int]] = []
             simulate(p, profile, encoder, cache, into=into, steps_into=sim_steps)
             per_engine: list[list[tuple[float, int]]] = [[] for _ in range(p.cell["workers"])]
             for e, t, n in sim_steps:
                 per_engine[e].append((t, n))
-            sim_rows = [(e, r.arrival, r.first_token_at, r.finished_at, len(r.input_ids), r.cached_tokens)
-                        for e, r in into]
-            got["sim"] += _step_rows(per_engine, sim_rows)
+            got["sim"] += _step_rows(per_engine, _sim_rows(into))
     out: dict[tuple[int, str], StepCost] = {}
     for busy in range(4):
         for side, rows in got.items():

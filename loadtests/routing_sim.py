@@ -17,8 +17,11 @@ keeps it aside until that request's first token (or a peer's notice of it, or ``
 routes it again, as the pipeline does. A step's end applies it and records first
 tokens, token gaps and completions; a completion goes back to the replica that routed it.
 Several replicas (independent policy instances, each seeing every ``replicas``-th request) model
-proxies that share nothing. ``shared_gpu``: the workers are engine processes on one GPU
-(``perf.SharedGpu``, as the real GPU fleet runs them); ``minimal_reports``: engines that report
+proxies that share nothing. ``shared_gpu``: the workers are engine processes on one GPU, shared
+as the profile's ``gpu_sharing`` says (``gpu_share.gpu_pool``: whole steps first come first
+served, or weighted time slices, as the real GPU fleet runs them; a step's end can then move
+when another engine's step joins, so the loop asks the pool for its next event instead of
+keeping fixed step ends); ``minimal_reports``: engines that report
 only token counts (snapshots without engine state, no ``cached_tokens``), as that fleet's engines;
 ``encode``: the engines' tokenizer, with the proxy's bytes-per-token estimate learned from each
 answer's ``prompt_tokens`` as the pipeline does (``routing/token_estimate.py``); ``encode_chat``:
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +51,8 @@ from proxy.routing.token_estimate import TokenEstimate
 from proxy.sim import protocol, tokenizer
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
-from proxy.sim.perf import SharedGpu, step_parts
+from proxy.sim.gpu_share import gpu_pool
+from proxy.sim.perf import step_parts
 from proxy.sim.scheduler import SimRequest, Step
 from proxy.workers.kv_events import decode_batch
 
@@ -75,17 +80,15 @@ class Outcome:
 class VirtualWorker:
     """One simulated SGLang worker advanced by the event loop instead of asyncio."""
 
-    def __init__(self, url: str, config: SimConfig, gpu: SharedGpu | None = None,
-                 minimal_reports: bool = False, generation: int = 0) -> None:
+    def __init__(self, url: str, config: SimConfig, minimal_reports: bool = False,
+                 generation: int = 0) -> None:
         self.url = url
         # What the registry would say of it: a new one after a restart or a flush it was told of.
         self.generation = generation
-        self.gpu = gpu
         self.minimal_reports = minimal_reports
         self.engine = Engine(config, clock=ManualClock())
         self.scheduler = self.engine.scheduler
         self.step: Step | None = None
-        self.step_end = 0.0
         self.requests = 0
         # With kv_events: the worker's cache as its events describe it (applied at each step end).
         self.kv_table: EngineBlocks | None = None
@@ -114,10 +117,11 @@ class VirtualWorker:
             max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,),
             generation=self.generation)
 
-    def start_step(self, now: float) -> bool:
+    def start_step(self, now: float) -> tuple[float, float] | None:
+        """Form the next step; its (host, device) seconds, or None when there is no work."""
         self.step = self.scheduler.next_step(now)
         if self.step is None:
-            return False
+            return None
         if self.step.work.first_step:
             # Warm, as every engine a benchmark measures is (the GPU fleet's warm-up phase and
             # the engines' own start): the profile's one-time first-step cost (1.5 s for the
@@ -125,9 +129,7 @@ class VirtualWorker:
             # put them seconds behind at 6 req/s for the whole phase (fleet_sim TTFT p50 3.4 s
             # where the same placement through fidelity.replay, which skips it too, gave 0.9 s).
             self.step.work = dataclasses.replace(self.step.work, first_step=False)
-        host, device = step_parts(self.engine.profile, self.step.work)
-        self.step_end = now + host + device if self.gpu is None else self.gpu.reserve(now, host, device)
-        return True
+        return step_parts(self.engine.profile, self.step.work)
 
 
 def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer.encode,
@@ -198,8 +200,9 @@ def simulate(
     ``generation``: the new workers' generation; a ``kept`` policy that saw another forgets what
     it believed they held (a flush or restart it was told of)."""
     sim = sim or SimConfig()
-    gpu = SharedGpu(Engine(sim).profile.gpu_exclusive_host) if shared_gpu else None
-    fleet = engines or [VirtualWorker(f"http://w{i}", sim, gpu, minimal_reports, generation) for i in range(workers)]
+    fleet = engines or [VirtualWorker(f"http://w{i}", sim, minimal_reports, generation) for i in range(workers)]
+    # the GPU(s) of this run: every step of the previous run (``engines``) has ended
+    gpu = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)
     tokens = TokenEstimate(4.0) if encode is not None else None
     by_url = {w.url: w for w in fleet}
     views: dict[str, _EventsView] = {}
@@ -220,7 +223,6 @@ def simulate(
     outcomes: list[Outcome] = []
     # rid -> (outcome, route, replica, request)
     live: dict[str, tuple[Outcome, RouteRequest, int, SimRequest]] = {}
-    steps: list[tuple[float, int, str]] = []  # (end, tiebreak, url) of busy workers
     seq = 0
     next_scrape = arrivals[0] if arrivals else 0.0
     i = 0
@@ -274,14 +276,52 @@ def simulate(
         tell_load(replica, now)
         worker.requests += 1
         worker.scheduler.submit(req, now)
-        if worker.step is None and worker.start_step(now):
-            worker.pump_events(now)  # what forming the step evicted
-            seq += 1
-            heapq.heappush(steps, (worker.step_end, seq, worker.url))
+        if worker.step is None:
+            start(worker, now)
 
-    while i < len(specs) or steps or held:
-        t_arrival = arrivals[i] if i < len(specs) else float("inf")
-        t_step = steps[0][0] if steps else float("inf")
+    def start(worker: VirtualWorker, now: float) -> None:
+        parts = worker.start_step(now)
+        if parts is not None:
+            worker.pump_events(now)  # what forming the step evicted
+            gpu.submit(worker.url, now, *parts)
+
+    def step_done(worker: VirtualWorker, now: float) -> None:
+        """Apply a finished step: first tokens, token gaps, completions; then the next step."""
+        nonlocal seq
+        url = worker.url
+        assert worker.step is not None
+        for req in worker.scheduler.finish_step(worker.step, now):
+            outcome, route, replica, _ = live[req.rid]
+            if outcome.first is None:
+                outcome.first = now
+                outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
+                reported = None if minimal_reports else outcome.cached_tokens
+                if first_token_feedback:
+                    policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, reported))
+                release(id(route), now)
+                if peer_sync_s is not None and replicas > 1:
+                    seq += 1
+                    heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, url, None, 0, req.rid))
+            elif req.last_token_at == now:
+                outcome.gaps.append(now - (outcome.done or outcome.first))
+            outcome.done = now
+            if req.finished:
+                del live[req.rid]
+                in_flight[replica][url] -= 1
+                tell_load(replica, now)
+                if tokens is not None:
+                    tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
+                policies[replica].on_complete(Completion(
+                    url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
+                    outcome.first - outcome.arrival, len(req.output_ids), now - outcome.first))
+        worker.step = None
+        worker.pump_events(now)  # what the step stored
+        start(worker, now)
+
+    while i < len(specs) or held or any(w.step is not None for w in fleet):
+        t_arrival = arrivals[i] if i < len(specs) else math.inf
+        # the next instant the GPU changes: a step ends, or (time slices) joins the GPU
+        t_step = gpu.next_event()
         if peer_events and peer_events[0][0] <= min(t_arrival, t_step):
             at, _, source, url, peer_route, uncached, key = heapq.heappop(peer_events)
             for r, policy in enumerate(policies):
@@ -312,37 +352,7 @@ def simulate(
                      t_arrival, t_arrival)
             i += 1
             continue
-        now, _, url = heapq.heappop(steps)
-        worker = by_url[url]
-        assert worker.step is not None
-        for req in worker.scheduler.finish_step(worker.step, now):
-            outcome, route, replica, _ = live[req.rid]
-            if outcome.first is None:
-                outcome.first = now
-                outcome.prompt_tokens, outcome.cached_tokens = len(req.input_ids), req.cached_tokens
-                reported = None if minimal_reports else outcome.cached_tokens
-                if first_token_feedback:
-                    policies[replica].on_first_token(FirstToken(url, route, outcome.prompt_tokens, reported))
-                release(id(route), now)
-                if peer_sync_s is not None and replicas > 1:
-                    seq += 1
-                    heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, url, None, 0, req.rid))
-            elif req.last_token_at == now:
-                outcome.gaps.append(now - (outcome.done or outcome.first))
-            outcome.done = now
-            if req.finished:
-                del live[req.rid]
-                in_flight[replica][url] -= 1
-                tell_load(replica, now)
-                if tokens is not None:
-                    tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
-                policies[replica].on_complete(Completion(
-                    url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
-                    outcome.first - outcome.arrival, len(req.output_ids), now - outcome.first))
-        worker.step = None
-        worker.pump_events(now)  # what the step stored
-        if worker.start_step(now):
-            worker.pump_events(now)
-            seq += 1
-            heapq.heappush(steps, (worker.step_end, seq, worker.url))
+        now = t_step
+        for url in gpu.done(now):
+            step_done(by_url[str(url)], now)
     return outcomes, fleet

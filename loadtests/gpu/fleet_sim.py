@@ -5,7 +5,7 @@
 Builds each phase exactly as ``loadtests/gpu/fleet.py`` sends it (same Poisson trace per seed and
 rate, same texts, the same BPE tokenizer) and runs it through ``loadtests.routing_sim``: the real
 routing code (policies, prefix keys, the learned bytes-per-token estimate) in front of simulated
-engines that share one GPU (``perf.SharedGpu``) and report only token counts (``--reports
+engines that share one GPU (``gpu_share.gpu_pool``, as the profile shares it) and report only token counts (``--reports
 minimal``), as the GPU fleet's engines. Seconds of CPU per cell, exact and repeatable, so policy
 variants can be swept (``ttft/work_weight=10``) before a GPU run decides. ``oracle`` = group g on
 engine g mod N, as in the GPU benchmark. Spec keys as ``fleet.py``'s: ``replicas=N``,
@@ -42,6 +42,12 @@ from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, 
 from proxy.sim.config import SimConfig
 from proxy.sim.tokenizer import Encoder
 
+# The simulated engines' profile (``--profile``): the GPU fleet's engines, their GPU shared in
+# weighted time slices. Against whole steps (h200-transformers-7b) on runs 47-56's routed cells it
+# put the GPU's TTFT p95 within 30% in 22 of 26 (20) and ranked the default against smg as the GPU
+# did in 10 of 11 cells (6); proxy/sim/README.md, "The routing simulator on the sliced GPU".
+PROFILE = "h200-transformers-7b-slices"
+
 
 class Oracle(IgnoresFeedback):
     """Group g -> worker g mod N, the group known by its prompt's first block."""
@@ -66,7 +72,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
-         chat: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
+         chat: bool = False, profile: str = PROFILE) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -98,7 +104,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             text_ids = encoder.encode(spec.text or "") if ids and not chat else None
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         policy = lambda: Oracle(group_of)  # noqa: E731
-    config = SimConfig(profile="h200-transformers-7b", max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
@@ -126,7 +132,7 @@ def forget(policies: Sequence[Policy], what: str) -> None:
 AS_SIMULATED = {"smg": "cache_aware", "sglang-router": "cache_aware"}
 
 
-def replay_cells(results: Path, encoder: Encoder) -> list[str]:
+def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE) -> list[str]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
     trace and prompt text: one line per cell and rate, the GPU's TTFT p95 beside the simulator's
     (smg and sglang-router as ``cache_aware``). The first phase of each router only (``--repeat``
@@ -149,7 +155,7 @@ def replay_cells(results: Path, encoder: Encoder) -> list[str]:
                 name = AS_SIMULATED.get(r, r)
                 outs, _ = cell(name, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
                                c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
-                               chat=c["prompts"] == "chat")
+                               chat=c["prompts"] == "chat", profile=profile)
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]
                 row.append(f"{r} {got['ttft_p95'] * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}")
             if row:
@@ -165,6 +171,7 @@ def main() -> None:
                         "(each router name as the code reads it now: a default changed since the run "
                         "is replayed changed, e.g. runs before 33-35 had ttft with popularity off)")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
+    p.add_argument("--profile", default=PROFILE, help="the simulated engines' performance profile (proxy.sim.perf)")
     p.add_argument("--rates", default="3,4.5")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
@@ -194,12 +201,12 @@ def main() -> None:
     encoder = Encoder(str(TOKENIZER))
     if a.cells:
         for results in a.cells:
-            for line in replay_cells(results, encoder):
+            for line in replay_cells(results, encoder, a.profile):
                 print(line, flush=True)
         return
     shape = Shape()
     names = a.routers.split(",")
-    print(f"virtual time, {a.workers} engines sharing one simulated H200, reports={a.reports}; "
+    print(f"virtual time, {a.workers} engines sharing one simulated H200 ({a.profile}), reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
@@ -224,7 +231,8 @@ def main() -> None:
                     outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
-                                           generation=0 if a.warm_index else k_round, chat=a.prompts == "chat")
+                                           generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
+                                           profile=a.profile)
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:

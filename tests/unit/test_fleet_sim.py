@@ -120,3 +120,28 @@ def test_a_round_on_engines_the_proxy_was_told_are_new_places_the_groups_anew(
     assert (balance[1] == balance[0]) is first_requests_placed_anew
     if not first_requests_placed_anew:
         assert balance[1] == 0  # every group's first request went where the last round put it
+
+
+def test_the_routing_simulator_shares_one_gpu_as_the_profile_says() -> None:
+    """Two engines on one GPU, one identical request each at the same instant: time slices give
+    both their first token together, whole steps one after the other; a request alone takes the
+    same time either way (the two profiles differ only in how the GPU is shared)."""
+    from loadtests.routing_sim import simulate
+    from proxy.loadgen.workloads import RequestSpec
+    from proxy.sim.config import SimConfig
+
+    text = "the same long prompt " * 200
+    firsts = {}
+    for profile in ("h200-transformers-7b", "h200-transformers-7b-slices"):
+        sim = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32)
+        both, _ = simulate("round_robin", [RequestSpec("a", 4, text=text), RequestSpec("b", 4, text=text)],
+                           [0.0, 0.0], workers=2, sim=sim, shared_gpu=True)
+        alone, _ = simulate("round_robin", [RequestSpec("a", 4, text=text)], [0.0], workers=2, sim=sim,
+                            shared_gpu=True)
+        assert {o.worker for o in both} == {"http://w0", "http://w1"}
+        firsts[profile] = (sorted(o.first for o in both if o.first is not None), alone[0].first)
+    (a, b), lone = firsts["h200-transformers-7b-slices"]
+    assert a == pytest.approx(b) and a > lone  # shared alike, each slower than alone
+    (a, b), lone_whole = firsts["h200-transformers-7b"]
+    assert b > a * 1.2 and a == pytest.approx(lone_whole, rel=0.05)  # the first whole, then the other
+    assert lone == pytest.approx(lone_whole, rel=1e-6)

@@ -59,6 +59,7 @@ from loadtests.gpu.fleet_report import (
     report,
     standing,
     table,
+    tail_report,
 )
 from proxy.loadgen import texts
 from proxy.loadgen.arrivals import poisson_times
@@ -718,6 +719,9 @@ def main() -> None:
                         "spread between runs), and exit")
     p.add_argument("--growth", nargs="+", metavar="REQUESTS",
                    help="per rate, the phases of these requests.jsonl the diagnosis' overload rule calls past capacity")
+    p.add_argument("--tail", nargs="+", metavar="REQUESTS",
+                   help="per rate, who the slowest 5%% of each phase of these requests.jsonl are (a group's "
+                        "first request or a follower) and when they arrived, and exit")
     p.add_argument("--engines", metavar="ENGINES", help="print the per-engine view of an engines.jsonl and exit")
     p.add_argument("--diagnoses", metavar="DIAGNOSES", help="print the verdicts of a diagnoses.jsonl and exit")
     args = p.parse_args()
@@ -731,6 +735,9 @@ def main() -> None:
         return
     if args.growth:
         print(growth_report([Path(p) for p in args.growth]))
+        return
+    if args.tail:
+        print(tail_report([Path(p) for p in args.tail]))
         return
     if args.standing:
         print(standing([Path(p) for p in args.standing], args.router))

@@ -198,6 +198,38 @@ def growth_report(paths: list[Path]) -> str:
                      f"(* = fires): {' '.join(sorted(names))}" for rate, names in sorted(by_rate.items()))
 
 
+def tail_report(paths: list[Path]) -> str:
+    """Per rate, over the phases of these ``requests.jsonl``: who the slowest 5% of a phase's
+    requests are. Its group's first request in the phase (a cold prefix: every router has to
+    compute it somewhere) or a follower; and when they arrived, as a share of the phase. Cold
+    firsts in the tail say the p95 is the groups' first prefills; late followers say it is a queue
+    growing over the phase (past capacity). Unanswered requests count as the slowest."""
+    phases: dict[tuple[str, int, str, float], list[dict[str, Any]]] = {}
+    for path in paths:
+        for line in read_text(path).splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if r["router"] != "direct0":
+                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append(r)
+    by_rate: dict[float, list[tuple[int, int, float]]] = {}
+    for key, rows in phases.items():
+        rows.sort(key=lambda r: r["at"])
+        seen: set[Any] = set()
+        firsts = {id(r) for r in rows if not (r["group"] in seen or seen.add(r["group"]))}
+        span = max(r["at"] for r in rows) or 1.0
+        slow = sorted(rows, key=lambda r: -(r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf))
+        top = slow[:max(1, round(0.05 * len(rows)))]
+        by_rate.setdefault(key[3], []).append(
+            (len(top), sum(id(r) in firsts for r in top), sum(r["at"] for r in top) / len(top) / span))
+    out = []
+    for rate, cells in sorted(by_rate.items()):
+        n, cold = sum(c[0] for c in cells), sum(c[1] for c in cells)
+        late = sorted(c[2] for c in cells)
+        out.append(f"{rate:g}/s, {len(cells)} phases: of the slowest 5% ({n} requests) {cold} their group's first "
+                   f"({cold / n:.0%}); arrived at {late[0]:.0%}-{late[-1]:.0%} of the phase (per phase mean)")
+    return "\n".join(out)
+
+
 def engines_report(path: Path) -> str:
     """Per phase and engine (``engines.jsonl``): requests it served, its worst and 90th-percentile
     TTFT as the engine saw it, the reuse it captured, and the fewest free KV blocks (never used +

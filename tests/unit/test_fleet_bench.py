@@ -233,3 +233,22 @@ def test_standing_takes_the_first_of_several_router_names_a_cell_ran(tmp_path: P
     assert "1 points" in standing([path])
     both = standing([path], "ttft,ttft/popularity=false")
     assert "| 2,000 | smg 1,000 | 2.00x |" in both and "2 points: geometric mean 1.00x" in both
+
+
+def test_the_tail_report_says_whether_the_slowest_are_cold_firsts_or_late_followers(tmp_path: Path) -> None:
+    from loadtests.gpu.fleet_report import tail_report
+
+    rows = []
+    for i in range(40):  # 4.5/s: groups 0-3 start cold, their first requests are the slowest
+        group, first = i % 4, i < 4
+        rows.append({"router": "ttft", "phase": 1, "rate": 4.5, "group": group, "at": float(i),
+                     "ttft": 3.0 - 0.1 * i if first else 0.2, "ok": True})
+    for i in range(40):  # 6/s: a queue that grows, the last arrivals the slowest; one never answered
+        rows.append({"router": "ttft", "phase": 2, "rate": 6.0, "group": i % 4, "at": float(i),
+                     "ttft": 0.1 * i, "ok": i != 39})
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = tail_report([path]).splitlines()
+    assert lines[0].startswith("4.5/s, 1 phases: of the slowest 5% (2 requests) 2 their group's first (100%)")
+    assert lines[1].startswith("6/s, 1 phases: of the slowest 5% (2 requests) 0 their group's first (0%)")
+    assert "arrived at 99%-99%" in lines[1]  # arrivals 38 and 39 (mean 38.5) of a phase whose last is at 39

@@ -17,9 +17,12 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from proxy.clock import MonotonicClock
 from proxy.sim.config import SimConfig
+from proxy.sim.gpu_realtime import RealTimeGpu
+from proxy.sim.gpu_share import gpu_pool
 from proxy.sim.kv_publish import offset_config
-from proxy.sim.perf import PROFILES, SharedGpu
+from proxy.sim.perf import PROFILES
 from proxy.sim.server import SimWorker
 
 DIED_EXIT_CODE = 3
@@ -90,13 +93,15 @@ async def serve(config: SimConfig, count: int = 1, shared_gpu: bool = False) -> 
         died = True
         done.set()
 
-    gpu = SharedGpu(PROFILES[config.profile].gpu_exclusive_host) if shared_gpu else None
+    # one clock for the shared GPU and its engines (SimWorker's default is a MonotonicClock too)
+    clock = MonotonicClock()
+    gpu = RealTimeGpu(gpu_pool(PROFILES[config.profile], count), clock) if shared_gpu else None
     workers = []
     for i in range(count):
         port = config.port + i if config.port else 0
         kv = offset_config(config.kv_events_config, i) if config.kv_events_config else None
         worker = SimWorker(dataclasses.replace(config, port=port, seed=config.seed + i, kv_events_config=kv),
-                           on_die=on_die, gpu=gpu)
+                           on_die=on_die, gpu=gpu, clock=clock)
         await worker.start()
         workers.append(worker)
         print(f"READY {worker.url}", flush=True)

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig
+from proxy.sim.gpu_realtime import RealTimeGpu
 from proxy.sim.kv_publish import KvPublisher
-from proxy.sim.perf import PROFILES, Profile, SharedGpu, step_parts
+from proxy.sim.perf import PROFILES, Profile, step_parts
 from proxy.sim.radix import RadixCache
 from proxy.sim.scheduler import Scheduler, SchedulerLimits, SimRequest
 
@@ -28,14 +29,14 @@ THROUGHPUT_WINDOW_S = 5.0
 
 
 class Engine:
-    def __init__(self, config: SimConfig, clock: Clock | None = None, gpu: SharedGpu | None = None,
+    def __init__(self, config: SimConfig, clock: Clock | None = None, gpu: RealTimeGpu | None = None,
                  profile: Profile | None = None) -> None:
         config.validate()
         self.config = config
         self.clock = clock or MonotonicClock()
         # ``profile``: one not in PROFILES (a fit's candidate); else the config's, by name.
         self.profile: Profile = profile or PROFILES[config.profile]
-        # Several engines on one GPU share one timeline (see perf.SharedGpu); None = a GPU of its own.
+        # Several engines on one GPU (gpu_realtime: shared as the profile says); None = a GPU of its own.
         self.gpu = gpu
         self.max_total_tokens = config.max_total_tokens or self.profile.kv_pool_tokens
         self.context_length = config.context_length or self.profile.model.context_length
@@ -151,9 +152,9 @@ class Engine:
             scale = self.config.time_scale
             if self.gpu is None:
                 deadline = base + (host + device) / scale
-            else:
-                deadline = self.gpu.reserve(base, host / scale, device / scale)
-            await asyncio.sleep(max(0.0, deadline - self.clock.now()))
+                await asyncio.sleep(max(0.0, deadline - self.clock.now()))
+            else:  # returns once the step has ended on the shared GPU
+                deadline = await self.gpu.step(self, base, host / scale, device / scale)
             done_at = self.clock.now()
             before = self.scheduler.generated_tokens
             touched = self.scheduler.finish_step(step, done_at)

@@ -79,7 +79,9 @@ class TimeSlicedGpu:
         waiting = [ready for _, ready, _ in self._steps.values() if ready > now]
         on = self._on_gpu(now)
         total = sum(w for _, w in on)
-        ends = [now + min(s[0] * total / w for s, w in on)] if on else []
+        # at least one ulp ahead: with a large clock (the real-time driver's) a residue of work
+        # can be below the float resolution of ``now``, and the loop must still move on
+        ends = [max(now + min(s[0] * total / w for s, w in on), math.nextafter(now, math.inf))] if on else []
         # a step with no GPU work left ends when its host part does
         ends += [end for left, _, end in self._steps.values() if left <= _EPS]
         return min(waiting + ends, default=math.inf)
@@ -140,7 +142,8 @@ class QuantumGpu:
         now = self._now
         times = [at for left, at in self._steps.values() if at > now]
         if self._queue:
-            times.append(now + min(self._steps[self._queue[0]][0], self._slice_left))
+            turn = now + min(self._steps[self._queue[0]][0], self._slice_left)
+            times.append(max(turn, math.nextafter(now, math.inf)))  # as TimeSlicedGpu's
         times += [at for left, at in self._steps.values() if left <= _EPS]
         return min(times, default=math.inf)
 

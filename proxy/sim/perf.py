@@ -102,9 +102,10 @@ class Profile:
     # How engine processes on one GPU share it: "fcfs" (SharedGpu: whole steps, first come first
     # served), "slices" (gpu_share.TimeSlicedGpu: a share each, as the driver time-slices
     # contexts, weighted by gpu_share_exponent), "quanta" (turns of gpu_quantum_s, round robin)
-    # or "slices-overlap" (and a step's host time beside its own GPU work). The last
-    # two in the virtual-time replays only; weighted slices match the GPU's step clock
-    # (h200-transformers-7b-slices), the others measured worse than fcfs (proxy/sim/README.md).
+    # or "slices-overlap" (and a step's host time beside its own GPU work); the virtual-time
+    # loops and the HTTP simulator's --shared-gpu (gpu_realtime) alike. Weighted slices match
+    # the GPU's step clock (h200-transformers-7b-slices), the others measured worse than fcfs
+    # (proxy/sim/README.md).
     gpu_sharing: str = "fcfs"
     gpu_quantum_s: float = 0.05  # "quanta": the longest a step holds the GPU before the next in turn
     # "slices": a step's share weighs (its GPU seconds) ** this (0: equal shares)

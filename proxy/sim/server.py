@@ -27,9 +27,9 @@ from aiohttp import web
 from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig, base_url, fault_updates
 from proxy.sim.engine import Engine
+from proxy.sim.gpu_realtime import RealTimeGpu
 from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 from proxy.sim.metrics import SimMetrics
-from proxy.sim.perf import SharedGpu
 from proxy.sim.protocol import BadRequest, openai_error, parse_generate, parse_openai
 from proxy.sim.scheduler import InvalidRequest, QueueFull, SimRequest
 from proxy.sim.tokenizer import Encoder
@@ -40,7 +40,7 @@ SHUTDOWN_GRACE_S = 0.5  # open handlers get this long to finish once the engine 
 class SimWorker:
     def __init__(self, config: SimConfig, clock: Clock | None = None,
                  on_die: Callable[[], None] | None = None, rng: random.Random | None = None,
-                 gpu: SharedGpu | None = None) -> None:
+                 gpu: RealTimeGpu | None = None) -> None:
         config.validate()
         self.config = dataclasses.replace(config)
         self.clock = clock or MonotonicClock()

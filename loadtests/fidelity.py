@@ -141,7 +141,10 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
 
 
 def real_points(results: Path) -> list[tuple[dict[str, Any], str, float, dict[str, float]]]:
-    """(cell, router, rate, real metrics) for every fixed-placement phase of the committed run."""
+    """(cell, router, rate, real metrics) for every fixed-placement phase of the committed run
+    (none for a run that came back without its requests or summary, e.g. one cut short)."""
+    if not (exists(results / "requests.jsonl") and exists(results / "summary.jsonl")):
+        return []
     recs = read_jsonl(results / "requests.jsonl")
     cells = read_jsonl(results / "summary.jsonl")
     traces = read_jsonl(results / "engines.jsonl") if exists(results / "engines.jsonl") else []

@@ -7,6 +7,7 @@ prompts and arrival times and runs the simulated engines on a virtual clock (loa
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -239,3 +240,8 @@ def test_weighted_time_slices_cost_a_shared_step_as_the_gpu_engines_step_clock_d
     for k in (2, 3, 4):
         assert abs(slices[(3, "sim")][k] / slices[(3, "real")][k] - 1) <= 0.3, (k, slices)
     assert whole[(3, "sim")][2] > 2 * c0 and whole[(3, "sim")][3] < 0.67 * dec and whole[(3, "sim")][4] < 0.67 * tokens
+
+
+def test_a_run_that_came_back_without_its_summary_has_no_points(tmp_path: Path) -> None:
+    (tmp_path / "requests.jsonl").write_text("")  # cut short: requests, no summary
+    assert fidelity.real_points(tmp_path) == []

@@ -168,6 +168,24 @@ def repeatability(paths: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def _routed_phases(paths: list[Path]) -> dict[tuple[str, int, str, float], list[dict[str, Any]]]:
+    """The request rows of these ``requests.jsonl`` by (run, phase, router, rate), the one engine
+    alone (``direct0``) left out."""
+    phases: dict[tuple[str, int, str, float], list[dict[str, Any]]] = {}
+    for path in paths:
+        for line in read_text(path).splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if r["router"] != "direct0":
+                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append(r)
+    return phases
+
+
+def _ttft(r: dict[str, Any]) -> float:
+    """A request's TTFT; unanswered: infinitely slow."""
+    return float(r["ttft"]) if r["ok"] and r["ttft"] is not None else math.inf
+
+
 def growth_report(paths: list[Path]) -> str:
     """Per rate, over these ``requests.jsonl`` files: in how many phases the client's TTFT met the
     diagnosis' overload rule (``proxy/diagnose/rules_latency.rule_overload``, default thresholds:
@@ -176,17 +194,9 @@ def growth_report(paths: list[Path]) -> str:
     from proxy.diagnose.findings import RuleParams
 
     p = RuleParams()
-    phases: dict[tuple[str, int, str, float], list[tuple[float, float]]] = {}
-    for path in paths:
-        for line in read_text(path).splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if r["router"] != "direct0":
-                    ttft = r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf
-                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append((r["at"], ttft))
     by_rate: dict[float, list[str]] = {}
-    for key, rows in phases.items():
-        ttfts = [t for _, t in sorted(rows)]
+    for key, rows in _routed_phases(paths).items():
+        ttfts = [_ttft(r) for r in sorted(rows, key=lambda r: r["at"])]
         third = len(ttfts) // 3
         if third < 10:
             continue
@@ -204,20 +214,13 @@ def tail_report(paths: list[Path]) -> str:
     compute it somewhere) or a follower; and when they arrived, as a share of the phase. Cold
     firsts in the tail say the p95 is the groups' first prefills; late followers say it is a queue
     growing over the phase (past capacity). Unanswered requests count as the slowest."""
-    phases: dict[tuple[str, int, str, float], list[dict[str, Any]]] = {}
-    for path in paths:
-        for line in read_text(path).splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if r["router"] != "direct0":
-                    phases.setdefault((path.parent.name, r["phase"], r["router"], r["rate"]), []).append(r)
     by_rate: dict[float, list[tuple[int, int, float]]] = {}
-    for key, rows in phases.items():
+    for key, rows in _routed_phases(paths).items():
         rows.sort(key=lambda r: r["at"])
         seen: set[Any] = set()
         firsts = {id(r) for r in rows if not (r["group"] in seen or seen.add(r["group"]))}
         span = max(r["at"] for r in rows) or 1.0
-        slow = sorted(rows, key=lambda r: -(r["ttft"] if r["ok"] and r["ttft"] is not None else math.inf))
+        slow = sorted(rows, key=lambda r: -_ttft(r))
         top = slow[:max(1, round(0.05 * len(rows)))]
         by_rate.setdefault(key[3], []).append(
             (len(top), sum(id(r) in firsts for r in top), sum(r["at"] for r in top) / len(top) / span))

@@ -154,7 +154,7 @@ class Engine:
                 deadline = base + (host + device) / scale
                 await asyncio.sleep(max(0.0, deadline - self.clock.now()))
             else:  # returns once the step has ended on the shared GPU
-                deadline = await self.gpu.step(self, base, host / scale, device / scale)
+                deadline = await self.gpu.step(base, host / scale, device / scale)
             done_at = self.clock.now()
             before = self.scheduler.generated_tokens
             touched = self.scheduler.finish_step(step, done_at)

@@ -25,10 +25,13 @@ class RealTimeGpu:
         self._timer: Timer | None = None
         self._served = -math.inf  # the last instant the pool was served to
 
-    async def step(self, key: Hashable, start: float, host: float, device: float) -> float:
-        """Run one step of engine ``key`` issued at ``start`` (at most now; earlier when the engine
-        catches up); return the instant it ended, once it has."""
+    async def step(self, start: float, host: float, device: float) -> float:
+        """Run one step issued at ``start`` (at most now; earlier when the engine catches up);
+        return the instant it ended, once it has. Each step is its own key in the pool: an engine
+        stopped while its step runs leaves that step to end there (its kernels would), and a
+        restarted one can issue the next at once."""
         self._serve(min(start, self.clock.now()))  # the pool must not pass an event unserved
+        key = object()
         waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters[key] = waiter
         self.pool.submit(key, max(start, self._served), host, device)

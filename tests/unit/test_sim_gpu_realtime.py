@@ -30,7 +30,7 @@ async def test_time_slices_end_two_equal_steps_together_and_whole_steps_one_afte
     for name, pool in (("slices", TimeSlicedGpu()), ("whole", WholeSteps(0.0))):
         clock = ManualClock(1_000_000.0)  # a monotonic clock's size: float residue must not stall it
         gpu = RealTimeGpu(pool, clock)
-        steps = [asyncio.ensure_future(gpu.step(k, clock.now(), 0.0, 0.5)) for k in ("a", "b")]
+        steps = [asyncio.ensure_future(gpu.step(clock.now(), 0.0, 0.5)) for _ in range(2)]
         await run_until_done(clock, steps)
         ends[name] = sorted(s.result() - 1_000_000.0 for s in steps)
     assert ends["slices"] == pytest.approx([1.0, 1.0])
@@ -40,10 +40,10 @@ async def test_time_slices_end_two_equal_steps_together_and_whole_steps_one_afte
 async def test_a_step_that_joins_later_slows_the_one_on_the_gpu_from_then_on() -> None:
     clock = ManualClock()
     gpu = RealTimeGpu(TimeSlicedGpu(), clock)
-    first = asyncio.ensure_future(gpu.step("a", 0.0, 0.0, 1.0))
+    first = asyncio.ensure_future(gpu.step(0.0, 0.0, 1.0))
     await asyncio.sleep(0)
-    clock.advance(0.5)  # "a" alone for half a second: half its work left
-    second = asyncio.ensure_future(gpu.step("b", clock.now(), 0.0, 1.0))
+    clock.advance(0.5)  # the first alone for half a second: half its work left
+    second = asyncio.ensure_future(gpu.step(clock.now(), 0.0, 1.0))
     await run_until_done(clock, [first, second], tick=0.001)
     assert first.result() == pytest.approx(1.5, abs=2e-3)  # its last half at half speed
     assert second.result() == pytest.approx(2.0, abs=2e-3)  # then alone again
@@ -75,3 +75,15 @@ async def test_two_simulated_engines_on_a_sliced_gpu_give_their_first_tokens_tog
     assert b - a < 0.011  # together, to the test's tick
     a, b = firsts["h200-transformers-7b"]
     assert b - a > 0.05  # whole steps: one engine's prefill first
+
+
+async def test_a_step_cancelled_with_its_engine_ends_in_the_pool_and_the_next_one_starts_at_once() -> None:
+    clock = ManualClock()
+    gpu = RealTimeGpu(TimeSlicedGpu(), clock)
+    orphan = asyncio.ensure_future(gpu.step(0.0, 0.0, 1.0))
+    await asyncio.sleep(0)
+    orphan.cancel()  # the engine stopped (a restart) while its step ran
+    fresh = asyncio.ensure_future(gpu.step(0.0, 0.0, 1.0))
+    await run_until_done(clock, [fresh], tick=0.001)
+    assert orphan.cancelled()
+    assert fresh.result() == pytest.approx(2.0, abs=2e-3)  # beside the orphan's kernels to their end

@@ -244,8 +244,7 @@ PROFILES: dict[str, Profile] = {
 # alone, while its per-request and per-prefill-token costs grow 2.7-3.7x; time slices (shares
 # weighted by each step's GPU seconds ** 0.3, all per-sequence cost GPU work, no host time holding
 # the GPU) reproduce that, where whole steps turn the sharing into a fixed wait. Alone it is the
-# profile above. Only the virtual-time replays (loadtests/fidelity*.py) slice the GPU; the routing
-# simulator's loop (loadtests/routing_sim.py) takes whole steps whatever the profile says.
+# profile above. The GPU-fleet tools' default (fleet_sim, fidelity, fidelity_placed, fleet --sim).
 PROFILES["h200-transformers-7b-slices"] = dataclasses.replace(
     PROFILES["h200-transformers-7b"], name="h200-transformers-7b-slices", gpu_sharing="slices",
     gpu_exclusive_host=0.0, seq_gpu_share=1.0, gpu_share_exponent=0.3)

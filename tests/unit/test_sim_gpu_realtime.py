@@ -4,6 +4,7 @@ gpu_share driven by the clock, so the HTTP simulator shares a GPU as its profile
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -16,13 +17,18 @@ from proxy.sim.perf import PROFILES
 from proxy.sim.scheduler import SimRequest
 
 
-async def run_until_done(clock: ManualClock, tasks: list[asyncio.Future[float]], tick: float = 0.01) -> None:
+async def run_until(clock: ManualClock, ready: Callable[[], bool], tick: float) -> None:
+    """Advance the clock by ``tick`` (letting the loop run between) until ``ready()``."""
     for _ in range(10_000):
         await asyncio.sleep(0)
-        if all(t.done() for t in tasks):
+        if ready():
             return
         clock.advance(tick)
     raise AssertionError("the steps never ended")
+
+
+async def run_until_done(clock: ManualClock, tasks: list[asyncio.Future[float]], tick: float = 0.01) -> None:
+    await run_until(clock, lambda: all(t.done() for t in tasks), tick)
 
 
 async def test_time_slices_end_two_equal_steps_together_and_whole_steps_one_after_the_other() -> None:
@@ -62,11 +68,7 @@ async def test_two_simulated_engines_on_a_sliced_gpu_give_their_first_tokens_tog
             engine.start()
             engine.submit(req)
         try:
-            for _ in range(5_000):
-                await asyncio.sleep(0)
-                if all(r.first_token_at is not None for r in reqs):
-                    break
-                clock.advance(0.005)
+            await run_until(clock, lambda reqs=reqs: all(r.first_token_at is not None for r in reqs), 0.005)
         finally:
             for engine in engines:
                 await engine.stop()

@@ -43,6 +43,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loadtests.gpu import batch_log
 from loadtests.gpu.kv_tracker import BlockChains, KvTracker, engine_hash
 from proxy.routing.chat_template import ChatTemplateError
 from proxy.sim import tokenizer as tok
@@ -110,6 +111,8 @@ class Engine:
             return matched
 
         cb_cache.PagedAttentionCache.search_prefix_match = recording_match  # type: ignore[method-assign]
+        self.batches = batch_log.BatchLog()  # for /bench/trace: the scheduler's own batches
+        batch_log.install(self.batches)
 
         config = LlamaConfig(
             hidden_size=4096, intermediate_size=14336, num_hidden_layers=args.layers,
@@ -335,7 +338,8 @@ class Server:
         doc = {"requests": list(self.trace), "timeline": list(self.timeline),
                "timeline_fields": ["t", "running", "waiting", "waiting_tokens", "free_blocks", "cached_blocks"],
                "blocks": self.engine.total_blocks(), "block_size": self.args.block_size,
-               "steps": self.engine.steps.drain(), "steps_fields": ["t", "outputs"]}
+               "steps": self.engine.steps.drain(), "steps_fields": ["t", "outputs"],
+               "batches": self.engine.batches.drain(), "batches_fields": batch_log.FIELDS}
         self.trace.clear()
         self.timeline.clear()
         return web.json_response(doc)

@@ -24,7 +24,8 @@ context; a cache hit: its matched prefix) add up to at most ``kv_read_budget``; 
 is skipped for this step, the next one tried (no head-of-line). So at ~3,000-token contexts a
 48k-token pool runs ~15 requests a step, whatever memory is free: a hit waits while the batch
 stays small. Below ``safety_margin`` free KV only decodes run, or one prefill when nothing decodes (the
-engine stops at the first request not decoding once anything is scheduled). Admission keeps
+engine stops at the first request not decoding once anything is scheduled; free KV is looked at
+before each request, so the step's own admissions count). Admission keeps
 this module's output reservation (the real engine allocates as it goes and preempts the newest
 when an allocation fails; the reservation leaves that out).
 
@@ -226,7 +227,7 @@ class Scheduler:
         read_left = lim.kv_read_budget if lim.kv_read_budget is not None else cache.capacity
         tokens_left = lim.chunked_prefill_size if lim.chunked_prefill_size > 0 else 1 << 62
         slots = lim.max_running_requests
-        low = cache.available_tokens + cache.evictable_tokens < lim.safety_margin * cache.capacity
+        margin = lim.safety_margin * cache.capacity
         reserved = sum(r.remaining_output for r in self.running) + sum(r.remaining_output for r in self.prefilling)
         prefill: list[tuple[SimRequest, int]] = []
         decode: list[SimRequest] = []
@@ -234,8 +235,12 @@ class Scheduler:
         for req in [*self.running, *self.prefilling, *self.waiting]:
             if slots <= 0 or tokens_left <= 0:
                 break
+            # Short of memory: decodes only, or one prefill when nothing decodes. Checked before each
+            # request against what is free now, after this step's earlier admissions (as the engine
+            # does): a burst of prompts stops at the margin instead of all entering on one look.
+            low = cache.available_tokens + cache.evictable_tokens < margin
             if req.state != "running" and low and (prefill or decode):
-                break  # short of memory: decodes only, or one prefill when nothing decodes
+                break
             if req.state == "waiting":
                 match = cache.match_prefix(req.input_ids[:-1])
                 cache.inc_lock(match.node)

@@ -320,3 +320,15 @@ def test_hf_below_the_safety_margin_only_decodes_run_or_one_prefill_when_nothing
     s.submit(request("n0", 20, out=2, base=10_000), 1.0)
     prefill, decode = step_of(s, 1.0)
     assert decode == [] and prefill == [("big", 300)]
+
+
+def test_hf_the_safety_margin_counts_the_steps_own_admissions() -> None:
+    # The engine looks at its free blocks before each request it schedules, so prompts that arrive
+    # together stop entering once the earlier ones have taken the pool under the margin.
+    s = hf(capacity=1000, safety_margin=0.5)
+    for i in range(3):
+        s.submit(request(f"n{i}", 300, out=2, base=10_000 * (i + 1)), 0.0)
+    prefill, _ = step_of(s)
+    # n0 sees 1,000 free, n1 700 (>= 500): both enter; n2 sees 400 and waits.
+    assert [rid for rid, _ in prefill] == ["n0", "n1"]
+    assert [r.rid for r in s.waiting] == ["n2"]

@@ -1,0 +1,100 @@
+"""The engine's own batches, as its scheduler formed them: what each step ran and what it cost.
+
+``StepTimes`` (engine_server.py) sees steps only through the outputs they stream; this log reads
+the scheduler itself, so the simulator's step forming (``proxy/sim/scheduler.py``, ``hf_fifo``)
+can be compared with the engine's batch by batch: how many requests decoded, how many prompts
+(and tokens) were prefilled beside them, the KV the step read, the free blocks and the queue left
+after it, and how long it took (scheduled to outputs applied; the loop is synchronous without
+CUDA graphs, so one step's end is the next one's start less the loop's own time).
+
+``install(log)`` wraps transformers' ``FIFOScheduler.schedule_batch`` and
+``ContinuousBatchProcessor.update_batch`` (5.17: ``generation/continuous_batching``); a release
+without them leaves the engine as it is and says so in the engine's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+log = logging.getLogger("engine_server")
+
+FIELDS = ["t", "end", "decodes", "prefills", "q_tokens", "kv_read", "first_tokens", "free_blocks", "waiting",
+          "active", "starved"]
+
+
+class BatchLog:
+    """One entry per scheduled batch: ``FIELDS``. Marked by the engine's generation thread, drained
+    by the server's loop once per phase; thread-safe."""
+
+    def __init__(self, maxlen: int = 200_000) -> None:
+        self._batches: deque[list[Any]] = deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+
+    def scheduled(self, now: float, decodes: int, prefills: int, q_tokens: int, kv_read: int, first_tokens: int,
+                  free_blocks: int, waiting: int, active: int, starved: int) -> None:
+        with self._lock:
+            self._batches.append([round(now, 4), None, decodes, prefills, q_tokens, kv_read, first_tokens,
+                                  free_blocks, waiting, active, starved])
+
+    def ended(self, now: float) -> None:
+        """The latest batch's outputs are applied (a second call for it changes nothing)."""
+        with self._lock:
+            if self._batches and self._batches[-1][1] is None:
+                self._batches[-1][1] = round(now, 4)
+
+    def drain(self) -> list[list[Any]]:
+        with self._lock:
+            out = list(self._batches)
+            self._batches.clear()
+        return out
+
+
+def describe(batch: list[Any]) -> tuple[int, int, int]:
+    """(decodes, prompts being prefilled, of which finish their prompt this step) of a scheduled
+    batch of ``FutureRequestState``: a one-token query is a decode (or a prompt's last token,
+    which costs the same), anything longer a prefill chunk."""
+    decodes = sum(1 for f in batch if f.query_length == 1)
+    prefills = len(batch) - decodes
+    first = sum(1 for f in batch if f.query_length > 1 and f.has_new_token)
+    return decodes, prefills, first
+
+
+def install(batches: BatchLog) -> bool:
+    try:
+        from transformers.generation.continuous_batching import continuous_api, scheduler
+        processor = continuous_api.ContinuousBatchProcessor
+        fifo = scheduler.FIFOScheduler
+        schedule, update = fifo.schedule_batch, processor.update_batch
+    except (ImportError, AttributeError) as e:
+        log.warning("batch log off: this transformers has no %s", e)
+        return False
+
+    failed: list[bool] = []
+
+    def logged_schedule(sched: Any, token_budget: int, cache_budget: int) -> Any:
+        result = schedule(sched, token_budget, cache_budget)
+        try:
+            batch, _fast, q_tokens, kv_read = result
+            if batch:
+                decodes, prefills, first = describe(batch)
+                batches.scheduled(time.perf_counter(), decodes, prefills, int(q_tokens), int(kv_read), first,
+                                  int(sched.cache.get_num_free_blocks()), len(sched.waiting_requests),
+                                  len(sched.active_requests), len(sched.starved_requests))
+        except Exception:  # never into the generation loop: a failure there stops the engine
+            if not failed:
+                failed.append(True)
+                log.exception("batch log: a batch could not be read; logging goes on for the next")
+        return result
+
+    def logged_update(proc: Any, *args: Any, **kwargs: Any) -> Any:
+        out = update(proc, *args, **kwargs)
+        batches.ended(time.perf_counter())
+        return out
+
+    fifo.schedule_batch = logged_schedule  # type: ignore[method-assign]
+    processor.update_batch = logged_update  # type: ignore[method-assign]
+    return True

@@ -75,20 +75,35 @@ def decoding_mean(spans: Sequence[tuple[float, float | None, float | None]], eng
     return statistics.mean(counts) / engines if counts else math.nan
 
 
+def batch_entry(sched: Any, step: Any, now: float) -> list[Any]:
+    """A simulated step as the GPU shim's batch log records a real one (its end set when it ends)."""
+    first = sum(1 for req, n in step.prefill if req.prefilled + n >= len(req.input_ids))
+    cache = sched.cache
+    return [now, None, len(step.decode), len(step.prefill),
+            len(step.decode) + sum(n for _, n in step.prefill),
+            sum(step.work.decode_contexts) - len(step.decode) + sum(c.context_before for c in step.work.prefill),
+            first, (cache.available_tokens + cache.evictable_tokens) // cache.page_size, len(sched.waiting),
+            len(sched.running) + len(sched.prefilling), 0]
+
+
 def replay(prompts: list[list[int]], times: list[float], placement: list[int], n_engines: int,
            output_tokens: int, profile: perf.Profile, config: SimConfig, horizon_s: float,
            shared_gpu: bool = True, into: list[tuple[int, SimRequest]] | None = None,
-           steps_into: list[tuple[int, float, int]] | None = None) -> dict[str, float]:
+           steps_into: list[tuple[int, float, int]] | None = None,
+           batches_into: list[tuple[int, list[Any]]] | None = None) -> dict[str, float]:
     """N engines sharing one GPU on a virtual clock. A request unanswered ``horizon_s`` after the
     last arrival counts as infinitely slow, as the fleet benchmark cancels it then. ``into``
     receives (engine, request) of every request, for per-request analysis; ``steps_into``
-    (engine, end, tokens) of every step that gave a token, as the GPU shim's step clock sees them."""
+    (engine, end, tokens) of every step that gave a token, as the GPU shim's step clock sees them;
+    ``batches_into`` (engine, entry) of every step as the GPU shim's batch log has them
+    (``loadtests/gpu/batch_log.FIELDS``)."""
     engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
     stamps: dict[int, list[float]] = defaultdict(list)
     reqs: list[SimRequest] = []
     gpus = gpu_pool(profile, n_engines, shared_gpu)
     in_flight: dict[int, Any] = {}
     first = [True] * n_engines
+    open_batches: dict[int, list[Any]] = {}
     now, k = 0.0, 0
     stop_at = (times[-1] if times else 0.0) + horizon_s
     while now <= stop_at:
@@ -100,6 +115,10 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
                 into.append((placement[k], req))
             k += 1
         for i in gpus.done(now):
+            if batches_into is not None:
+                entry = open_batches.pop(i)
+                entry[1] = now
+                batches_into.append((i, entry))
             advanced = engines[i].scheduler.finish_step(in_flight.pop(i), now)
             for req in advanced:
                 stamps[id(req)].append(now)
@@ -116,6 +135,8 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
                 first[i] = False
             host, device = perf.step_parts(profile, step.work)
             in_flight[i] = step
+            if batches_into is not None:
+                open_batches[i] = batch_entry(e.scheduler, step, now)
             gpus.submit(i, now, host, device)
         events = [gpus.next_event()] + ([times[k]] if k < len(times) else [])
         if not in_flight and k >= len(times):

@@ -58,6 +58,8 @@ class Placed:
     engine_rows: list[tuple[int, int, float | None, float | None]]
     # per engine, its steps that gave a token: (end, tokens), s from t0 (runs since gpu-fleet-steps-1)
     steps: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
+    # per engine, its scheduler's batches (loadtests/gpu/batch_log.FIELDS), times s from t0 (runs since 2026-12-03)
+    batches: list[list[list[Any]]] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> list[float]:
@@ -125,13 +127,16 @@ def placed_phases(results: Path) -> list[Placed]:
             [q["at"] - t0 for _, _, q in pairs],
             [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
               None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs],
-            [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]]))
+            [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]],
+            [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
+             for e in doc["engines"]]))
     return out
 
 
 def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]],
              into: list[tuple[int, SimRequest]] | None = None,
-             steps_into: list[tuple[int, float, int]] | None = None) -> dict[str, float]:
+             steps_into: list[tuple[int, float, int]] | None = None,
+             batches_into: list[tuple[int, list[Any]]] | None = None) -> dict[str, float]:
     cell, argv = p.cell, p.cell["argv"]
     shape = Shape(**cell["shape"])
     arrivals = trace(p.rate, float(argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
@@ -147,7 +152,8 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
                   cell["workers"], shape.output_tokens, profile, config,
-                  float(argv_value(argv, "--drain-s", "20")), into=into, steps_into=steps_into)
+                  float(argv_value(argv, "--drain-s", "20")), into=into, steps_into=steps_into,
+                  batches_into=batches_into)
 
 
 def report(results: Sequence[Path], profile: perf.Profile) -> str:

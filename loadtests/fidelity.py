@@ -79,11 +79,15 @@ def batch_entry(sched: Any, step: Any, now: float) -> list[Any]:
     """A simulated step as the GPU shim's batch log records a real one (its end set when it ends)."""
     first = sum(1 for req, n in step.prefill if req.prefilled + n >= len(req.input_ids))
     cache = sched.cache
+    # The engine keeps a prompt in its waiting queue until a step takes a chunk of it: one matched
+    # to the cache but skipped (over the KV-read budget) still waits, as it does here.
+    taken = {id(req) for req, _ in step.prefill}
+    skipped = sum(1 for r in sched.prefilling if r.prefilled == r.cached_tokens and id(r) not in taken)
     return [now, None, len(step.decode), len(step.prefill),
             len(step.decode) + sum(n for _, n in step.prefill),
             sum(step.work.decode_contexts) - len(step.decode) + sum(c.context_before for c in step.work.prefill),
-            first, (cache.available_tokens + cache.evictable_tokens) // cache.page_size, len(sched.waiting),
-            len(sched.running) + len(sched.prefilling), 0]
+            first, (cache.available_tokens + cache.evictable_tokens) // cache.page_size,
+            len(sched.waiting) + skipped, len(sched.running) + len(sched.prefilling), 0]
 
 
 def replay(prompts: list[list[int]], times: list[float], placement: list[int], n_engines: int,

@@ -23,6 +23,11 @@ ENGINE_LOGS=/tmp/fleet-engines
 mkdir -p "$OUT" "$ENGINE_LOGS"
 up() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+# The same engine's step time differed 1.7x between two machines on the same arrivals (runs 39 and
+# 57): the host's CPU and the GPU's clocks and neighbours go with every result.
+{ nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,utilization.gpu \
+    --format=csv; grep -m1 "model name" /proc/cpuinfo; echo "cpus $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv; } >> "$OUT/gpu.txt" 2>&1
 URLS=()
 declare -A PIDS=()
 for i in $(seq 1 "$N"); do

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from loadtests import fidelity
@@ -44,3 +45,20 @@ def test_the_replay_logs_every_step_it_ran_with_the_prompts_each_finished() -> N
     assert all(b[F["end"]] > b[F["t"]] for b in rows)  # every step ended after it began
     assert rows[0][F["prefills"]] == 2 and rows[0][F["q_tokens"]] == 600  # both first prompts in one step
     assert max(b[F["decodes"]] for b in rows) >= 2
+
+
+def test_a_prompt_matched_but_over_the_read_budget_is_logged_as_waiting() -> None:
+    # As the engine's log has it: a prompt stays in the waiting queue until a step takes a chunk of
+    # it, even once matched to the cache. Here the first request's decodes read ~300 tokens of the
+    # 400-token read budget, so the second (256 of its tokens cached) waits until the first ends.
+    profile = dataclasses.replace(perf.PROFILES["h200-transformers-7b"], kv_read_budget=400)
+    shared = list(range(256))
+    prompts = [shared + [1000 + j for j in range(44)], shared + [2000 + j for j in range(44)]]
+    got: list[tuple[int, list[float]]] = []
+    fidelity.replay(prompts, [0.0, 0.5], [0, 0], 1, 16, profile,
+                    SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32), 30.0, batches_into=got)
+    rows = [b for _, b in got]
+    blocked = [b for b in rows if b[F["waiting"]] > 0 and b[F["prefills"]] == 0]
+    assert blocked and all(b[F["decodes"]] == 1 for b in blocked)
+    assert summarize(rows)["blocked share"] > 0
+    assert sum(b[F["first_tokens"]] for b in rows) == 2  # the second ran once the first was done

@@ -1,0 +1,144 @@
+"""The engine's step costs on this machine, fitted to its own batch log: the simulator calibrated per machine.
+
+    .venv/bin/python -m loadtests.fit_steps --results loadtests/results/gpu-fleet-batches-1 [--phases 201,202]
+
+The same engine on the same arrivals stepped 1.7x slower on one H200 machine than on another
+(runs 39 and 57, ``docs/gpu-fleet.md``), so no one profile is within ±30% of both. The GPU shim logs
+every batch its engine ran (``loadtests/gpu/batch_log.py``: what it held and how long it took);
+this fits the profile's step-cost constants to those durations, for one engine alone on the GPU
+(a shared GPU adds its slicing, which this does not fit): a step costs ``step_overhead_s``, plus
+``seq_overhead_s`` per sequence and ``ctx_overhead_s`` per context token read, plus the roofline of
+its work at ``mfu`` (``perf.step_parts``). For each ``mfu`` of a grid the three constants are a
+non-negative least-squares fit to what is left; the best grid point wins. It prints the fit and
+the ``--set`` options that give ``loadtests.fidelity`` / ``fidelity_placed`` this machine's engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests.gpu.batch_log import FIELDS
+from loadtests.jsonl import read_text
+from proxy.sim import perf
+
+F = {name: k for k, name in enumerate(FIELDS)}
+MFU_GRID = (0.12, 0.14, 0.16, 0.18, 0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.34, 0.38, 0.44)
+FITTED = ("step_overhead_s", "seq_overhead_s", "ctx_overhead_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFit:
+    mfu: float
+    step_overhead_s: float
+    seq_overhead_s: float
+    ctx_overhead_s: float
+    rms_s: float  # of a step's duration, fitted against measured
+    steps: int
+
+    def options(self) -> str:
+        return " ".join(f"--set {k}={getattr(self, k):.3g}" for k in ("mfu", *FITTED))
+
+
+def work_of(batch: Sequence[Any]) -> perf.StepWork:
+    """A logged batch as the simulator's step: the log has totals only, so the prompt tokens are
+    split evenly over its prefills and the KV read over its decodes (a cached prefix a prefill
+    reads counts as decode context: the same bytes moved)."""
+    decodes, prefills = int(batch[F["decodes"]]), int(batch[F["prefills"]])
+    new = int(batch[F["q_tokens"]]) - decodes
+    chunks = [perf.PrefillChunk(max(1, new // prefills), 0)] * prefills if prefills else []
+    ctx = [int(batch[F["kv_read"]]) // decodes] * decodes if decodes else []
+    return perf.StepWork(prefill=chunks, decode_contexts=ctx)
+
+
+def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (a handful of columns), None if singular."""
+    n = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] + [sum(r[i] * v for r, v in zip(rows, y, strict=True))]
+         for i in range(n)]
+    for c in range(n):  # Gauss-Jordan with partial pivoting
+        p = max(range(c, n), key=lambda i: abs(a[i][c]))
+        if abs(a[p][c]) < 1e-300:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for i in range(n):
+            if i != c:
+                f = a[i][c] / a[c][c]
+                a[i] = [x - f * z for x, z in zip(a[i], a[c], strict=True)]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def _nonneg_fit(rows: list[list[float]], y: list[float]) -> tuple[list[float], float]:
+    """The best fit over every subset of columns whose coefficients come out non-negative (the
+    others held at 0): a cost is never negative, and with three columns the subsets are few."""
+    best: tuple[list[float], float] = ([0.0] * len(rows[0]), math.sqrt(sum(v * v for v in y) / len(y)))
+    for k in range(1, len(rows[0]) + 1):
+        for cols in itertools.combinations(range(len(rows[0])), k):
+            coef = _solve([[r[c] for c in cols] for r in rows], y)
+            if coef is None or min(coef) < 0:
+                continue
+            full = [0.0] * len(rows[0])
+            for c, v in zip(cols, coef, strict=True):
+                full[c] = v
+            rms = math.sqrt(sum((v - sum(f * x for f, x in zip(full, r, strict=True))) ** 2
+                                for r, v in zip(rows, y, strict=True)) / len(y))
+            if rms < best[1]:
+                best = (full, rms)
+    return best
+
+
+def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
+              mfus: Sequence[float] = MFU_GRID) -> StepFit:
+    """``profile``'s step constants fitted to one engine's logged batches (those that ended)."""
+    done = [b for b in batches if b[F["end"]] is not None and b[F["decodes"]] + b[F["prefills"]] > 0]
+    if len(done) < 3:
+        raise ValueError(f"{len(done)} finished batches: too few to fit")
+    works = [work_of(b) for b in done]
+    rows = [[1.0, float(len(w.prefill) + len(w.decode_contexts)),
+             float(sum(w.decode_contexts) + sum(c.context_before for c in w.prefill))] for w in works]
+    best: StepFit | None = None
+    for mfu in mfus:
+        bare = dataclasses.replace(profile, mfu=mfu, step_overhead_s=0.0, seq_overhead_s=0.0, ctx_overhead_s=0.0,
+                                   warmup_s=0.0)
+        y = [b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, w) for b, w in zip(done, works, strict=True)]
+        coef, rms = _nonneg_fit(rows, y)
+        if best is None or rms < best.rms_s:
+            best = StepFit(mfu, *coef, rms_s=rms, steps=len(done))
+    assert best is not None
+    return best
+
+
+def lone_batches(results: Path, phases: set[int] | None = None) -> list[list[Any]]:
+    """Every logged batch of the phases run on one engine alone (``run_fleet.sh alone``)."""
+    out: list[list[Any]] = []
+    for line in read_text(results / "engines.jsonl").splitlines():
+        doc = json.loads(line)
+        if len(doc["engines"]) != 1 or (phases is not None and doc["phase"] not in phases):
+            continue
+        out.extend(doc["engines"][0].get("batches") or [])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--phases", default="", help="comma-separated phase numbers (default: every lone phase)")
+    p.add_argument("--profile", default="h200-transformers-7b-slices", help="the profile whose other fields stay")
+    a = p.parse_args()
+    phases = {int(x) for x in a.phases.split(",") if x} or None
+    profile = perf.PROFILES[a.profile]
+    fit = fit_steps(lone_batches(a.results, phases), profile)
+    was = " ".join(f"{k}={getattr(profile, k):.3g}" for k in ("mfu", *FITTED))
+    print(f"{fit.steps} steps of one engine alone in {a.results.name}: rms {1000 * fit.rms_s:.1f} ms a step")
+    print(f"profile {profile.name}: {was}")
+    print(f"fitted: {fit.options()}")
+
+
+if __name__ == "__main__":
+    main()

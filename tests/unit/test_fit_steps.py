@@ -1,0 +1,61 @@
+"""Fitting the engine's step costs to its batch log: the constants that made the log come back."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from loadtests.fit_steps import F, fit_steps, work_of
+from loadtests.gpu.batch_log import FIELDS
+from proxy.sim import perf
+
+PROFILE = perf.PROFILES["h200-transformers-7b-slices"]
+
+
+def logged(decodes: int, prefills: int, new_tokens: int, kv_read: int, seconds: float, t: float) -> list[float]:
+    row = [0.0] * len(FIELDS)
+    row[F["t"]], row[F["end"]] = t, t + seconds
+    row[F["decodes"]], row[F["prefills"]] = decodes, prefills
+    row[F["q_tokens"]], row[F["kv_read"]] = decodes + new_tokens, kv_read
+    return row
+
+
+def log_of(true: perf.Profile) -> list[list[float]]:
+    rows, t = [], 0.0
+    for decodes in (0, 1, 3, 8, 14):
+        for prefills, new in ((0, 0), (1, 900), (2, 5000)):
+            for per_ctx in (500, 3000):
+                if decodes + prefills == 0:
+                    continue
+                row = logged(decodes, prefills, new, decodes * per_ctx, 0.0, t)
+                row[F["end"]] = t + perf.step_seconds(true, work_of(row))
+                rows.append(row)
+                t = row[F["end"]]
+    return rows
+
+
+def test_the_fit_gives_back_the_constants_the_steps_were_timed_with() -> None:
+    true = dataclasses.replace(PROFILE, mfu=0.3, step_overhead_s=0.045, seq_overhead_s=0.003, ctx_overhead_s=2e-6,
+                               warmup_s=0.0)
+    fit = fit_steps(log_of(true), PROFILE)
+    assert fit.mfu == 0.3 and fit.rms_s < 1e-6
+    assert math.isclose(fit.step_overhead_s, 0.045, rel_tol=1e-3)
+    assert math.isclose(fit.seq_overhead_s, 0.003, rel_tol=1e-3)
+    assert math.isclose(fit.ctx_overhead_s, 2e-6, rel_tol=1e-3)
+    assert "--set mfu=0.3 --set step_overhead_s=0.045" in fit.options()
+
+
+def test_no_cost_comes_out_negative() -> None:
+    # Steps that cost less with more sequences: the unconstrained fit would price a sequence below
+    # zero; the fit holds that cost at 0 instead.
+    rows = [logged(d, 0, 0, 1000 * d, 0.2 - 0.01 * d, 1.0 * d) for d in range(1, 12)]
+    fit = fit_steps(rows, PROFILE)
+    assert min(fit.step_overhead_s, fit.seq_overhead_s, fit.ctx_overhead_s) >= 0
+    assert fit.seq_overhead_s == 0 and fit.ctx_overhead_s == 0
+
+
+def test_a_log_too_short_is_refused() -> None:
+    with pytest.raises(ValueError, match="too few"):
+        fit_steps([logged(1, 0, 0, 100, 0.1, 0.0)], PROFILE)

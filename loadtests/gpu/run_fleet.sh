@@ -28,6 +28,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 { nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,utilization.gpu \
     --format=csv; grep -m1 "model name" /proc/cpuinfo; echo "cpus $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg)"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv; } >> "$OUT/gpu.txt" 2>&1
+# And once a second while it runs (in logs.tgz, on the batch logs' clock): SM clock, GPU load, steal.
+python3 loadtests/gpu/sample_host.py --out "$ENGINE_LOGS/host-$T_START.csv" --max-s 600 > /dev/null 2>&1 &
+SAMPLER=$!
 URLS=()
 declare -A PIDS=()
 for i in $(seq 1 "$N"); do
@@ -108,5 +111,6 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # The simulator replayed on this run's fixed-placement phases (oracle, one engine alone), while the
 # day's engine is the one it is compared with: seconds of CPU, the table beside the results.
 python3 -m loadtests.fidelity --results "$OUT" > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"
+kill "$SAMPLER" 2>/dev/null
 # At most 8 files come back from the device: router configs and logs, engine logs in one archive.
 (cd "$OUT" && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . 2>/dev/null && rm -f router-*.log radixgate-*.yaml)

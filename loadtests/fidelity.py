@@ -336,18 +336,6 @@ def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], bas
         print(f"fleet {fleet_err:.3f} one-engine {alone_err:.3f}: {label}")
 
 
-def profile_value(current: Any, text: str) -> Any:
-    """``--set``'s text as the field's type (a field that is None takes a number)."""
-    if isinstance(current, bool):
-        return text == "True"
-    if isinstance(current, str):
-        return text
-    if text == "None":
-        return None
-    number = float(text)
-    return int(number) if isinstance(current, int) or (current is None and number.is_integer()) else number
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", default=[RESULTS])
@@ -361,10 +349,7 @@ def main() -> None:
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     points = [pt for results in a.results for pt in real_points(results)]
-    profile = perf.PROFILES[a.profile]
-    for item in a.set:
-        key, value = item.split("=", 1)
-        profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    profile = perf.overridden(perf.PROFILES[a.profile], a.set)
     if a.sweep:
         grid = {k: tuple(float(v) for v in vs.split(",")) for k, vs in (g.split("=", 1) for g in a.grid)}
         sweep(points, profile, encoder, grid or None)

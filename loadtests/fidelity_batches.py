@@ -13,14 +13,12 @@ while prompts waited (with the free KV then): the admission rule the model may l
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity import profile_value
 from loadtests.fidelity_placed import placed_phases, simulate
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet import TOKENIZER
@@ -90,10 +88,7 @@ def main() -> None:
     p.add_argument("--profile", default="h200-transformers-7b-slices")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     a = p.parse_args()
-    profile = perf.PROFILES[a.profile]
-    for item in a.set:
-        key, value = item.split("=", 1)
-        profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    profile = perf.overridden(perf.PROFILES[a.profile], a.set)
     print(report(a.results, profile))
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity import TOLERANCE, profile_value, replay
+from loadtests.fidelity import TOLERANCE, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.jsonl import exists, read_jsonl, read_text
@@ -490,10 +490,7 @@ def main() -> None:
     if a.repeatability:
         print(repeatability(a.results))
         return
-    profile = perf.PROFILES[a.profile]
-    for item in a.set:
-        key, value = item.split("=", 1)
-        profile = dataclasses.replace(profile, **{key: profile_value(getattr(profile, key), value)})
+    profile = perf.overridden(perf.PROFILES[a.profile], a.set)
     if a.steps:
         print(steps_report(a.results, profile))
         return

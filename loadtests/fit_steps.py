@@ -9,8 +9,9 @@ this fits the profile's step-cost constants to those durations, for one engine a
 (a shared GPU adds its slicing, which this does not fit): a step costs ``step_overhead_s``, plus
 ``seq_overhead_s`` per sequence and ``ctx_overhead_s`` per context token read, plus the roofline of
 its work at ``mfu`` (``perf.step_parts``). For each ``mfu`` of a grid the three constants are a
-non-negative least-squares fit to what is left; the best grid point wins. It prints the fit and
-the ``--set`` options that give ``loadtests.fidelity`` / ``fidelity_placed`` this machine's engine.
+non-negative least-squares fit to what is left; the best grid point wins. It prints the fit, the
+``--set`` options that give ``loadtests.fidelity`` / ``fidelity_placed`` this machine's engine, and
+the ``--profile-set`` options that give it to the simulated workers (``python -m proxy.sim``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class StepFit:
     rms_s: float  # of a step's duration, fitted against measured
     steps: int
 
-    def options(self) -> str:
-        return " ".join(f"--set {k}={getattr(self, k):.3g}" for k in ("mfu", *FITTED))
+    def options(self, flag: str = "--set") -> str:
+        return " ".join(f"{flag} {k}={getattr(self, k):.3g}" for k in ("mfu", *FITTED))
 
 
 def work_of(batch: Sequence[Any]) -> perf.StepWork:
@@ -138,6 +139,7 @@ def main() -> None:
     print(f"{fit.steps} steps of one engine alone in {a.results.name}: rms {1000 * fit.rms_s:.1f} ms a step")
     print(f"profile {profile.name}: {was}")
     print(f"fitted: {fit.options()}")
+    print(f"simulated workers: python -m proxy.sim --profile {profile.name} {fit.options('--profile-set')}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--profile", default=d.profile, choices=sorted(PROFILES))
+    p.add_argument("--profile-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a profile constant (repeatable), e.g. the output of loadtests.fit_steps")
     p.add_argument("--time-scale", type=float, default=d.time_scale)
     p.add_argument("--served-model-name", default=d.served_model_name)
     p.add_argument("--worker-id", default=None)
@@ -79,8 +81,12 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
         p.error("--count must be >= 1")
     if ns["tokenizer"] and importlib.util.find_spec("tokenizers") is None:
         p.error("--tokenizer needs the tokenizers package: pip install 'radixgate[bpe]'")
+    ns["profile_set"] = tuple(ns["profile_set"])
     config = SimConfig(**ns)
-    config.validate()
+    try:
+        config.validate()
+    except ValueError as e:
+        p.error(str(e))
     return config, count, shared
 
 
@@ -95,7 +101,7 @@ async def serve(config: SimConfig, count: int = 1, shared_gpu: bool = False) -> 
 
     # one clock for the shared GPU and its engines (SimWorker's default is a MonotonicClock too)
     clock = MonotonicClock()
-    gpu = RealTimeGpu(gpu_pool(PROFILES[config.profile], count), clock) if shared_gpu else None
+    gpu = RealTimeGpu(gpu_pool(config.resolved_profile(), count), clock) if shared_gpu else None
     workers = []
     for i in range(count):
         port = config.port + i if config.port else 0

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.sim.perf import Profile
 
 DEFAULT_MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 SCHEDULE_POLICIES = ("fcfs", "lpm")
@@ -23,6 +26,9 @@ class SimConfig:
     port: int = 0
     # Performance profile from perf.PROFILES: model x GPU x engine constants.
     profile: str = "llama-3.1-8b-h100"
+    # FIELD=VALUE over the profile's constants (perf.overridden), e.g. a machine's own step costs
+    # as loadtests/fit_steps.py fits them from its engine's batch log.
+    profile_set: tuple[str, ...] = ()
     # The worker runs time_scale times faster than real time; reported latencies are real wall seconds.
     time_scale: float = 1.0
     served_model_name: str = DEFAULT_MODEL_NAME
@@ -93,6 +99,13 @@ class SimConfig:
 
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; known: {sorted(PROFILES)}")
+        self.resolved_profile()
+
+    def resolved_profile(self) -> Profile:
+        """The profile by name with ``profile_set`` applied (ValueError naming a bad field)."""
+        from proxy.sim.perf import PROFILES, overridden
+
+        return overridden(PROFILES[self.profile], self.profile_set)
 
 
 def base_url(host: str, port: int) -> str:

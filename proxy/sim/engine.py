@@ -20,7 +20,7 @@ from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig
 from proxy.sim.gpu_realtime import RealTimeGpu
 from proxy.sim.kv_publish import KvPublisher
-from proxy.sim.perf import PROFILES, Profile, step_parts
+from proxy.sim.perf import Profile, step_parts
 from proxy.sim.radix import RadixCache
 from proxy.sim.scheduler import Scheduler, SchedulerLimits, SimRequest
 
@@ -35,7 +35,7 @@ class Engine:
         self.config = config
         self.clock = clock or MonotonicClock()
         # ``profile``: one not in PROFILES (a fit's candidate); else the config's, by name.
-        self.profile: Profile = profile or PROFILES[config.profile]
+        self.profile: Profile = profile or config.resolved_profile()
         # Several engines on one GPU (gpu_realtime: shared as the profile says); None = a GPU of its own.
         self.gpu = gpu
         self.max_total_tokens = config.max_total_tokens or self.profile.kv_pool_tokens

@@ -119,6 +119,9 @@ def cli_args(config: SimConfig) -> list[str]:
         if isinstance(value, bool):
             if value:
                 args.append(flag)
+        elif isinstance(value, tuple):  # a repeatable flag
+            for item in value:
+                args += [flag, str(item)]
         elif value is not None:
             args += [flag, str(value)]
     return args

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 TFLOPS = 1e12
 TB = 1e12
@@ -248,3 +249,31 @@ PROFILES: dict[str, Profile] = {
 PROFILES["h200-transformers-7b-slices"] = dataclasses.replace(
     PROFILES["h200-transformers-7b"], name="h200-transformers-7b-slices", gpu_sharing="slices",
     gpu_exclusive_host=0.0, seq_gpu_share=1.0, gpu_share_exponent=0.3)
+
+
+def overridden(profile: Profile, settings: Sequence[str]) -> Profile:
+    """``profile`` with ``FIELD=VALUE`` settings applied, each value read as the field's type (a
+    field that is None takes a number): how a machine's own constants (``loadtests.fit_steps``)
+    reach the simulator. A bad setting raises ValueError naming the field."""
+    for item in settings:
+        key, sep, text = item.partition("=")
+        if not sep or key in ("name", "model", "gpu") or key not in Profile.__dataclass_fields__:
+            raise ValueError(f"profile setting {item!r}: not FIELD=VALUE of a profile's constants")
+        current = getattr(profile, key)
+        try:
+            value: Any
+            if isinstance(current, bool):
+                if text not in ("True", "False", "true", "false"):
+                    raise ValueError("not a boolean")
+                value = text in ("True", "true")
+            elif isinstance(current, str):
+                value = text
+            elif text == "None":
+                value = None
+            else:
+                number = float(text)
+                value = int(number) if isinstance(current, int) or (current is None and number.is_integer()) else number
+        except ValueError as e:
+            raise ValueError(f"profile setting {key}: {text!r} is {e}") from None
+        profile = dataclasses.replace(profile, **{key: value})
+    return profile

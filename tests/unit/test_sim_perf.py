@@ -72,3 +72,19 @@ def test_the_kv_pool_is_what_is_left_after_the_weights(name: str) -> None:
     pool_bytes = p.kv_pool_tokens * p.model.kv_bytes_per_token
     assert p.model.kv_bytes_per_token == 131072  # 2 x 32 layers x 8 kv heads x 128 dims x 2 bytes
     assert 0 < pool_bytes < p.gpu.memory_bytes - p.model.weight_bytes
+
+
+def test_a_profile_overridden_field_by_field_keeps_the_rest() -> None:
+    from proxy.sim.perf import overridden
+
+    base = PROFILES["h200-transformers-7b-slices"]
+    fitted = overridden(base, ["step_overhead_s=0.035", "seq_overhead_s=0.00335", "kv_read_budget=40000",
+                               "evict_most_recent=False", "gpu_sharing=fcfs"])
+    assert (fitted.step_overhead_s, fitted.seq_overhead_s, fitted.kv_read_budget) == (0.035, 0.00335, 40000)
+    assert isinstance(fitted.kv_read_budget, int) and fitted.evict_most_recent is False
+    assert fitted.gpu_sharing == "fcfs" and fitted.mfu == base.mfu and fitted.model == base.model
+    work = StepWork(decode_contexts=[3000] * 8)
+    assert step_seconds(fitted, work) < step_seconds(base, work)  # a cheaper step, as set
+    for bad in ("mfu", "mfu=fast", "name=x", "nope=1"):
+        with pytest.raises(ValueError, match="profile setting"):
+            overridden(base, [bad])

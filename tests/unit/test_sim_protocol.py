@@ -82,10 +82,20 @@ def test_a_sim_config_round_trips_through_the_command_line() -> None:
                        page_size=16, schedule_policy="lpm", chunked_prefill_size=-1, max_queued_requests=9,
                        stream_interval=2, incremental_streaming_output=True, worker_id="w1",
                        fault_error_rate=0.25, fault_fail_health=True, fault_die_after_tokens=5,
-                       minimal_reports=True)
+                       minimal_reports=True, profile_set=("step_overhead_s=0.01", "mfu=0.3"))
     assert parse_args(cli_args(config)) == config
     assert parse_args(cli_args(SimConfig(port=0))) == SimConfig(port=0)
     assert parse_cli([*cli_args(config), "--count", "4", "--shared-gpu"]) == (config, 4, True)
+
+
+def test_a_bad_profile_setting_is_refused_naming_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.sim.__main__ import parse_args
+
+    for bad, named in (("mfu=fast", "mfu"), ("no_such_field=1", "no_such_field"), ("model=x", "model"),
+                       ("evict_most_recent=maybe", "evict_most_recent")):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--profile-set", bad])
+        assert exit_.value.code == 2 and named in capsys.readouterr().err
 
 
 def test_chat_through_a_chat_template_and_its_refusal_as_a_400() -> None:
@@ -101,3 +111,13 @@ def test_chat_through_a_chat_template_and_its_refusal_as_a_400() -> None:
     refusing = ChatTemplate("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(BadRequest, match="roles must alternate"):
         parse_openai(body, chat=True, encode_chat=lambda msgs: tokenizer.encode(refusing.render(msgs)))
+
+
+def test_a_worker_runs_on_its_profile_settings() -> None:
+    from proxy.sim.config import SimConfig
+    from proxy.sim.server import SimWorker
+
+    worker = SimWorker(SimConfig(profile="h200-transformers-7b-slices", profile_set=("step_overhead_s=0.035",
+                                                                                      "safety_margin=0.2")))
+    assert worker.engine.profile.step_overhead_s == 0.035
+    assert worker.engine.scheduler.limits.safety_margin == 0.2  # the scheduler is built from the set profile

@@ -339,8 +339,8 @@ def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], bas
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", default=[RESULTS])
-    p.add_argument("--profile", default="h200-transformers-7b-slices",
-                   help="the simulated engines (figures dated before 2026-12-03 night: h200-transformers-7b)")
+    p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE,
+                   help="the simulated engines (figures dated before 2026-12-04: h200-transformers-7b-slices; before 2026-12-03 night: h200-transformers-7b)")
     p.add_argument("--fit", action="store_true")
     p.add_argument("--sweep", action="store_true", help="grid of the loaded-fleet constants, best first")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")

@@ -85,7 +85,7 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", required=True)
-    p.add_argument("--profile", default="h200-transformers-7b-slices")
+    p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     a = p.parse_args()
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)

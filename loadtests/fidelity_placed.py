@@ -473,8 +473,8 @@ def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, nargs="+", required=True)
-    p.add_argument("--profile", default="h200-transformers-7b-slices",
-                   help="the simulated engines (figures dated before 2026-12-03 night: h200-transformers-7b)")
+    p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE,
+                   help="the simulated engines (figures dated before 2026-12-04: h200-transformers-7b-slices; before 2026-12-03 night: h200-transformers-7b)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     p.add_argument("--regress", type=float, metavar="MIN_RATE", default=None,
                    help="fit one linear TTFT model on the real and on the simulated requests of phases at this rate or more")

@@ -30,7 +30,8 @@ from loadtests.jsonl import read_text
 from proxy.sim import perf
 
 F = {name: k for k, name in enumerate(FIELDS)}
-MFU_GRID = (0.12, 0.14, 0.16, 0.18, 0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.34, 0.38, 0.44)
+MFU_GRID = (0.12, 0.14, 0.16, 0.18, 0.2, 0.22, 0.24, 0.26, 0.28, 0.3, 0.34, 0.38, 0.44, 0.5, 0.55, 0.6, 0.65)
+ATTN_GRID = (0.25, 0.29, 0.33, 0.37, 0.41, 0.45)
 FITTED = ("step_overhead_s", "seq_overhead_s", "ctx_overhead_s")
 
 
@@ -42,9 +43,11 @@ class StepFit:
     ctx_overhead_s: float
     rms_s: float  # of a step's duration, fitted against measured
     steps: int
+    attn_eff: float = 0.0  # with the profile's dense_attention; else 0 (not fitted)
 
     def options(self, flag: str = "--set") -> str:
-        return " ".join(f"{flag} {k}={getattr(self, k):.3g}" for k in ("mfu", *FITTED))
+        names = ("mfu", *FITTED) + (("attn_eff",) if self.attn_eff else ())
+        return " ".join(f"{flag} {k}={getattr(self, k):.3g}" for k in names)
 
 
 def work_of(batch: Sequence[Any]) -> perf.StepWork:
@@ -52,9 +55,10 @@ def work_of(batch: Sequence[Any]) -> perf.StepWork:
     split evenly over its prefills and the KV read over its decodes (a cached prefix a prefill
     reads counts as decode context: the same bytes moved)."""
     decodes, prefills = int(batch[F["decodes"]]), int(batch[F["prefills"]])
-    new = int(batch[F["q_tokens"]]) - decodes
-    chunks = [perf.PrefillChunk(max(1, new // prefills), 0)] * prefills if prefills else []
-    ctx = [int(batch[F["kv_read"]]) // decodes] * decodes if decodes else []
+    new, kv = int(batch[F["q_tokens"]]) - decodes, int(batch[F["kv_read"]])
+    cached = 0 if decodes else kv // max(1, prefills)  # a prefill-only step's reads are its prefixes
+    chunks = [perf.PrefillChunk(max(1, new // prefills), cached)] * prefills if prefills else []
+    ctx = [kv // decodes] * decodes if decodes else []
     return perf.StepWork(prefill=chunks, decode_contexts=ctx)
 
 
@@ -95,8 +99,9 @@ def _nonneg_fit(rows: list[list[float]], y: list[float]) -> tuple[list[float], f
 
 
 def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
-              mfus: Sequence[float] = MFU_GRID) -> StepFit:
-    """``profile``'s step constants fitted to one engine's logged batches (those that ended)."""
+              mfus: Sequence[float] = MFU_GRID, attn_effs: Sequence[float] = ATTN_GRID) -> StepFit:
+    """``profile``'s step constants fitted to one engine's logged batches (those that ended); with
+    its ``dense_attention`` the attention's efficiency too (a grid, as ``mfu``)."""
     done = [b for b in batches if b[F["end"]] is not None and b[F["decodes"]] + b[F["prefills"]] > 0]
     if len(done) < 3:
         raise ValueError(f"{len(done)} finished batches: too few to fit")
@@ -104,13 +109,13 @@ def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
     rows = [[1.0, float(len(w.prefill) + len(w.decode_contexts)),
              float(sum(w.decode_contexts) + sum(c.context_before for c in w.prefill))] for w in works]
     best: StepFit | None = None
-    for mfu in mfus:
-        bare = dataclasses.replace(profile, mfu=mfu, step_overhead_s=0.0, seq_overhead_s=0.0, ctx_overhead_s=0.0,
-                                   warmup_s=0.0)
+    for mfu, eff in itertools.product(mfus, attn_effs if profile.dense_attention else (0.0,)):
+        bare = dataclasses.replace(profile, mfu=mfu, attn_eff=eff, step_overhead_s=0.0, seq_overhead_s=0.0,
+                                   ctx_overhead_s=0.0, warmup_s=0.0)
         y = [b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, w) for b, w in zip(done, works, strict=True)]
         coef, rms = _nonneg_fit(rows, y)
         if best is None or rms < best.rms_s:
-            best = StepFit(mfu, *coef, rms_s=rms, steps=len(done))
+            best = StepFit(mfu, *coef, rms_s=rms, steps=len(done), attn_eff=eff)
     assert best is not None
     return best
 
@@ -130,12 +135,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--phases", default="", help="comma-separated phase numbers (default: every lone phase)")
-    p.add_argument("--profile", default="h200-transformers-7b-slices", help="the profile whose other fields stay")
+    p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE, help="the profile whose other fields stay")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a profile field before the fit (e.g. dense_attention=False)")
     a = p.parse_args()
     phases = {int(x) for x in a.phases.split(",") if x} or None
-    profile = perf.PROFILES[a.profile]
+    profile = perf.overridden(perf.PROFILES[a.profile], a.set)
     fit = fit_steps(lone_batches(a.results, phases), profile)
-    was = " ".join(f"{k}={getattr(profile, k):.3g}" for k in ("mfu", *FITTED))
+    was = " ".join(f"{k}={getattr(profile, k):.3g}" for k in ("mfu", *FITTED, "attn_eff"))
     print(f"{fit.steps} steps of one engine alone in {a.results.name}: rms {1000 * fit.rms_s:.1f} ms a step")
     print(f"profile {profile.name}: {was}")
     print(f"fitted: {fit.options()}")

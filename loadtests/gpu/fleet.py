@@ -63,6 +63,7 @@ from loadtests.gpu.fleet_report import (
 )
 from proxy.loadgen import texts
 from proxy.loadgen.arrivals import poisson_times
+from proxy.sim import perf
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
@@ -679,7 +680,7 @@ def main() -> None:
     p.add_argument("--workers", nargs="*", default=[])
     p.add_argument("--sim", type=int, default=0, help="start this many simulated workers instead")
     # the GPU fleet's engines, the GPU shared in weighted time slices (as fleet_sim.PROFILE)
-    p.add_argument("--sim-profile", default="h200-transformers-7b-slices")
+    p.add_argument("--sim-profile", default=perf.GPU_FLEET_PROFILE)
     p.add_argument("--sim-arg", action="append", default=[], help="extra simworker flag (repeatable)")
     p.add_argument("--sim-own-gpus", action="store_true", help="simulated workers do not share one GPU")
     p.add_argument("--time-scale", type=float, default=1.0)

@@ -39,14 +39,16 @@ from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, WorkerSnapshot
+from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.tokenizer import Encoder
 
-# The simulated engines' profile (``--profile``): the GPU fleet's engines, their GPU shared in
-# weighted time slices. Against whole steps (h200-transformers-7b) on runs 47-56's routed cells it
-# put the GPU's TTFT p95 within 30% in 22 of 26 (20) and ranked the default against smg as the GPU
-# did in 10 of 11 cells (6); proxy/sim/README.md, "The routing simulator on the sliced GPU".
-PROFILE = "h200-transformers-7b-slices"
+# The simulated engines' profile (``--profile``): the GPU fleet's engines with their dense batch
+# attention, their GPU shared in time slices (perf.GPU_FLEET_PROFILE). On the engines' own
+# decisions replayed it has the marginal costs the GPU has (TTFT per 1,000 uncached tokens, per
+# running and per waiting request); proxy/sim/README.md, "Dense attention". Figures dated before
+# 2026-12-04 ran h200-transformers-7b-slices.
+PROFILE = perf.GPU_FLEET_PROFILE
 
 
 class Oracle(IgnoresFeedback):

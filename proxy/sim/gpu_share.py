@@ -7,7 +7,7 @@ replay): ``gpu_pool`` picks by ``Profile.gpu_sharing``.
   time-slices contexts: equal, or weighted by the step's GPU seconds ** ``gpu_share_exponent``;
   with ``overlap`` (``slices-overlap``) a step's host time also runs beside its own GPU work.
   ``QuantumGpu`` (``quanta``): turns of at most ``gpu_quantum_s``, round robin, between whole
-  steps and equal shares. Weighted slices (profile ``h200-transformers-7b-slices``) match the GPU
+  steps and equal shares. Time slices (profiles ``h200-transformers-7b-slices``, ``-dense``) match the GPU
   engines' own step clock; equal shares, overlap and quanta measured worse than whole steps
   (``proxy/sim/README.md``).
 

@@ -118,6 +118,12 @@ class Profile:
     scheduler: str = "sglang"
     kv_read_budget: int | None = None
     safety_margin: float = 0.0  # hf_fifo: below this free share of KV, decodes only (one prefill if none)
+    # The step's attention as one dense product of every query token of the step against every key
+    # it reads (transformers' `paged|sdpa`: the batch's queries packed, its KV gathered, a 4-D mask
+    # keeping each sequence to its own), at ``attn_eff`` of peak; else per sequence, at ``mfu``.
+    # Its batch logs show it: a prompt token costs 2.5x more beside 8+ decodes than alone.
+    dense_attention: bool = False
+    attn_eff: float = 0.0  # dense_attention: achieved fraction of peak FLOPs in it
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -157,10 +163,15 @@ def step_parts(profile: Profile, work: StepWork) -> tuple[float, float]:
     pairs = sum(c.new_tokens * c.context_before + c.new_tokens * (c.new_tokens + 1) / 2 for c in work.prefill)
     pairs += sum(work.decode_contexts)
     flops = 2.0 * m.block_params * new_tokens + 2.0 * m.embedding_params * sequences
-    flops += m.attn_flops_per_pair * pairs
     kv_read = sum(c.context_before for c in work.prefill) + sum(work.decode_contexts)
+    if profile.dense_attention:
+        attention_s = m.attn_flops_per_pair * new_tokens * (kv_read + new_tokens) / (
+            profile.gpu.peak_bf16_flops * profile.attn_eff)
+    else:
+        flops += m.attn_flops_per_pair * pairs
+        attention_s = 0.0
     bytes_moved = m.weight_bytes + m.kv_bytes_per_token * (kv_read + new_tokens)
-    compute_s = flops / (profile.gpu.peak_bf16_flops * profile.mfu)
+    compute_s = flops / (profile.gpu.peak_bf16_flops * profile.mfu) + attention_s
     memory_s = bytes_moved / (profile.gpu.hbm_bytes_per_s * profile.bw_eff)
     per_seq = profile.seq_overhead_s * sequences + profile.ctx_overhead_s * kv_read
     host = profile.step_overhead_s + (1.0 - profile.seq_gpu_share) * per_seq
@@ -245,10 +256,27 @@ PROFILES: dict[str, Profile] = {
 # alone, while its per-request and per-prefill-token costs grow 2.7-3.7x; time slices (shares
 # weighted by each step's GPU seconds ** 0.3, all per-sequence cost GPU work, no host time holding
 # the GPU) reproduce that, where whole steps turn the sharing into a fixed wait. Alone it is the
-# profile above. The GPU-fleet tools' default (fleet_sim, fidelity, fidelity_placed, fleet --sim).
+# profile above. The GPU-fleet tools' default before the dense attention below.
 PROFILES["h200-transformers-7b-slices"] = dataclasses.replace(
     PROFILES["h200-transformers-7b"], name="h200-transformers-7b-slices", gpu_sharing="slices",
     gpu_exclusive_host=0.0, seq_gpu_share=1.0, gpu_share_exponent=0.3)
+
+
+# The served engine as its own batch logs show it (runs 57-59, `loadtests/fit_steps.py`): its
+# `paged|sdpa` attention is one dense product of the step's query tokens against every key the step
+# gathers, 1.5-1.6 ns a (query, key) pair on all three machines measured (0.35 of peak), so a
+# prompt token costs 2.5x more beside 8+ decodes than alone, while its GEMMs run at 0.55 of peak
+# (22-25 us a token). The host's own cost (step_overhead_s) is the machine's: 53-58 ms on two
+# machines, 87 on a third; 70 ms here, the best over the 48 lone-engine points of every committed
+# run. Four engines on the GPU: time slices, every step holding it for its GPU work and 24% of its
+# host time (an engine launching kernels one by one keeps its context busy), equal shares: fitted
+# to the 25 fixed-placement fleet points (`loadtests.fidelity`; proxy/sim/README.md "Dense
+# attention"). The GPU-fleet tools' default (GPU_FLEET_PROFILE).
+PROFILES["h200-transformers-7b-dense"] = dataclasses.replace(
+    PROFILES["h200-transformers-7b-slices"], name="h200-transformers-7b-dense", dense_attention=True, mfu=0.55,
+    attn_eff=0.35, step_overhead_s=0.07, seq_overhead_s=0.001, ctx_overhead_s=8e-7, gpu_exclusive_host=0.27,
+    gpu_share_exponent=0.0)
+GPU_FLEET_PROFILE = "h200-transformers-7b-dense"
 
 
 def overridden(profile: Profile, settings: Sequence[str]) -> Profile:

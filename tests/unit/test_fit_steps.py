@@ -59,3 +59,13 @@ def test_no_cost_comes_out_negative() -> None:
 def test_a_log_too_short_is_refused() -> None:
     with pytest.raises(ValueError, match="too few"):
         fit_steps([logged(1, 0, 0, 100, 0.1, 0.0)], PROFILE)
+
+
+def test_with_dense_attention_the_fit_gives_back_its_efficiency_too() -> None:
+    dense = perf.PROFILES["h200-transformers-7b-dense"]
+    true = dataclasses.replace(dense, mfu=0.5, attn_eff=0.33, step_overhead_s=0.058, seq_overhead_s=0.0015,
+                               ctx_overhead_s=7e-7, warmup_s=0.0)
+    fit = fit_steps(log_of(true), dense)
+    assert (fit.mfu, fit.attn_eff) == (0.5, 0.33) and fit.rms_s < 1e-6
+    assert math.isclose(fit.step_overhead_s, 0.058, rel_tol=1e-3)
+    assert "--set attn_eff=0.33" in fit.options()

@@ -88,3 +88,19 @@ def test_a_profile_overridden_field_by_field_keeps_the_rest() -> None:
     for bad in ("mfu", "mfu=fast", "name=x", "nope=1"):
         with pytest.raises(ValueError, match="profile setting"):
             overridden(base, [bad])
+
+
+def test_dense_attention_makes_a_prompt_dear_beside_many_decodes() -> None:
+    # The served engine's batch logs: a prompt token costs 2.3-2.5x more in a step with 8+ decodes
+    # than in one with 0-2 (runs 57-59), because its attention runs against every key the step
+    # gathers; the per-sequence model prices it the same beside any batch.
+    def marginal(profile_name: str, decodes: int) -> float:
+        p = PROFILES[profile_name]
+        beside = [3000] * decodes
+        with_prompt = StepWork(prefill=[PrefillChunk(1000, 0)], decode_contexts=beside)
+        return step_seconds(p, with_prompt) - step_seconds(p, StepWork(decode_contexts=beside or [1]))
+
+    dense = marginal("h200-transformers-7b-dense", 14) / marginal("h200-transformers-7b-dense", 0)
+    per_sequence = marginal("h200-transformers-7b-slices", 14) / marginal("h200-transformers-7b-slices", 0)
+    assert dense > 2.0
+    assert per_sequence < 1.3

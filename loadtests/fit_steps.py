@@ -8,8 +8,9 @@ every batch its engine ran (``loadtests/gpu/batch_log.py``: what it held and how
 this fits the profile's step-cost constants to those durations, for one engine alone on the GPU
 (a shared GPU adds its slicing, which this does not fit): a step costs ``step_overhead_s``, plus
 ``seq_overhead_s`` per sequence and ``ctx_overhead_s`` per context token read, plus the roofline of
-its work at ``mfu`` (``perf.step_parts``). For each ``mfu`` of a grid the three constants are a
-non-negative least-squares fit to what is left; the best grid point wins. It prints the fit, the
+its work at ``mfu`` (``perf.step_parts``; with ``dense_attention`` its attention at ``attn_eff``).
+For each point of a grid of ``mfu`` (and ``attn_eff``) the three constants are a non-negative
+least-squares fit to what is left; the best grid point wins. It prints the fit, the
 ``--set`` options that give ``loadtests.fidelity`` / ``fidelity_placed`` this machine's engine, and
 the ``--profile-set`` options that give it to the simulated workers (``python -m proxy.sim``).
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.jsonl import read_text
+from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
 
 F = {name: k for k, name in enumerate(FIELDS)}
@@ -62,35 +64,15 @@ def work_of(batch: Sequence[Any]) -> perf.StepWork:
     return perf.StepWork(prefill=chunks, decode_contexts=ctx)
 
 
-def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
-    """Least squares by the normal equations (a handful of columns), None if singular."""
-    n = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] + [sum(r[i] * v for r, v in zip(rows, y, strict=True))]
-         for i in range(n)]
-    for c in range(n):  # Gauss-Jordan with partial pivoting
-        p = max(range(c, n), key=lambda i: abs(a[i][c]))
-        if abs(a[p][c]) < 1e-300:
-            return None
-        a[c], a[p] = a[p], a[c]
-        for i in range(n):
-            if i != c:
-                f = a[i][c] / a[c][c]
-                a[i] = [x - f * z for x, z in zip(a[i], a[c], strict=True)]
-    return [a[i][n] / a[i][i] for i in range(n)]
-
-
 def _nonneg_fit(rows: list[list[float]], y: list[float]) -> tuple[list[float], float]:
     """The best fit over every subset of columns whose coefficients come out non-negative (the
     others held at 0): a cost is never negative, and with three columns the subsets are few."""
     best: tuple[list[float], float] = ([0.0] * len(rows[0]), math.sqrt(sum(v * v for v in y) / len(y)))
     for k in range(1, len(rows[0]) + 1):
         for cols in itertools.combinations(range(len(rows[0])), k):
-            coef = _solve([[r[c] for c in cols] for r in rows], y)
-            if coef is None or min(coef) < 0:
+            full = least_squares(rows, y, list(cols))
+            if full is None or min(full) < 0:
                 continue
-            full = [0.0] * len(rows[0])
-            for c, v in zip(cols, coef, strict=True):
-                full[c] = v
             rms = math.sqrt(sum((v - sum(f * x for f, x in zip(full, r, strict=True))) ** 2
                                 for r, v in zip(rows, y, strict=True)) / len(y))
             if rms < best[1]:

@@ -679,7 +679,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", nargs="*", default=[])
     p.add_argument("--sim", type=int, default=0, help="start this many simulated workers instead")
-    # the GPU fleet's engines, the GPU shared in weighted time slices (as fleet_sim.PROFILE)
+    # the GPU fleet's engines, the GPU shared in time slices (as fleet_sim.PROFILE)
     p.add_argument("--sim-profile", default=perf.GPU_FLEET_PROFILE)
     p.add_argument("--sim-arg", action="append", default=[], help="extra simworker flag (repeatable)")
     p.add_argument("--sim-own-gpus", action="store_true", help="simulated workers do not share one GPU")

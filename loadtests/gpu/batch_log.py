@@ -66,17 +66,25 @@ def describe(batch: list[Any]) -> tuple[int, int, int]:
 def install(batches: BatchLog) -> bool:
     try:
         from transformers.generation.continuous_batching import continuous_api, scheduler
-        processor = continuous_api.ContinuousBatchProcessor
-        fifo = scheduler.FIFOScheduler
-        schedule, update = fifo.schedule_batch, processor.update_batch
+        fifo, processor = scheduler.FIFOScheduler, continuous_api.ContinuousBatchProcessor
+        if not (hasattr(fifo, "schedule_batch") and hasattr(processor, "update_batch")):
+            raise AttributeError("FIFOScheduler.schedule_batch / ContinuousBatchProcessor.update_batch")
     except (ImportError, AttributeError) as e:
         log.warning("batch log off: this transformers has no %s", e)
         return False
+    wrap(fifo, processor, batches)
+    return True
 
+
+def wrap(fifo: Any, processor: Any, batches: BatchLog) -> None:
+    """Log every batch ``fifo.schedule_batch`` returns and when ``processor.update_batch`` applied
+    its outputs. Arguments pass through as given, and nothing the log does reaches the
+    generation loop: a failure there would stop the engine."""
+    schedule, update = fifo.schedule_batch, processor.update_batch
     failed: list[bool] = []
 
-    def logged_schedule(sched: Any, token_budget: int, cache_budget: int) -> Any:
-        result = schedule(sched, token_budget, cache_budget)
+    def logged_schedule(sched: Any, *args: Any, **kwargs: Any) -> Any:
+        result = schedule(sched, *args, **kwargs)
         try:
             batch, _fast, q_tokens, kv_read = result
             if batch:
@@ -84,7 +92,7 @@ def install(batches: BatchLog) -> bool:
                 batches.scheduled(time.perf_counter(), decodes, prefills, int(q_tokens), int(kv_read), first,
                                   int(sched.cache.get_num_free_blocks()), len(sched.waiting_requests),
                                   len(sched.active_requests), len(sched.starved_requests))
-        except Exception:  # never into the generation loop: a failure there stops the engine
+        except Exception:  # never into the generation loop
             if not failed:
                 failed.append(True)
                 log.exception("batch log: a batch could not be read; logging goes on for the next")
@@ -95,6 +103,5 @@ def install(batches: BatchLog) -> bool:
         batches.ended(time.perf_counter())
         return out
 
-    fifo.schedule_batch = logged_schedule  # type: ignore[method-assign]
-    processor.update_batch = logged_update  # type: ignore[method-assign]
-    return True
+    fifo.schedule_batch = logged_schedule
+    processor.update_batch = logged_update

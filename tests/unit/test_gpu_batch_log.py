@@ -28,3 +28,61 @@ def test_each_batch_ends_once_and_the_log_is_read_once() -> None:
     assert [dict(zip(FIELDS, b, strict=True))["end"] for b in got] == [1.25, None]
     assert got[0][2:5] == [2, 1, 3002]
     assert log.drain() == []
+
+
+class FakeCache:
+    def get_num_free_blocks(self) -> int:
+        return 700
+
+
+class FakeScheduler:  # the parts of transformers' FIFOScheduler the log reads
+    def __init__(self, result: object) -> None:
+        self.result, self.cache = result, FakeCache()
+        self.waiting_requests, self.active_requests, self.starved_requests = {"a": 1, "b": 2}, {"c": 3}, []
+
+    def schedule_batch(self, token_budget: int, cache_budget: int) -> object:
+        assert (token_budget, cache_budget) == (8192, 48000)
+        return self.result
+
+
+class FakeProcessor:
+    def update_batch(self) -> str:
+        return "applied"
+
+
+def test_wrapped_scheduler_logs_its_batches_and_passes_everything_through() -> None:
+    from loadtests.gpu.batch_log import wrap
+
+    class Scheduler(FakeScheduler):
+        pass
+
+    class Processor(FakeProcessor):
+        pass
+
+    log = BatchLog()
+    wrap(Scheduler, Processor, log)
+    batch = [Future(1, True), Future(2900, True)]
+    sched = Scheduler((batch, False, 2901, 3100))
+    assert sched.schedule_batch(cache_budget=48000, token_budget=8192) == (batch, False, 2901, 3100)  # keywords too
+    assert Processor().update_batch() == "applied"
+    (row,) = log.drain()
+    entry = dict(zip(FIELDS, row, strict=True))
+    assert (entry["decodes"], entry["prefills"], entry["q_tokens"], entry["kv_read"]) == (1, 1, 2901, 3100)
+    assert (entry["free_blocks"], entry["waiting"], entry["active"], entry["starved"]) == (700, 2, 1, 0)
+    assert entry["end"] is not None and entry["end"] >= entry["t"]
+
+
+def test_a_batch_the_log_cannot_read_still_reaches_the_engine() -> None:
+    from loadtests.gpu.batch_log import wrap
+
+    class Scheduler(FakeScheduler):
+        pass
+
+    class Processor(FakeProcessor):
+        pass
+
+    log = BatchLog()
+    wrap(Scheduler, Processor, log)
+    odd = ("not", "the", "shape")  # another release's return value
+    assert Scheduler(odd).schedule_batch(8192, 48000) == odd
+    assert log.drain() == []

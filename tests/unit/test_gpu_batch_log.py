@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadtests.gpu.batch_log import FIELDS, BatchLog, describe
+from loadtests.gpu.batch_log import FIELDS, BatchLog, describe, wrap
 
 
 @dataclass
@@ -50,9 +50,8 @@ class FakeProcessor:
         return "applied"
 
 
-def test_wrapped_scheduler_logs_its_batches_and_passes_everything_through() -> None:
-    from loadtests.gpu.batch_log import wrap
-
+def wrapped() -> tuple[type[FakeScheduler], type[FakeProcessor], BatchLog]:
+    """Fresh stand-in classes with the log wrapped around them (wrap patches the classes)."""
     class Scheduler(FakeScheduler):
         pass
 
@@ -61,10 +60,15 @@ def test_wrapped_scheduler_logs_its_batches_and_passes_everything_through() -> N
 
     log = BatchLog()
     wrap(Scheduler, Processor, log)
+    return Scheduler, Processor, log
+
+
+def test_wrapped_scheduler_logs_its_batches_and_passes_everything_through() -> None:
+    scheduler, processor, log = wrapped()
     batch = [Future(1, True), Future(2900, True)]
-    sched = Scheduler((batch, False, 2901, 3100))
+    sched = scheduler((batch, False, 2901, 3100))
     assert sched.schedule_batch(cache_budget=48000, token_budget=8192) == (batch, False, 2901, 3100)  # keywords too
-    assert Processor().update_batch() == "applied"
+    assert processor().update_batch() == "applied"
     (row,) = log.drain()
     entry = dict(zip(FIELDS, row, strict=True))
     assert (entry["decodes"], entry["prefills"], entry["q_tokens"], entry["kv_read"]) == (1, 1, 2901, 3100)
@@ -73,16 +77,7 @@ def test_wrapped_scheduler_logs_its_batches_and_passes_everything_through() -> N
 
 
 def test_a_batch_the_log_cannot_read_still_reaches_the_engine() -> None:
-    from loadtests.gpu.batch_log import wrap
-
-    class Scheduler(FakeScheduler):
-        pass
-
-    class Processor(FakeProcessor):
-        pass
-
-    log = BatchLog()
-    wrap(Scheduler, Processor, log)
+    scheduler, _, log = wrapped()
     odd = ("not", "the", "shape")  # another release's return value
-    assert Scheduler(odd).schedule_batch(8192, 48000) == odd
+    assert scheduler(odd).schedule_batch(8192, 48000) == odd
     assert log.drain() == []

@@ -259,6 +259,27 @@ def error(points: list[Point]) -> float:
     return total / max(1, n)
 
 
+def judge(p: Point) -> str:
+    """``within ±30%`` (TTFT p50, p95 and ITL p50), ``overloaded in both``, or a MISS."""
+    if p.real["ttft_p50"] > OVERLOAD_S:
+        return "overloaded in both" if p.sim["ttft_p50"] > OVERLOAD_S else "MISS: sim not overloaded"
+    for key in ("ttft_p50", "ttft_p95", "itl_p50"):
+        r, s = p.real[key], p.sim[key]
+        if math.isinf(r) or math.isinf(s) or not r or abs(s / r - 1) > TOLERANCE:
+            return "MISS"
+    return "within ±30%"
+
+
+def tally(points: list[Point]) -> str:
+    """Acceptable (within ±30% or overloaded in both) of the points, fleet and one engine."""
+    parts = []
+    for label, fleet in (("fleet", True), ("one engine", False)):
+        scored = [p for p in points if p.cell.startswith("fleet") == fleet]
+        good = sum(1 for p in scored if not judge(p).startswith("MISS"))
+        parts.append(f"{label} {good} of {len(scored)}")
+    return "acceptable: " + ", ".join(parts)
+
+
 def report(points: list[Point]) -> str:
     def f(v: float) -> str:
         return "inf" if math.isinf(v) else f"{v:.3f}"
@@ -268,15 +289,11 @@ def report(points: list[Point]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         cols = []
-        ok = True
         for key in ("ttft_p50", "ttft_p95", "itl_p50"):
             r, s = p.real[key], p.sim[key]
             ratio = s / r if r and not math.isinf(r) and not math.isinf(s) else math.nan
             cols.append(f"{f(r)} / {f(s)} / {ratio:.2f}")
-            ok &= not math.isnan(ratio) and abs(ratio - 1) <= TOLERANCE
-        over = p.real["ttft_p50"] > OVERLOAD_S
-        verdict = ("overloaded in both" if p.sim["ttft_p50"] > OVERLOAD_S else "MISS: sim not overloaded") if over \
-            else ("within ±30%" if ok else "MISS")
+        verdict = judge(p)
         lines.append(f"| {p.cell} | {p.rate:g} | " + " | ".join(cols)
                      + f" | {f(p.real['e2e_p50'])} / {f(p.sim['e2e_p50'])}"
                      + f" | {p.real.get('reuse', math.nan):.0%} / {p.sim.get('reuse', math.nan):.0%}"
@@ -360,6 +377,7 @@ def main() -> None:
     sims = simulate(points, profile, encoder, {})
     print(f"profile {profile.name}; real: {' '.join(map(str, a.results))}; error {error(sims):.3f}")
     print(report(sims))
+    print(tally(sims))
 
 
 if __name__ == "__main__":

@@ -130,14 +130,16 @@ def forget(policies: Sequence[Policy], what: str) -> None:
                 policy.popularity = Popularity()
 
 
-# The SGLang gateways are simulated by radixgate's own rendering of their policy.
-AS_SIMULATED = {"smg": "cache_aware", "sglang-router": "cache_aware"}
+# The SGLang gateways are simulated by radixgate's own rendering of their policy: sglang-router
+# 0.3.2's imbalance rule, and smg 1.13.0's spill gate against the fleet's mean (``gate=mean``,
+# proxy/routing/cache_aware.py; the old rule stood for smg too until 2026-12-04).
+AS_SIMULATED = {"smg": "cache_aware/gate=mean", "sglang-router": "cache_aware"}
 
 
 def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE) -> list[str]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
     trace and prompt text: one line per cell and rate, the GPU's TTFT p95 beside the simulator's
-    (smg and sglang-router as ``cache_aware``). The first phase of each router only (``--repeat``
+    (smg and sglang-router as ``AS_SIMULATED`` has them). The first phase of each router only (``--repeat``
     rounds share a trace)."""
     lines: list[str] = []
     if not (results / "summary.jsonl").exists():

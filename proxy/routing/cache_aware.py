@@ -22,6 +22,15 @@ Rule (sgl-router ``policies/cache_aware.rs`` with the 2025+ CLI defaults; after 
   The router has no text for token-id prompts, so there they all miss (rate 0), as they did in
   this port before; here they get the same affinity as text.
 
+``gate: mean`` is smg 1.13.0's rule instead of step 1 (its ``--balance-abs-threshold`` /
+``--balance-rel-threshold`` help; its source past 1.9 is not public): no fleet-wide balance
+branch; a *matched* worker is skipped for the least-loaded one (branch ``spill``) when its load
+exceeds the healthy fleet's mean by ``margin = min(abs, max(min(4, abs), 2 sqrt(mean)))`` (two
+standard deviations of an in-flight count at that mean, as a Poisson count swings) and exceeds
+``rel x mean``. Its misses go to the least expected wait, which without engine reports is the
+least in-flight, as here. On the GPU fleet (run 62, token ids at 6/s) smg 1.13.0's TTFT p95 was
+0.78x this port's with the old gate: the simulator's stand-in for smg is this gate.
+
 Complexity: O(prompt chars) per decision for match and insert (edges compared with slice
 equality, so the Python-level work is O(tree depth x log edge length)); memory O(distinct chars
 inserted), bounded by ``max_tree_size`` per worker and tree.
@@ -61,8 +70,11 @@ class CacheAwareParams:
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**26
+    gate: str = "spread"  # "spread": sglang-router's imbalance rule; "mean": smg 1.13.0's spill gate
 
     def validate(self) -> None:
+        if self.gate not in ("spread", "mean"):
+            raise ConfigError("routing.params.gate: must be spread or mean")
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ConfigError("routing.params.cache_threshold: must be in [0, 1]")
         if self.balance_abs_threshold < 0:
@@ -217,7 +229,8 @@ class CacheAware(IgnoresFeedback):
         else:
             tree, text = self.tree(request.model), request.prompt_text
         matched, tenant = 0, None
-        if max(loads) - min(loads) > p.balance_abs_threshold and max(loads) > min(loads) * p.balance_rel_threshold:
+        if p.gate == "spread" and max(loads) - min(loads) > p.balance_abs_threshold \
+                and max(loads) > min(loads) * p.balance_rel_threshold:
             chosen, branch = least, "balance"
         else:
             matched, tenant = tree.prefix_match(text)
@@ -225,6 +238,8 @@ class CacheAware(IgnoresFeedback):
             by_url = {w.url: w for w in candidates}
             if rate > p.cache_threshold and tenant in by_url:
                 chosen, branch = by_url[tenant], "hit"
+                if p.gate == "mean" and self._over_mean(chosen.in_flight, loads):
+                    chosen, branch = least, "spill"
             else:
                 chosen, branch = least, "miss"
         tree.insert(text, chosen.url, self._decisions)
@@ -237,6 +252,13 @@ class CacheAware(IgnoresFeedback):
             matched_blocks=self._matched_blocks(request, predicted, len(text)),
             reason=f"load={chosen.in_flight} match_chars={matched}",
         )
+
+    def _over_mean(self, load: int, loads: Sequence[int]) -> bool:
+        """smg 1.13.0's spill gate: ``load`` past the fleet mean by both the margin and the ratio."""
+        p = self.params
+        mean = sum(loads) / len(loads)
+        margin = min(p.balance_abs_threshold, max(min(4, p.balance_abs_threshold), 2 * math.sqrt(mean)))
+        return load > mean + margin and load > p.balance_rel_threshold * mean
 
     @staticmethod
     def _matched_blocks(request: RouteRequest, matched_chars: int, prompt_chars: int) -> int:

@@ -77,6 +77,25 @@ def test_an_imbalanced_fleet_takes_the_least_loaded_even_on_a_hit() -> None:
     assert (decision.worker, decision.branch) == ("http://b", "balance")
 
 
+def test_the_mean_gate_spills_a_hit_only_past_the_fleet_mean_by_margin_and_ratio() -> None:
+    # smg 1.13.0's gate: mean 6 of (12, 3, 3) -> margin max(4, 2 sqrt 6 = 4.9); 12 > 10.9 and > 9.
+    policy = CacheAware(CacheAwareParams(gate="mean"))
+    policy.select(req("g" * 100), workers())
+    hot = policy.select(req("g" * 100), workers({"http://a": 12, "http://b": 3, "http://c": 3}))
+    assert (hot.worker, hot.branch) == ("http://b", "spill")
+    # (9, 3, 3): mean 5, 9 under 5 + 4.5 -> the holder keeps it, where the spread rule
+    # (max - min 6 > 4, 9 > 1.5 x 3) would have balanced it away
+    policy.select(req("k" * 100), workers())
+    kept = policy.select(req("k" * 100), workers({"http://a": 9, "http://b": 3, "http://c": 3}))
+    assert (kept.worker, kept.branch) == ("http://a", "hit")
+    spread = CacheAware(CacheAwareParams(balance_abs_threshold=4))
+    spread.select(req("g" * 100), workers())
+    assert spread.select(req("g" * 100), workers({"http://a": 9, "http://b": 3, "http://c": 3})).branch == "balance"
+    # a miss is no spill: the least loaded, whatever the loads
+    miss = policy.select(req("m" * 100), workers({"http://a": 40, "http://b": 0, "http://c": 0}))
+    assert (miss.worker, miss.branch) == ("http://b", "miss")
+
+
 def test_a_hit_on_an_unhealthy_tenant_falls_back_to_least_load() -> None:
     policy = CacheAware(CacheAwareParams())
     policy.select(req("z" * 100), workers())
@@ -151,7 +170,8 @@ def test_no_healthy_worker_raises() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("cache_threshold", 1.5), ("balance_abs_threshold", -1), ("balance_rel_threshold", 0.5), ("max_tree_size", 0)],
+    [("cache_threshold", 1.5), ("balance_abs_threshold", -1), ("balance_rel_threshold", 0.5), ("max_tree_size", 0),
+     ("gate", "max")],
 )
 def test_bad_params_name_their_field(field, value) -> None:
     with pytest.raises(ConfigError, match=f"routing.params.{field}"):

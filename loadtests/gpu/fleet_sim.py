@@ -136,36 +136,54 @@ def forget(policies: Sequence[Policy], what: str) -> None:
 AS_SIMULATED = {"smg": "cache_aware/gate=mean", "sglang-router": "cache_aware"}
 
 
-def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE) -> list[str]:
+def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
+                 as_simulated: dict[str, str] | None = None) -> list[tuple[str, dict[str, tuple[float, float]]]]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
-    trace and prompt text: one line per cell and rate, the GPU's TTFT p95 beside the simulator's
-    (smg and sglang-router as ``AS_SIMULATED`` has them). The first phase of each router only (``--repeat``
-    rounds share a trace)."""
-    lines: list[str] = []
+    trace and prompt text: per cell and rate, a label and each router's (GPU, simulated) TTFT p95
+    in seconds (smg and sglang-router as ``as_simulated``, default ``AS_SIMULATED``, has them).
+    The first phase of each router only (``--repeat`` rounds share a trace)."""
+    stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
+    out: list[tuple[str, dict[str, tuple[float, float]]]] = []
     if not (results / "summary.jsonl").exists():
-        return lines  # a run that came back without its summary
+        return out  # a run that came back without its summary
     for line in (results / "summary.jsonl").read_text().splitlines():
         c = json.loads(line)
         if c["shape"]["workload"] != "shared":
             continue
         shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
         for rate in c["rates"]:
-            row = []
+            row: dict[str, tuple[float, float]] = {}
             for r in c["routers"]:
                 got = c["summary"].get(r, {}).get(f"{rate:g}")
                 if got is None or r == "direct0":
                     continue
                 key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, r, rate))
-                name = AS_SIMULATED.get(r, r)
-                outs, _ = cell(name, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
-                               c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
-                               chat=c["prompts"] == "chat", profile=profile)
+                outs, _ = cell(stand_ins.get(r, r), rate, shape, c["seed"], key,
+                               float(argv_value(c["argv"], "--phase-s", "30")), c["workers"], encoder,
+                               c["reports"] == "minimal", ids=c["prompts"] == "ids", chat=c["prompts"] == "chat",
+                               profile=profile)
                 ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]
-                row.append(f"{r} {got['ttft_p95'] * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}")
+                row[r] = (got["ttft_p95"], pct(ttft, 0.95))
             if row:
-                lines.append(f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s: "
-                             + " | ".join(row))
-    return lines
+                out.append((f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s", row))
+    return out
+
+
+def cells_tally(rows: Sequence[tuple[str, dict[str, tuple[float, float]]]], router: str = "ttft",
+                peer: str = "smg") -> str:
+    """How the replayed cells compare: the phases of ``peer`` (and of ``router``) whose simulated
+    p95 is within ±30% of the GPU's, and the cells where the simulator orders ``router`` and
+    ``peer`` as the GPU did."""
+    def within(name: str) -> str:
+        pairs = [cells[name] for _, cells in rows if name in cells and all(map(math.isfinite, cells[name]))]
+        good = sum(1 for g, s in pairs if abs(s / g - 1) <= 0.30)
+        mean_log = sum(abs(math.log(s / g)) for g, s in pairs) / len(pairs) if pairs else math.nan
+        return f"{name} {good} of {len(pairs)} (mean |log| {mean_log:.3f})"
+
+    both = [cells for _, cells in rows if router in cells and peer in cells]
+    same = sum(1 for c in both if (c[router][0] < c[peer][0]) == (c[router][1] < c[peer][1]))
+    return (f"p95 within ±30% of the GPU's: {within(peer)}, {within(router)}; "
+            f"{router} against {peer} ordered as on the GPU in {same} of {len(both)} cells")
 
 
 def main() -> None:
@@ -174,6 +192,9 @@ def main() -> None:
                    help="replay these GPU runs' cells on their own traces and text; print GPU / sim TTFT p95 ms "
                         "(each router name as the code reads it now: a default changed since the run "
                         "is replayed changed, e.g. runs before 33-35 had ttft with popularity off)")
+    p.add_argument("--smg-as", metavar="SPEC",
+                   help="--cells: the policy spec standing for smg (default: cache_aware/gate=mean; "
+                        "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
     p.add_argument("--profile", default=PROFILE, help="the simulated engines' performance profile (proxy.sim.perf)")
     p.add_argument("--rates", default="3,4.5")
@@ -204,9 +225,14 @@ def main() -> None:
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     if a.cells:
+        stand_ins = {**AS_SIMULATED, "smg": a.smg_as} if a.smg_as else AS_SIMULATED
+        rows = []
         for results in a.cells:
-            for line in replay_cells(results, encoder, a.profile):
-                print(line, flush=True)
+            for label, cells in replay_cells(results, encoder, a.profile, stand_ins):
+                rows.append((label, cells))
+                print(f"{label}: " + " | ".join(f"{r} {g * 1e3:,.0f} / {s * 1e3:,.0f}" for r, (g, s) in cells.items()),
+                      flush=True)
+        print(cells_tally(rows))
         return
     shape = Shape()
     names = a.routers.split(",")

@@ -202,6 +202,7 @@ class TtftCost:
         chosen = min(tied, key=self.picks.cold_order(request, tied, self.pending.outstanding, load) if cold
                      else self.picks.tie_order(request))
         chosen = self._guard_spill(chosen, pool, longest)
+        chosen = self._over_mean(chosen, pool, longest)
         if cold:
             self.picks.count_cold(chosen.url)
         if len(candidates) == 1:
@@ -266,6 +267,20 @@ class TtftCost:
             return e.features.unseen + e.features.queued + e.features.running * self.pending.mean_uncached
 
         return chosen if load(chosen) < (1.0 - g) * load(holder) else holder
+
+    def _over_mean(self, chosen: Estimate, pool: Sequence[Estimate], longest: int) -> Estimate:
+        """With ``spill_over_mean`` r > 0: a follower on its prefix's holder goes instead to the
+        best-scored worker at or under the mean outstanding when the holder's outstanding passes
+        the mean by max(4, 2 sqrt(mean)) and by r x mean (smg 1.13.0's spill gate)."""
+        r = self.params.spill_over_mean
+        if r <= 0 or longest <= self.params.cold_blocks or chosen.matched_blocks < longest or len(pool) < 2:
+            return chosen
+        counts = {e.url: self.pending.outstanding(e.url) for e in pool}
+        mean = sum(counts.values()) / len(counts)
+        load = counts[chosen.url]
+        if load <= mean + max(4.0, 2.0 * mean ** 0.5) or load <= r * mean:
+            return chosen
+        return min((e for e in pool if counts[e.url] <= mean), key=lambda e: e.score, default=chosen)
 
     def _prefilling(self, request: RouteRequest, chosen: Estimate) -> tuple[Hashable, int] | None:
         """The key of a streamed request (ours, or a peer's) sent to the chosen worker and still

@@ -71,6 +71,15 @@ class TtftParams:
     # the same on a second round (8 seeds, 6/s, token ids: reuse down to 56-69% in 7 of 8; with
     # the guard 64-75%, TTFT p95 lower in each of the 7; the first round and 4.5/s unchanged).
     spill_guard: float = 0.5
+    # Past the fleet's mean, whatever the fit says: a follower leaves its prefix's holder when the
+    # holder's outstanding requests pass the mean over the healthy workers by two standard
+    # deviations of a count at that mean (at least 4) and by this ratio, for the best-scored
+    # worker at or under the mean (smg 1.13.0's spill gate, cache_aware ``gate: mean``); 0 = off.
+    # The fit keeps followers home past the knee (spill_guard 0 changes nothing there); this gate
+    # is the valve for an engine the group draw overloaded. In the simulator (fleet_sim, 1.5, 6/s
+    # ids seeds 15-40, text 15-24, ids 4.5/s 15-22) it fired in 9 of 44 phases, TTFT p95 0.45-0.99x
+    # there, never worse; not yet run on the GPU, hence off.
+    spill_over_mean: float = 0.0
     # Learn a cost per request waiting for its first token on a worker (ttft_model's c5, prior 0):
     # on the GPU fleet's engines five cache hits waiting cost ~2 s where their tokens say ~0.1 s
     # (a step there reads at most the pool's size of resident KV: the hits wait for running
@@ -123,6 +132,7 @@ class TtftParams:
             "default_capacity_tokens": self.default_capacity_tokens > 0,
             "max_tracked_per_worker": self.max_tracked_per_worker > 0,
             "spill_guard": 0 <= self.spill_guard < 1,
+            "spill_over_mean": self.spill_over_mean == 0 or self.spill_over_mean >= 1,
             "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,

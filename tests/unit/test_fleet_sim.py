@@ -145,3 +145,15 @@ def test_the_routing_simulator_shares_one_gpu_as_the_profile_says() -> None:
     (a, b), lone_whole = firsts["h200-transformers-7b"]
     assert b > a * 1.2 and a == pytest.approx(lone_whole, rel=0.05)  # the first whole, then the other
     assert lone == pytest.approx(lone_whole, rel=1e-6)
+
+
+def test_the_cells_tally_counts_phases_within_30_percent_and_orders_kept() -> None:
+    rows = [
+        ("a", {"ttft": (1.0, 1.2), "smg": (2.0, 1.5)}),  # both within; ttft ahead on both sides
+        ("b", {"ttft": (3.0, 2.0), "smg": (2.0, 2.5)}),  # ttft 0.67x: out; order flipped
+        ("c", {"ttft": (1.0, float("inf")), "smg": (1.0, 1.0)}),  # an unanswered phase is not scored
+    ]
+    line = fleet_sim.cells_tally(rows)
+    assert "smg 3 of 3" in line and "ttft 1 of 2" in line
+    assert "ordered as on the GPU in 2 of 3 cells" in line  # b flips; c's tie stays a tie
+

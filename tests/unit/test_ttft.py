@@ -292,7 +292,7 @@ def test_one_healthy_worker_is_the_only_choice_and_none_raises() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [("forgetting", 0.1), ("work_weight", -1.0), ("tie_rel", -0.1), ("token_usage_limit", 1.5), ("max_in_flight", -1),
                                                   ("tie_break", "random"), ("cold_choices", -1), ("cold_slack", -1.0),
-                                                  ("hold_tokens", -1)])
+                                                  ("hold_tokens", -1), ("spill_over_mean", 0.5)])
 def test_bad_params_name_their_field(field, value) -> None:
     with pytest.raises(ConfigError, match=f"routing.params.{field}"):
         TtftParams(**{field: value}).validate()
@@ -579,6 +579,22 @@ def test_the_spill_guard_still_leaves_for_a_clearly_idle_worker() -> None:
     decision = policy.select(prompt(2, 80, shared=70), fleet(**{busy: {"waiting_uncached_tokens": 200_000, "running": 5}}))
     assert decision.worker != first.worker and decision.branch == "spill"
 
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.5])
+def test_past_the_fleet_mean_a_follower_leaves_its_holder_only_with_the_mean_gate(ratio: float) -> None:
+    # Followers pile onto their holder (none finishes); the fit alone keeps them there. With the
+    # gate, the holder's outstanding passing the mean by max(4, 2 sqrt(mean)) and by 1.5x sends
+    # the next to a worker at or under the mean: at 6 outstanding there (mean 1.5), not before.
+    policy = TtftCost(TtftParams(spill_over_mean=ratio))
+    first = policy.select(prompt(1, 80, shared=70), fleet())
+    branches = [policy.select(prompt(i, 80, shared=70), fleet()) for i in range(2, 9)]
+    kept = [d for d in branches if d.worker == first.worker]
+    assert all(d.branch == "affinity" for d in kept)
+    if ratio:
+        assert len(kept) == 5 and branches[5].branch == "spill" and branches[5].worker != first.worker
+    else:
+        assert len(kept) == 7
 
 
 @pytest.mark.parametrize("waiting_requests", [True, False])

@@ -18,7 +18,7 @@ In the simulator (``fleet_sim --rounds 3 --prompts ids``, seeds 1-8, the GPU fle
 placed better at the knee (4.5/s: TTFT p95 geometric mean 0.89x / 0.81x / 0.98x the default's
 over the three rounds, better in 4-6 seeds of 8, worse in none) and no worse past it (6/s: 1.02x /
 0.97x / 0.95x, 3 worse in each round); seeds 9-16 and text prompts alike (about 0.9x at the knee,
-even past it, ``proxy/sim/README.md``); on the GPU runs' own seed-9 traces, where the simulator
+even past it, ``proxy/sim/FIDELITY-RECORD.md``); on the GPU runs' own seed-9 traces, where the simulator
 matched the GPU within ±30%, better in 11 of 12 rounds (text at 4.5/s: 2,993 / 1,174 / 3,212 ms
 -> 1,193 / 1,389 / 1,782). On the GPU fleet (2026-12-02, runs 33-35, seed 9, three rounds per
 router placed anew, ``loadtests/results/gpu-fleet-popularity-{1,2,3}``), pooled TTFT p95 against

@@ -268,10 +268,11 @@ PROFILES["h200-transformers-7b-slices"] = dataclasses.replace(
 # prompt token costs 2.5x more beside 8+ decodes than alone, while its GEMMs run at 0.55 of peak
 # (22-25 us a token). The host's own cost (step_overhead_s) is the machine's: 53-58 ms on two
 # machines, 87 on a third; 70 ms here, the best over the 48 lone-engine points of every committed
-# run. Four engines on the GPU: time slices, every step holding it for its GPU work and 24% of its
-# host time (an engine launching kernels one by one keeps its context busy), equal shares: fitted
-# to the 25 fixed-placement fleet points (`loadtests.fidelity`; proxy/sim/README.md "Dense
-# attention"). The GPU-fleet tools' default (GPU_FLEET_PROFILE).
+# run. Four engines on the GPU: time slices, every step holding it for its GPU work and 27% of its
+# host time (an engine launching kernels one by one keeps its context busy), equal shares: 24% fit
+# the 25 fixed-placement fleet points best (`loadtests.fidelity`), 27% the 450 routed rounds
+# (`loadtests.fidelity_placed`: 358 within ±30% against 344 at 26% and 345 at 29%), which it
+# keeps (proxy/sim/README.md "Dense attention"). The GPU-fleet tools' default (GPU_FLEET_PROFILE).
 PROFILES["h200-transformers-7b-dense"] = dataclasses.replace(
     PROFILES["h200-transformers-7b-slices"], name="h200-transformers-7b-dense", dense_attention=True, mfu=0.55,
     attn_eff=0.35, step_overhead_s=0.07, seq_overhead_s=0.001, ctx_overhead_s=8e-7, gpu_exclusive_host=0.27,

@@ -8,6 +8,7 @@ A policy is pure: it reads a ``RouteRequest`` and frozen ``WorkerSnapshot``s and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -226,3 +227,13 @@ def summed_in_flight(loads: Iterable[Mapping[str, int]]) -> dict[str, int]:
 def healthy(workers: Sequence[WorkerSnapshot]) -> list[WorkerSnapshot]:
     """The workers a decision may name."""
     return [w for w in workers if w.healthy]
+
+
+def past_mean(load: float, loads: Sequence[float], ratio: float, cap: float = math.inf) -> bool:
+    """smg 1.13.0's spill gate: ``load`` exceeds the mean of ``loads`` by two standard deviations
+    of a count at that mean (a Poisson count's swing), at least 4 (both at most ``cap``), and by
+    ``ratio`` times the mean. Shared by ``cache_aware`` (``gate: mean``) and ``ttft``
+    (``spill_over_mean``)."""
+    mean = sum(loads) / len(loads)
+    margin = min(cap, max(min(4.0, cap), 2.0 * math.sqrt(mean)))
+    return load > mean + margin and load > ratio * mean

@@ -59,6 +59,7 @@ from proxy.routing.base import (
     RouteRequest,
     WorkerSnapshot,
     healthy,
+    past_mean,
 )
 from proxy.routing.prefix_key import blocks_within
 from proxy.routing.registry import PolicySpec
@@ -238,7 +239,8 @@ class CacheAware(IgnoresFeedback):
             by_url = {w.url: w for w in candidates}
             if rate > p.cache_threshold and tenant in by_url:
                 chosen, branch = by_url[tenant], "hit"
-                if p.gate == "mean" and self._over_mean(chosen.in_flight, loads):
+                if p.gate == "mean" and past_mean(chosen.in_flight, loads, p.balance_rel_threshold,
+                                                  p.balance_abs_threshold):
                     chosen, branch = least, "spill"
             else:
                 chosen, branch = least, "miss"
@@ -252,13 +254,6 @@ class CacheAware(IgnoresFeedback):
             matched_blocks=self._matched_blocks(request, predicted, len(text)),
             reason=f"load={chosen.in_flight} match_chars={matched}",
         )
-
-    def _over_mean(self, load: int, loads: Sequence[int]) -> bool:
-        """smg 1.13.0's spill gate: ``load`` past the fleet mean by both the margin and the ratio."""
-        p = self.params
-        mean = sum(loads) / len(loads)
-        margin = min(p.balance_abs_threshold, max(min(4, p.balance_abs_threshold), 2 * math.sqrt(mean)))
-        return load > mean + margin and load > p.balance_rel_threshold * mean
 
     @staticmethod
     def _matched_blocks(request: RouteRequest, matched_chars: int, prompt_chars: int) -> int:

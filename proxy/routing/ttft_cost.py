@@ -97,6 +97,7 @@ from proxy.routing.base import (
     RouteRequest,
     WorkerSnapshot,
     healthy,
+    past_mean,
 )
 from proxy.routing.consistent_hash import routing_key
 from proxy.routing.prefix_index import PrefixIndex
@@ -276,10 +277,9 @@ class TtftCost:
         if r <= 0 or longest <= self.params.cold_blocks or chosen.matched_blocks < longest or len(pool) < 2:
             return chosen
         counts = {e.url: self.pending.outstanding(e.url) for e in pool}
-        mean = sum(counts.values()) / len(counts)
-        load = counts[chosen.url]
-        if load <= mean + max(4.0, 2.0 * mean ** 0.5) or load <= r * mean:
+        if not past_mean(counts[chosen.url], list(counts.values()), r):
             return chosen
+        mean = sum(counts.values()) / len(counts)
         return min((e for e in pool if counts[e.url] <= mean), key=lambda e: e.score, default=chosen)
 
     def _prefilling(self, request: RouteRequest, chosen: Estimate) -> tuple[Hashable, int] | None:

@@ -58,6 +58,7 @@ from loadtests.gpu.fleet_report import (
     repeatability,
     report,
     standing,
+    standing_list,
     table,
     tail_report,
 )
@@ -713,8 +714,9 @@ def main() -> None:
     p.add_argument("--knee", metavar="SUMMARY", help="print 'knee,past' from the last oracle ladder in SUMMARY and exit")
     p.add_argument("--slo-s", type=float, default=2.0, help="--knee: the oracle's p95 TTFT bound")
     p.add_argument("--report", nargs="+", metavar="SUMMARY", help="print the tables of these summary.jsonl files and exit")
-    p.add_argument("--standing", nargs="+", metavar="SUMMARY",
-                   help="print --router against the better of smg and sglang-router in each cell of these files, and exit")
+    p.add_argument("--standing", nargs="*", metavar="SUMMARY",
+                   help="print --router against the better of smg and sglang-router in each cell of these files "
+                        "(none: the runs loadtests/results/STANDING.txt lists), and exit")
     p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank (comma-separated: the first a cell ran)")
     p.add_argument("--repeatability", nargs="+", metavar="SUMMARY",
                    help="print each fixed router's TTFT on the same phases across these runs (the engines' own "
@@ -741,8 +743,8 @@ def main() -> None:
     if args.tail:
         print(tail_report([Path(p) for p in args.tail]))
         return
-    if args.standing:
-        print(standing([Path(p) for p in args.standing], args.router))
+    if args.standing is not None:
+        print(standing([Path(p) for p in args.standing] or standing_list(), args.router))
         return
     if args.repeatability:
         print(repeatability([Path(p) for p in args.repeatability]))

@@ -84,6 +84,16 @@ def report(paths: list[Path]) -> str:
     return "\n".join(out)
 
 
+STANDING_LIST = Path(__file__).resolve().parents[1] / "results" / "STANDING.txt"
+
+
+def standing_list(path: Path = STANDING_LIST) -> list[Path]:
+    """The ``summary.jsonl`` of every run the standing counts: one results directory a line of
+    ``path`` (``#`` comments), next to it."""
+    names = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return [path.parent / name / "summary.jsonl" for name in names if name]
+
+
 def standing(paths: list[Path], router: str = "ttft") -> str:
     """``router`` against the better SGLang gateway in the same run, cell by cell and rate by rate
     over these ``summary.jsonl`` files (the routing issue's goal: p95 TTFT <= 0.7x the better of

@@ -19,7 +19,7 @@ from loadtests.gpu.fleet import (
     text_key,
     trace,
 )
-from loadtests.gpu.fleet_report import knee, repeatability, standing
+from loadtests.gpu.fleet_report import knee, repeatability, standing, standing_list
 
 
 def test_every_router_gets_the_same_arrivals_at_a_rate_and_a_new_seed_gives_new_ones() -> None:
@@ -252,3 +252,15 @@ def test_the_tail_report_says_whether_the_slowest_are_cold_firsts_or_late_follow
     assert lines[0].startswith("4.5/s, 1 phases: of the slowest 5% (2 requests) 2 their group's first (100%)")
     assert lines[1].startswith("6/s, 1 phases: of the slowest 5% (2 requests) 0 their group's first (0%)")
     assert "arrived at 99%-99%" in lines[1]  # arrivals 38 and 39 (mean 38.5) of a phase whose last is at 39
+
+
+def test_the_standing_list_names_runs_by_directory_and_skips_comments(tmp_path: Path) -> None:
+    listing = tmp_path / "STANDING.txt"
+    listing.write_text("# header\ngpu-fleet-a\n\n  gpu-fleet-b  # the second\n")
+    assert standing_list(listing) == [tmp_path / "gpu-fleet-a" / "summary.jsonl", tmp_path / "gpu-fleet-b" / "summary.jsonl"]
+
+
+def test_every_run_the_committed_standing_counts_has_its_summary() -> None:
+    paths = standing_list()
+    assert len(paths) >= 40 and all(p.is_file() for p in paths)
+    assert "points: geometric mean" in standing(paths, "ttft,ttft/popularity=false")

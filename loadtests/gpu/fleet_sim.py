@@ -22,7 +22,7 @@ import math
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
-from loadtests.fidelity import _phase_of
+from loadtests.fidelity import TOLERANCE, _phase_of
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,
@@ -176,7 +176,7 @@ def cells_tally(rows: Sequence[tuple[str, dict[str, tuple[float, float]]]], rout
     ``peer`` as the GPU did."""
     def within(name: str) -> str:
         pairs = [cells[name] for _, cells in rows if name in cells and all(map(math.isfinite, cells[name]))]
-        good = sum(1 for g, s in pairs if abs(s / g - 1) <= 0.30)
+        good = sum(1 for g, s in pairs if abs(s / g - 1) <= TOLERANCE)
         mean_log = sum(abs(math.log(s / g)) for g, s in pairs) / len(pairs) if pairs else math.nan
         return f"{name} {good} of {len(pairs)} (mean |log| {mean_log:.3f})"
 

@@ -6,7 +6,8 @@ only CPU. What is real: the routing code (``prefix_key.build_route_request``, th
 ``on_first_token`` / ``on_complete`` learning), and each worker's scheduler, radix prefix cache and roofline step times
 (``proxy.sim``: the same classes the HTTP simulated worker runs). What is left out: HTTP
 and proxy overhead (see bench_overhead), the proxy's admission queue (its default per-worker limit
-is the worker's max_running_requests, which these loads never reach).
+is the worker's max_running_requests, which these loads never reach; ``worker_tokens`` is a
+what-if queue in tokens instead).
 
 Event loop: arrivals (the trace), step completions (one per busy worker) and scrapes (every
 ``scrape_interval_s``: snapshots of running / queued / waiting uncached tokens / token usage, as
@@ -34,6 +35,7 @@ import dataclasses
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +45,7 @@ import msgpack
 from proxy.clock import ManualClock
 from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
-from proxy.routing.base import Completion, FirstToken, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.base import Completion, Decision, FirstToken, Policy, RouteRequest, WorkerSnapshot
 from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.routing.prefix_key import build_route_request, prefix_tokens, uncached_tokens
 from proxy.routing.registry import build_named
@@ -182,6 +184,8 @@ def simulate(
     kv_events: bool = False,
     tokenize: bool = False,
     generation: int = 0,
+    worker_tokens: int = 0,
+    steal_after_s: float = math.inf,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -198,8 +202,16 @@ def simulate(
     per worker stands for the identical tables of the replicas' subscribers) and keys text prompts
     by the engines' token ids (``routing.tokenizer``); ``tokenize`` alone does the latter only.
     ``generation``: the new workers' generation; a ``kept`` policy that saw another forgets what
-    it believed they held (a flush or restart it was told of)."""
+    it believed they held (a flush or restart it was told of).
+    ``worker_tokens`` (a what-if; radixgate's admission counts requests, not tokens): the proxy
+    keeps each worker's prompt tokens in flight within this budget, queueing the rest at the proxy
+    per chosen worker, first in first out; a worker with room and nothing queued for it takes the
+    oldest request queued for another once that one has waited ``steal_after_s`` (work stealing
+    with a locality delay; the policy is asked again with that worker alone: branch ``steal``).
+    One replica only."""
     sim = sim or SimConfig()
+    if worker_tokens > 0 and replicas > 1:
+        raise ValueError("worker_tokens: one replica only")
     fleet = engines or [VirtualWorker(f"http://w{i}", sim, minimal_reports, generation) for i in range(workers)]
     # the GPU(s) of this run: every step of the previous run (``engines``) has ended
     gpu = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)
@@ -232,6 +244,31 @@ def simulate(
     # Decision.after -> requests held until that prefill ends: (index, route, arrival, release by)
     held: dict[Hashable, list[tuple[int, RouteRequest, float, float]]] = {}
     hold_ends: list[tuple[float, int, Hashable]] = []  # (release by, tiebreak, key)
+    # worker_tokens: requests queued at the proxy per chosen worker (index, route, arrival,
+    # queued at, decision), each worker's prompt tokens in flight, and when to look for steals
+    waiting: dict[str, deque[tuple[int, RouteRequest, float, float, Decision]]] = {u: deque() for u in by_url}
+    load = dict.fromkeys(by_url, 0)
+    steal_checks: list[float] = []
+
+    def room(url: str, tokens: int) -> bool:
+        return worker_tokens <= 0 or load[url] == 0 or load[url] + tokens <= worker_tokens
+
+    def drain(url: str, now: float) -> None:
+        """A worker's tokens went down: start what waits for it, then take another's oldest."""
+        line = waiting[url]
+        while line and room(url, line[0][1].prompt_tokens):
+            j, route, arrival, _, decision = line.popleft()
+            submit(j, route, arrival, now, decision)
+        while not line:
+            heads = [(q[0][3], u) for u, q in waiting.items() if u != url and q and now - q[0][3] >= steal_after_s]
+            if not heads:
+                return
+            source = waiting[min(heads)[1]]
+            if not room(url, source[0][1].prompt_tokens):
+                return
+            j, route, arrival, _, _ = source.popleft()
+            snap = dataclasses.replace(scraped[url], in_flight=in_flight[0][url], kv=views.get(url))
+            submit(j, route, arrival, now, dataclasses.replace(policies[0].select(route, [snap]), branch="steal"))
 
     def release(key: Hashable, now: float, *, expired: bool = False) -> None:
         waiting = held.pop(key, [])
@@ -251,7 +288,7 @@ def simulate(
 
     def dispatch(i: int, route: RouteRequest, arrival: float, now: float) -> None:
         nonlocal seq
-        spec, replica = specs[i], i % replicas
+        replica = i % replicas
         snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u], kv=views.get(u)) for u in by_url]
         decision = policies[replica].select(route, snaps)
         if decision.after is not None:
@@ -259,6 +296,16 @@ def simulate(
             seq += 1
             heapq.heappush(hold_ends, (now + hold_max_s, seq, decision.after))
             return
+        if waiting[decision.worker] or not room(decision.worker, route.prompt_tokens):
+            waiting[decision.worker].append((i, route, arrival, now, decision))
+            if math.isfinite(steal_after_s):
+                heapq.heappush(steal_checks, now + steal_after_s)
+            return
+        submit(i, route, arrival, now, decision)
+
+    def submit(i: int, route: RouteRequest, arrival: float, now: float, decision: Decision) -> None:
+        nonlocal seq
+        spec, replica = specs[i], i % replicas
         worker = by_url[decision.worker]
         if peer_sync_s is not None and replicas > 1:
             seq += 1
@@ -273,6 +320,7 @@ def simulate(
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
         in_flight[replica][worker.url] += 1
+        load[worker.url] += route.prompt_tokens
         tell_load(replica, now)
         worker.requests += 1
         worker.scheduler.submit(req, now)
@@ -308,17 +356,20 @@ def simulate(
             if req.finished:
                 del live[req.rid]
                 in_flight[replica][url] -= 1
+                load[url] -= route.prompt_tokens
                 tell_load(replica, now)
                 if tokens is not None:
                     tokens.observe(MODEL, route.prompt_bytes, outcome.prompt_tokens)
                 policies[replica].on_complete(Completion(
                     url, route, True, outcome.prompt_tokens, None if minimal_reports else outcome.cached_tokens,
                     outcome.first - outcome.arrival, len(req.output_ids), now - outcome.first))
+        if worker_tokens > 0:
+            drain(url, now)  # (while its step is still set: the submits leave starting to below)
         worker.step = None
         worker.pump_events(now)  # what the step stored
         start(worker, now)
 
-    while i < len(specs) or held or any(w.step is not None for w in fleet):
+    while i < len(specs) or held or any(w.step is not None for w in fleet) or any(waiting.values()):
         t_arrival = arrivals[i] if i < len(specs) else math.inf
         # the next instant the GPU changes: a step ends, or (time slices) joins the GPU
         t_step = gpu.next_event()
@@ -334,6 +385,12 @@ def simulate(
                         policy.on_peer_decision(url, peer_route, uncached, key)
             if peer_route is None:
                 release(key, at)
+            continue
+        if steal_checks and steal_checks[0] <= min(t_arrival, t_step):
+            at = heapq.heappop(steal_checks)
+            for u in by_url:
+                if not waiting[u]:
+                    drain(u, at)
             continue
         if hold_ends and hold_ends[0][0] <= min(t_arrival, t_step):
             at, _, key = heapq.heappop(hold_ends)

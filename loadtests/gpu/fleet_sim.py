@@ -43,6 +43,21 @@ from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.tokenizer import Encoder
 
+# What-if keys of a spec, simulated only (the proxy has no such admission): its prompt tokens in
+# flight per worker kept within ``worker_tokens``, the rest queued at the proxy for the chosen worker,
+# and an idle worker taking the oldest request queued for another after ``steal_after_s``
+# (``routing_sim.simulate``); ``ttft/worker_tokens=60000/steal_after_s=3``.
+SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s")
+
+
+def sim_only(spec: str) -> tuple[str, dict[str, float]]:
+    """``spec`` without its ``SIM_ONLY_KEYS``, and their values."""
+    name, *pairs = spec.split("/")
+    kept = [pair for pair in pairs if pair.split("=", 1)[0] not in SIM_ONLY_KEYS]
+    values = {k: float(v) for k, v in (pair.split("=", 1) for pair in pairs) if k in SIM_ONLY_KEYS}
+    return "/".join([name, *kept]), values
+
+
 # The simulated engines' profile (``--profile``): the GPU fleet's engines with their dense batch
 # attention, their GPU shared in time slices (perf.GPU_FLEET_PROFILE). On the engines' own
 # decisions replayed it has the marginal costs the GPU has (TTFT per 1,000 uncached tokens, per
@@ -89,6 +104,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                                                                 {"role": "user", "content": q}])
              if chat else RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
              for (s, q), (_, g) in zip(phase_texts(arrivals, shape, phase), arrivals, strict=True)]
+    router, what_if = sim_only(router)
     section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
     name, params = section.pop("policy"), section.pop("params")
     hold = float(section.pop("hold_max_s", 0.0))
@@ -112,7 +128,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
                     minimal_reports=minimal, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
-                    kept=carried, generation=generation)
+                    kept=carried, generation=generation, worker_tokens=int(what_if.get("worker_tokens", 0)),
+                    steal_after_s=what_if.get("steal_after_s", math.inf))
 
 
 def forget(policies: Sequence[Policy], what: str) -> None:
@@ -208,6 +225,8 @@ def main() -> None:
     p.add_argument("--prompts", choices=("text", "ids", "chat"), default="text",
                    help="what the proxies route by: the text (a bytes-per-token estimate), the token ids, "
                         "or OpenAI chat messages (rendered turn by turn)")
+    p.add_argument("--text-per-seed", action="store_true",
+                   help="each seed draws its own prompt text as well as its own trace (else one text per rate)")
     p.add_argument("--carry-over", action="store_true",
                    help="run a rate's routers one after another on the same engines, as the GPU cell does "
                         "(each phase inherits the caches the one before left)")
@@ -240,6 +259,7 @@ def main() -> None:
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
+    p95s: dict[str, list[float]] = {}  # router -> each phase's (last round's) TTFT p95
     start = 0.0
     for r, rate in enumerate(float(x) for x in a.rates.split(",")):
         order = names[r % len(names):] + names[: r % len(names)] if a.whole_cell else names
@@ -251,6 +271,8 @@ def main() -> None:
                 # one prompt text per rate for every router (fleet.py's --text same), fresh per
                 # phase only where a phase inherits the one before's caches
                 phase: int | str = 1000 + 10 * r + (k if carry else 0)
+                if a.text_per_seed:  # each seed its own prompt text too, not only its own trace
+                    phase = f"{phase}-seed{seed}"
                 if a.phase_base is not None:  # the text a GPU run's cell drew (fleet.py --text same)
                     phase = text_key("same", a.phase_base, rate, 0)
                 carried: list[Policy] = []
@@ -270,8 +292,18 @@ def main() -> None:
                     ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
                     reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
                     rounds.append(f"{pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
+                p95s.setdefault(router, []).append(pct(ttft, 0.95))
                 row.append(f"{router} " + "; ".join(rounds))
             print(f"{rate:g}/s seed {seed}: " + " | ".join(row), flush=True)
+    if len(p95s.get(names[0], ())) > 1:
+        print(f"TTFT p95 against {names[0]}, geometric mean over its phases: " + ", ".join(
+            f"{r} {geomean_ratio(p95s[r], p95s[names[0]]):.3f}x" for r in names[1:]))
+
+
+def geomean_ratio(values: Sequence[float], base: Sequence[float]) -> float:
+    """The geometric mean of ``values[i] / base[i]`` (phases that finished in both)."""
+    pairs = [(v, b) for v, b in zip(values, base, strict=True) if 0 < v < math.inf and 0 < b < math.inf]
+    return math.exp(sum(math.log(v / b) for v, b in pairs) / len(pairs)) if pairs else math.nan
 
 
 if __name__ == "__main__":

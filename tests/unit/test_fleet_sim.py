@@ -157,3 +157,32 @@ def test_the_cells_tally_counts_phases_within_30_percent_and_orders_kept() -> No
     assert "smg 3 of 3" in line and "ttft 1 of 2" in line
     assert "ordered as on the GPU in 2 of 3 cells" in line  # b flips; c's tie stays a tie
 
+
+
+def test_the_what_if_proxy_queue_keeps_each_worker_within_its_tokens_and_idle_workers_steal() -> None:
+    # ttft/worker_tokens=N/steal_after_s=S (simulated only): a worker's prompt tokens in flight stay
+    # within N (a lone request may exceed it), the rest wait at the proxy for the worker chosen;
+    # a request stolen by an idle worker waited at least S there first.
+    common = dict(seed=1, phase=7, phase_s=8.0, workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True, ids=True)
+    budget = 8000
+    for spec in (f"ttft/worker_tokens={budget}", f"ttft/worker_tokens={budget}/steal_after_s=0.5"):
+        outcomes, _ = fleet_sim.cell(spec, 6.0, Shape(groups=8), **common)  # type: ignore[arg-type]
+        assert outcomes and all(o.done is not None for o in outcomes)
+        for o in outcomes:
+            sent = o.arrival + o.held_s
+            beside = [p for p in outcomes if p is not o and p.worker == o.worker
+                      and p.arrival + p.held_s <= sent < (p.done or 0) - 1e-9]  # (float sums)
+            assert not beside or sum(p.est_prompt_tokens for p in beside) + o.est_prompt_tokens <= budget
+        stolen = [o for o in outcomes if o.branch == "steal"]
+        if "steal_after_s" in spec:
+            assert stolen and all(o.held_s >= 0.5 for o in stolen)
+        else:
+            assert not stolen and max(o.held_s for o in outcomes) > 0.5  # they queued, none moved
+    with pytest.raises(ValueError, match="one replica"):
+        fleet_sim.cell("ttft/replicas=2/worker_tokens=8000", 6.0, Shape(groups=8), **common)  # type: ignore[arg-type]
+
+
+def test_the_geometric_mean_ratio_skips_phases_that_did_not_finish() -> None:
+    assert fleet_sim.geomean_ratio([2.0, 0.5], [1.0, 1.0]) == pytest.approx(1.0)
+    assert fleet_sim.geomean_ratio([2.0, float("inf")], [1.0, 3.0]) == pytest.approx(2.0)
+    assert fleet_sim.geomean_ratio([float("inf")], [1.0]) != fleet_sim.geomean_ratio([float("inf")], [1.0])  # nan

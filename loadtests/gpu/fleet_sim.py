@@ -89,14 +89,16 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
-         chat: bool = False, profile: str = PROFILE) -> tuple[list[Outcome], list[VirtualWorker]]:
+         chat: bool = False, profile: str = PROFILE, own_gpus: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
     the rendered turns, the engines tokenize the chat template);
     ``carried``: the proxies' policies, kept from an earlier phase (empty: built here and put in
     it), as a GPU cell's proxy processes live through its ``--repeat`` rounds; ``generation``: the
-    fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28)."""
+    fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28);
+    ``own_gpus``: each engine on a GPU of its own (the fleet ``nvidia-h200-x4`` would run), not
+    the four on one."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -124,7 +126,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
         policy = lambda: Oracle(group_of)  # noqa: E731
     config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
-                    params=params or None, hold_max_s=hold, shared_gpu=True, replicas=replicas,
+                    params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
                     minimal_reports=minimal, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
@@ -225,6 +227,8 @@ def main() -> None:
     p.add_argument("--prompts", choices=("text", "ids", "chat"), default="text",
                    help="what the proxies route by: the text (a bytes-per-token estimate), the token ids, "
                         "or OpenAI chat messages (rendered turn by turn)")
+    p.add_argument("--own-gpus", action="store_true",
+                   help="each engine on a GPU of its own (one engine per H200), not the four sharing one")
     p.add_argument("--text-per-seed", action="store_true",
                    help="each seed draws its own prompt text as well as its own trace (else one text per rate)")
     p.add_argument("--carry-over", action="store_true",
@@ -255,7 +259,8 @@ def main() -> None:
         return
     shape = Shape()
     names = a.routers.split(",")
-    print(f"virtual time, {a.workers} engines sharing one simulated H200 ({a.profile}), reports={a.reports}; "
+    gpus = "each on a simulated H200 of its own" if a.own_gpus else "sharing one simulated H200"
+    print(f"virtual time, {a.workers} engines {gpus} ({a.profile}), reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
@@ -284,7 +289,7 @@ def main() -> None:
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
-                                           profile=a.profile)
+                                           profile=a.profile, own_gpus=a.own_gpus)
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:

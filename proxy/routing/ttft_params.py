@@ -76,11 +76,15 @@ class TtftParams:
     # deviations of a count at that mean (at least 4) and by this ratio, for the best-scored
     # worker at or under the mean (smg 1.13.0's spill gate, cache_aware ``gate: mean``); 0 = off.
     # The fit keeps followers home past the knee (spill_guard 0 changes nothing there); this gate
-    # is the valve for an engine the group draw overloaded. In the simulator (fleet_sim, 1.5, 6/s
-    # ids seeds 15-40, text 15-24, ids 4.5/s 15-22) it fired in 9 of 44 phases, TTFT p95 0.45-0.99x
-    # there, never worse. On the GPU fleet (run 64, ids, 6/s, three rounds) it never fired: no
-    # engine's count passed the gate (p95 0.93x the default, inside the rounds' spread). Off.
-    spill_over_mean: float = 0.0
+    # is the valve for an engine the group draw overloaded. On the GPU fleet (four engines on one
+    # H200; run 64, ids, 6/s, three rounds) it never fired: no engine's count passed it (p95 0.93x
+    # the rule without it, inside the rounds' spread). In the simulator, on that fleet (fleet_sim,
+    # 6/s ids seeds 15-40, text 15-24, ids 4.5/s 15-22) it fired in 9 of 44 phases, TTFT p95
+    # 0.45-0.99x there, never worse; with an H200 per engine (fleet_sim --own-gpus, ids, seeds
+    # 15-26), where an engine left behind is GPU time lost, 0.89x / 0.65x / 0.96x the rule without
+    # it at 9 / 12 (the knee) / 15 req/s, where smg's own rule read 0.90x / 0.71x / 1.10x. On since
+    # 2026-12-04 (not yet measured on engines with a GPU each: docs/gpu-fleet.md).
+    spill_over_mean: float = 1.5
     # Learn a cost per request waiting for its first token on a worker (ttft_model's c5, prior 0):
     # on the GPU fleet's engines five cache hits waiting cost ~2 s where their tokens say ~0.1 s
     # (a step there reads at most the pool's size of resident KV: the hits wait for running

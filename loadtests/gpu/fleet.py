@@ -11,6 +11,9 @@ prompt format (``text`` /generate text, ``ids`` /generate input_ids tokenized wi
 ``minimal``: prompt/completion tokens only, set on the engines through ``POST /bench/mode``).
 
 Routers: ``oracle`` (no proxy: group g goes to worker g mod N, the static-affinity reference),
+``balanced`` (no proxy: each group on one worker, the groups spread by the requests the phase
+will bring them, which no router can know when a group's first request comes: the best static
+placement, a bound on what placing groups can win),
 ``direct0`` (everything to the first worker: one worker alone), ``smg`` (smg 1.13.0 cache_aware),
 ``sglang-router`` (0.3.2 cache_aware), and any radixgate policy name (``python -m proxy serve``).
 All routers run at once on their own ports. Per rate, the arrival trace (Poisson times, group of
@@ -68,7 +71,8 @@ from proxy.sim import perf
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
-PEERS = {"oracle", "direct0", "smg", "sglang-router"}
+PEERS = {"oracle", "balanced", "direct0", "smg", "sglang-router"}
+NO_PROXY = ("oracle", "balanced", "direct0")
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,7 @@ class Routers:
         self.window_s, self.kv_events = window_s, kv_events
         self.bases: dict[str, list[str]] = {}  # a router's base URLs (replicas: several)
         self._turns: dict[str, int] = {}
+        self.placement: dict[int, int] = {}  # ``balanced``: group -> worker index, set per phase
         self._procs_of: dict[str, list[asyncio.subprocess.Process]] = {}  # each router's processes
         self._admins_of: dict[str, list[str]] = {}  # each radixgate router's admin bases, replicas included
 
@@ -255,7 +260,7 @@ class Routers:
 
     async def start(self) -> None:
         for name in self.names:
-            if name not in ("oracle", "direct0"):
+            if name not in NO_PROXY:
                 await self._launch(name)
         await asyncio.gather(*(self._ready(name, base) for name, bases in self.bases.items() for base in bases))
 
@@ -329,6 +334,8 @@ class Routers:
     def target(self, name: str, group: int) -> str:
         if name == "oracle":
             return self.workers[group % len(self.workers)]
+        if name == "balanced":
+            return self.workers[self.placement[group]]
         if name == "direct0":
             return self.workers[0]
         bases = self.bases[name]
@@ -486,6 +493,22 @@ def trace(rate: float, seconds: float, shape: Shape, seed: int) -> list[tuple[fl
     return [(t, rng.randrange(shape.groups)) for t in times]
 
 
+def balanced_placement(arrivals: list[tuple[float, int]], workers: int) -> dict[int, int]:
+    """Group -> worker index, knowing each group's requests in the phase ahead: the groups in
+    order of their requests, most first, each on the worker with the fewest requests so far
+    (longest-processing-time-first; ties to the lower index). A clairvoyant static placement."""
+    counts: dict[int, int] = {}
+    for _, group in arrivals:
+        counts[group] = counts.get(group, 0) + 1
+    load = [0] * workers
+    out = {}
+    for group in sorted(counts, key=lambda g: (-counts[g], g)):
+        w = min(range(workers), key=lambda k: (load[k], k))
+        out[group] = w
+        load[w] += counts[group]
+    return out
+
+
 def phase_order(names: list[str], rates: list[float], repeat: int = 1) -> list[tuple[float, int, str]]:
     """(rate, round, router) of every phase in run order: per rate, ``repeat`` rounds of every
     router, the order rotated by one per round (and so per rate), so none always runs first."""
@@ -523,6 +546,8 @@ async def run_phase(session: aiohttp.ClientSession, routers: Routers, router: st
     bodies = [request_body(prompts, system, question, shape.output_tokens, encode)
               for system, question in phase_texts(arrivals, shape, phase if key is None else key)]
     records = [Record(router, rate, phase, i, g, t) for i, (t, g) in enumerate(arrivals)]
+    if router == "balanced":
+        routers.placement = balanced_placement(arrivals, len(routers.workers))
     tasks: list[asyncio.Task[None]] = []
     start = time.perf_counter() + 0.1
     for rec, (path, body) in zip(records, bodies, strict=True):

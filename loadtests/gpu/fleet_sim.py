@@ -8,7 +8,8 @@ routing code (policies, prefix keys, the learned bytes-per-token estimate) in fr
 engines that share one GPU (``gpu_share.gpu_pool``, as the profile shares it) and report only token counts (``--reports
 minimal``), as the GPU fleet's engines. Seconds of CPU per cell, exact and repeatable, so policy
 variants can be swept (``ttft/work_weight=10``) before a GPU run decides. ``oracle`` = group g on
-engine g mod N, as in the GPU benchmark. Spec keys as ``fleet.py``'s: ``replicas=N``,
+engine g mod N, as in the GPU benchmark; ``balanced`` the groups spread knowing the requests each
+will bring (``fleet.balanced_placement``). Spec keys as ``fleet.py``'s: ``replicas=N``,
 ``peers=on`` (``decisions``: without the loads), ``kv_events=auto``, ``tokenizer=bench``.
 ``--cells RESULTS...`` replays a GPU run's cells on their own traces and text and prints the GPU's
 TTFT p95 beside the simulator's.
@@ -26,6 +27,7 @@ from loadtests.fidelity import TOLERANCE, _phase_of
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,
+    balanced_placement,
     phase_texts,
     routing_section,
     spec_kv_events,
@@ -67,16 +69,18 @@ PROFILE = perf.GPU_FLEET_PROFILE
 
 
 class Oracle(IgnoresFeedback):
-    """Group g -> worker g mod N, the group known by its prompt's first block."""
+    """Group g -> worker g mod N (``placement``: worker ``placement[g]``), the group known by its
+    prompt's first block."""
 
     name = "oracle"
 
-    def __init__(self, group_of: dict[int, int]) -> None:
-        self.group_of = group_of
+    def __init__(self, group_of: dict[int, int], placement: dict[int, int] | None = None) -> None:
+        self.group_of, self.placement = group_of, placement
 
     def select(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> Decision:
         group = self.group_of[request.block_hashes[0]]
-        return Decision(workers[group % len(workers)].url, "oracle")
+        index = group % len(workers) if self.placement is None else self.placement[group]
+        return Decision(workers[index].url, "oracle")
 
     def on_worker_change(self, workers: Sequence[WorkerSnapshot]) -> None:
         pass
@@ -118,12 +122,13 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     # peers=on: decisions and loads 2 ms later; "decisions": without the loads (before 2026-12-01 night)
     peers, peer_load = spec_peers(router), spec_value(router, "peers") != "decisions"
     policy: object = name
-    if name == "oracle":
+    if name in ("oracle", "balanced"):
         group_of = {}
         for spec, (_, g) in zip(specs, arrivals, strict=True):  # the first block as the proxies key it
             text_ids = encoder.encode(spec.text or "") if ids and not chat else None
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
-        policy = lambda: Oracle(group_of)  # noqa: E731
+        placement = balanced_placement(arrivals, workers) if name == "balanced" else None
+        policy = lambda: Oracle(group_of, placement)  # noqa: E731
     config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,

@@ -98,11 +98,13 @@ case "${1:-calibrate}" in
     # CELLS: "prompts:reports[:routers]" entries, e.g. "text:minimal:oracle,ttft,smg ids:full".
     RATES=${RATES:-$(python3 -m loadtests.gpu.fleet --knee "${KNEE_FROM:-loadtests/results/gpu-fleet/summary.jsonl}")}
     base=${PHASE_BASE:-500}
-    # CELLS entries may end with ":RATES" (e.g. ids:minimal:oracle,ttft:4.5) to override RATES.
+    # CELLS entries may end with ":RATES" (e.g. ids:minimal:oracle,ttft:4.5) to override RATES, and
+    # then ":SEED" to override SEED (several traces in one call: ids:minimal:ttft,smg:4.5:27).
     for cell in ${CELLS:-text:minimal}; do
-      IFS=: read -r prompts reports routers rates <<< "$cell"
+      IFS=: read -r prompts reports routers rates seed <<< "$cell"
       fleet --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
-        --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base
+        --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base \
+        ${seed:+--seed "$seed"}
       base=$((base + 100))
     done
     ;;

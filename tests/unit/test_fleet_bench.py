@@ -9,6 +9,7 @@ from pathlib import Path
 from loadtests.gpu.fleet import (
     Record,
     Shape,
+    balanced_placement,
     phase_order,
     phase_texts,
     routing_section,
@@ -264,3 +265,19 @@ def test_every_run_the_committed_standing_counts_has_its_summary() -> None:
     paths = standing_list()
     assert len(paths) >= 40 and all(p.is_file() for p in paths)
     assert "points: geometric mean" in standing(paths, "ttft,ttft/popularity=false")
+
+
+def test_the_balanced_placement_spreads_groups_by_the_requests_they_will_bring() -> None:
+    # group 0 brings 5 requests, 1 brings 3, 2 and 3 two each, 4 one: most first, each to the
+    # worker with the fewest requests so far
+    arrivals = [(float(i), g) for i, g in enumerate([0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4])]
+    placed = balanced_placement(arrivals, 2)
+    assert placed == {0: 0, 1: 1, 2: 1, 3: 0, 4: 1}
+    load = [0, 0]
+    for _, g in arrivals:
+        load[placed[g]] += 1
+    assert load == [7, 6]
+    # every group of a real trace is placed, on a worker that exists
+    trace_ = trace(4.5, 25.0, Shape(), seed=3)
+    placed = balanced_placement(trace_, 4)
+    assert set(placed) == {g for _, g in trace_} and set(placed.values()) <= {0, 1, 2, 3}

@@ -29,6 +29,20 @@ def test_the_oracle_keeps_each_group_on_one_worker_and_reuses_what_round_robin_r
     assert reuse("oracle") > reuse("round_robin") + 0.2
 
 
+def test_the_balanced_reference_keeps_groups_whole_and_evens_the_workers_requests() -> None:
+    outcomes, _ = fleet_sim.cell("balanced", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                                 encoder=Encoder(str(TOKENIZER)), minimal=True)
+    homes: dict[str, set[str]] = {}
+    per_worker: dict[str, int] = {}
+    for o in outcomes:
+        homes.setdefault(o.group, set()).add(o.worker)
+        per_worker[o.worker] = per_worker.get(o.worker, 0) + 1
+    assert homes and all(len(w) == 1 for w in homes.values())
+    # no worker gets more than the biggest group beyond the least loaded
+    biggest = max(sum(1 for o in outcomes if o.group == g) for g in homes)
+    assert max(per_worker.values()) - min(per_worker.values()) <= biggest
+
+
 def test_a_policy_variant_reaches_the_policy_as_its_params() -> None:
     # A parameter the policy does not have is refused by the policy's own validation, naming it.
     with pytest.raises(ConfigError, match=r"routing\.params"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 
@@ -206,8 +207,18 @@ def cells_tally(rows: Sequence[tuple[str, dict[str, tuple[float, float]]]], rout
 
     both = [cells for _, cells in rows if router in cells and peer in cells]
     same = sum(1 for c in both if (c[router][0] < c[peer][0]) == (c[router][1] < c[peer][1]))
+    # the standing each side gives: a cell's ratio is noisy (x/÷1.4 on the GPU itself), so what
+    # the simulator is for is the mean over many cells, and how far each cell's tracks the GPU's
+    logs = [(math.log(c[router][0] / c[peer][0]), math.log(c[router][1] / c[peer][1])) for c in both
+            if all(0 < v < math.inf for v in (*c[router], *c[peer]))]
+    standing = ""
+    if logs:
+        gpu, sim = (math.exp(sum(x) / len(logs)) for x in zip(*logs, strict=True))
+        r = statistics.correlation(*zip(*logs, strict=True)) if len(logs) > 2 else math.nan
+        standing = (f"; {router} / {peer} p95, geometric mean over {len(logs)} cells: GPU {gpu:.3f}x, "
+                    f"simulated {sim:.3f}x (per cell r = {r:.2f})")
     return (f"p95 within ±30% of the GPU's: {within(peer)}, {within(router)}; "
-            f"{router} against {peer} ordered as on the GPU in {same} of {len(both)} cells")
+            f"{router} against {peer} ordered as on the GPU in {same} of {len(both)} cells{standing}")
 
 
 def main() -> None:

@@ -170,6 +170,8 @@ def test_the_cells_tally_counts_phases_within_30_percent_and_orders_kept() -> No
     line = fleet_sim.cells_tally(rows)
     assert "smg 3 of 3" in line and "ttft 1 of 2" in line
     assert "ordered as on the GPU in 2 of 3 cells" in line  # b flips; c's tie stays a tie
+    # the standing over the cells both finished (a, b): GPU sqrt(0.5 * 1.5), simulated sqrt(0.8 * 0.8)
+    assert "geometric mean over 2 cells: GPU 0.866x, simulated 0.800x" in line
 
 
 

@@ -101,7 +101,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     peers = ("smg", "sglang-router")
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
-    ratios = []
+    ratios: list[tuple[float, float]] = []  # (ratio, rate)
     for path in paths:
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -124,22 +124,31 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
                 if math.isfinite(ratio):
-                    ratios.append(ratio)
+                    ratios.append((ratio, rate))
                 rows.append(f"| {path.parent.name} | {cell['prompts']}, {cell['reports']}, {cell['seed']}, "
                             f"{cell.get('text', 'fresh')} | {rate:g} | {mine * 1e3:,.0f} | {name} {best * 1e3:,.0f} | "
                             f"{ratio:.2f}x | {to_oracle} |")
     if ratios:
-        logs = [math.log(r) for r in ratios]
-        mean = sum(logs) / len(logs)
-        line = (f"\n{len(ratios)} points: geometric mean {math.exp(mean):.2f}x, {sum(r <= 0.7 for r in ratios)} at or "
-                f"under 0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
-        if len(logs) >= 3:
-            # How well the points pin the mean down, from their own spread (one GPU round's p95
-            # varies by ~0.29 in log for ttft, 0.14 for smg: a single point proves little).
-            half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
-            line += f" (95% interval of the mean {math.exp(mean - half):.2f}-{math.exp(mean + half):.2f}x)"
-        rows.append(line)
+        rows.append("\n" + points_line([r for r, _ in ratios]))
+        by_rate = sorted({rate for _, rate in ratios})
+        if len(by_rate) > 1:  # the knee and past it apart: a router can win one and not the other
+            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at in ratios if at == rate]) for rate in by_rate)
     return "\n".join(rows)
+
+
+def points_line(ratios: list[float]) -> str:
+    """How many ratios, their geometric mean, how many at or under 0.7x and under 1.0x, the worst,
+    and (from three on) the 95% interval of the mean."""
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    line = (f"{len(ratios)} points: geometric mean {math.exp(mean):.2f}x, {sum(r <= 0.7 for r in ratios)} at or "
+            f"under 0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
+    if len(logs) >= 3:
+        # How well the points pin the mean down, from their own spread (one GPU round's p95
+        # varies by ~0.29 in log for ttft, 0.14 for smg: a single point proves little).
+        half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
+        line += f" (95% interval of the mean {math.exp(mean - half):.2f}-{math.exp(mean + half):.2f}x)"
+    return line
 
 
 # Routers whose placement does not learn: run twice on the same phases they route alike, so what

@@ -142,6 +142,18 @@ def test_standing_ranks_a_router_against_the_better_gateway_of_each_run(tmp_path
     assert "| smg 1,000 | 0.50x | 0.50x |" in out and "| smg 1,000 | 2.00x | - |" in out
     assert "2 points: geometric mean 1.00x, 1 at or under 0.7x, 1 under 1.0x, worst 2.00x" in out
     assert "interval" not in out  # two points say nothing of their spread
+    assert "at 4.5/s" not in out  # one rate: no breakdown
+
+
+def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
+    path = tmp_path / "summary.jsonl"
+    path.write_text(json.dumps({"prompts": "ids", "reports": "minimal", "seed": 3, "rates": [4.5, 6],
+                                "summary": {"ttft": {"4.5": {"ttft_p95": 0.5}, "6": {"ttft_p95": 2.0}},
+                                            "smg": {"4.5": {"ttft_p95": 1.0}, "6": {"ttft_p95": 1.0}}}}) + "\n")
+    out = standing([path])
+    assert "2 points: geometric mean 1.00x" in out
+    assert "at 4.5/s: 1 points: geometric mean 0.50x, 1 at or under 0.7x" in out
+    assert "at 6/s: 1 points: geometric mean 2.00x, 0 at or under 0.7x, 0 under 1.0x" in out
 
 
 def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ prompt format (``text`` /generate text, ``ids`` /generate input_ids tokenized wi
 
 Routers: ``oracle`` (no proxy: group g goes to worker g mod N, the static-affinity reference),
 ``balanced`` (no proxy: each group on one worker, the groups spread by the requests the phase
-will bring them, which no router can know when a group's first request comes: the best static
-placement, a bound on what placing groups can win),
+will bring them, which no router knows when a group's first request comes: what that knowledge
+buys a static placement; in the simulator less than placing each group when it comes does),
 ``direct0`` (everything to the first worker: one worker alone), ``smg`` (smg 1.13.0 cache_aware),
 ``sglang-router`` (0.3.2 cache_aware), and any radixgate policy name (``python -m proxy serve``).
 All routers run at once on their own ports. Per rate, the arrival trace (Poisson times, group of

@@ -45,12 +45,12 @@ def main() -> None:
         for seed in range(15, 15 + a.seeds):
             phase = f"1000-seed{seed}"
             outs, _ = fleet_sim.cell("cache_aware/gate=mean", a.rate, Shape(), seed, phase, 25.0, 4, encoder, True, ids=True)
-            p95["smg"].append(pct([o.first - o.arrival if o.first else math.inf for o in outs], 0.95))
+            p95["smg"].append(pct([o.first - o.arrival if o.first is not None else math.inf for o in outs], 0.95))
             row = []
             for v in variants:
                 ttft_cost.past_mean = original if v == "default" else fixed_margin(*map(float, v.split(":")))
                 outs, _ = fleet_sim.cell("ttft", a.rate, Shape(), seed, phase, 25.0, 4, encoder, True, ids=True)
-                p95[v].append(pct([o.first - o.arrival if o.first else math.inf for o in outs], 0.95))
+                p95[v].append(pct([o.first - o.arrival if o.first is not None else math.inf for o in outs], 0.95))
                 row.append(f"{v} {p95[v][-1]:.2f} ({sum(o.branch == 'spill' for o in outs)} spills)")
             print(f"{a.rate:g}/s seed {seed}: smg's rule {p95['smg'][-1]:.2f} | " + " | ".join(row), flush=True)
     finally:

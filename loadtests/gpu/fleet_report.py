@@ -101,7 +101,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     peers = ("smg", "sglang-router")
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
-    ratios: list[tuple[float, float]] = []  # (ratio, rate)
+    ratios: list[tuple[float, float, str]] = []  # (ratio, rate, prompts)
     for path in paths:
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -124,15 +124,19 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
                 if math.isfinite(ratio):
-                    ratios.append((ratio, rate))
+                    ratios.append((ratio, rate, cell["prompts"]))
                 rows.append(f"| {path.parent.name} | {cell['prompts']}, {cell['reports']}, {cell['seed']}, "
                             f"{cell.get('text', 'fresh')} | {rate:g} | {mine * 1e3:,.0f} | {name} {best * 1e3:,.0f} | "
                             f"{ratio:.2f}x | {to_oracle} |")
     if ratios:
-        rows.append("\n" + points_line([r for r, _ in ratios]))
-        by_rate = sorted({rate for _, rate in ratios})
+        rows.append("\n" + points_line([r for r, _, _ in ratios]))
+        by_rate = sorted({rate for _, rate, _ in ratios})
         if len(by_rate) > 1:  # the knee and past it apart: a router can win one and not the other
-            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at in ratios if at == rate]) for rate in by_rate)
+            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at, _ in ratios if at == rate]) for rate in by_rate)
+        forms = sorted({(rate, form) for _, rate, form in ratios})
+        if len({form for _, form in forms}) > 1:  # and each prompt form at each rate
+            rows.extend(f"{form} at {rate:g}/s: " + points_line([r for r, at, f in ratios if (at, f) == (rate, form)])
+                        for rate, form in forms)
     return "\n".join(rows)
 
 

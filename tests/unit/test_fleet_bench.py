@@ -154,6 +154,14 @@ def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     assert "2 points: geometric mean 1.00x" in out
     assert "at 4.5/s: 1 points: geometric mean 0.50x, 1 at or under 0.7x" in out
     assert "at 6/s: 1 points: geometric mean 2.00x, 0 at or under 0.7x, 0 under 1.0x" in out
+    assert "ids at 4.5/s" not in out  # one prompt form: no breakdown by form
+    path.write_text(path.read_text() + json.dumps({
+        "prompts": "text", "reports": "minimal", "seed": 4, "rates": [6],
+        "summary": {"ttft": {"6": {"ttft_p95": 0.5}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n")
+    out = standing([path])
+    assert "at 6/s: 2 points: geometric mean 1.00x" in out
+    assert "ids at 6/s: 1 points: geometric mean 2.00x" in out and "text at 6/s: 1 points: geometric mean 0.50x" in out
+    assert "ids at 4.5/s: 1 points: geometric mean 0.50x" in out
 
 
 def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:

@@ -39,6 +39,8 @@ class CompletedRequest:
     admission_wait: float | None
     timing: RequestTiming
     finish_reason: str | None
+    # The caller's W3C trace id (proxy/tracecontext.py), passed on to the worker; None without one.
+    trace_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

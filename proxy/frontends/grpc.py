@@ -66,6 +66,7 @@ from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
 from proxy.security import GrpcGuard
 from proxy.sse import ErrorEvent, TextDelta
+from proxy.tracecontext import trace_headers
 
 if TYPE_CHECKING:
     from proxy.config import Config
@@ -202,6 +203,7 @@ class GrpcFrontend:
             dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG
             pipeline.reject(FRONTEND, dialect.value, e, received)
             return _Outcome(error=e)
+        req.headers.update(trace_headers(_metadata_reader(context)))
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[_Outcome] = loop.create_future()
         task = loop.create_task(self._exchange(req, received, context, stream, answered))
@@ -324,6 +326,16 @@ class GrpcFrontend:
             finish_reason=m.finish_reason or "", prompt_tokens=m.prompt_tokens, cached_tokens=m.cached_tokens,
             completion_tokens=m.completion_tokens, worker=done.worker, request_id=done.rid,
             stages=timing.stages())
+
+
+def _metadata_reader(context: Any) -> Callable[[str], str | None]:
+    """``get(name)`` over the call's metadata: a repeated key's values joined with commas."""
+    metadata = context.invocation_metadata() or ()
+
+    def get(name: str) -> str | None:
+        values = [v for k, v in metadata if k == name and isinstance(v, str)]
+        return ",".join(values) if values else None
+    return get
 
 
 async def _fail(context: Any, err: RadixgateError) -> None:

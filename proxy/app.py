@@ -45,6 +45,7 @@ from proxy.diagnose.window import RequestRecord
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
+from proxy.frontends.workers_api import WorkersApi, is_loopback
 from proxy.limits import (
     ConnectionGate,
     GatedListener,
@@ -60,11 +61,19 @@ from proxy.pipeline.holds import Holds
 from proxy.routing.base import ExplainsModel, WorkerSnapshot
 from proxy.routing.registry import build_policy
 from proxy.routing.tokenizer import PromptTokenizer, TokenizerUnavailable
-from proxy.security import GrpcGuard, guard_http_app, http_authorized, load_api_keys, upstream_authorization
+from proxy.security import (
+    GrpcGuard,
+    guard_http_app,
+    http_authorized,
+    load_admin_key,
+    load_api_keys,
+    upstream_authorization,
+)
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics, attach_diagnosis
 from proxy.workers.health import HealthChecker
 from proxy.workers.kv_fleet import KvFleet
+from proxy.workers.membership import Membership
 from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource, normalise_url
 from proxy.workers.scrape import Scraper
 from proxy.workers.upstream import UpstreamPool
@@ -108,6 +117,8 @@ class App:
         self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
         self.policy = build_policy(config.routing, rng=self.rng)
         self.source = source if source is not None else source_for(config)
+        # The source's workers as changed on the admin port (POST /workers, DELETE /workers/{url}).
+        self.membership = Membership(max_workers=config.workers.max_workers)
         self.upstream = UpstreamPool(config.upstream)
         self.admission = Admission(config.admission, self.clock)
         # Each worker's KV cache events (kv_events.endpoint; off by default): snapshots carry them.
@@ -161,11 +172,13 @@ class App:
         self.connections = ConnectionGate(_fit_file_descriptors(config))
         guard_http_app(self.public_app, keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                        reject=self.pipeline.reject)
-        self.admin_app = build_admin_app(self.pipeline, self.upstream)
+        self.admin_app = build_admin_app(self.pipeline, self.upstream, self.membership)
         if self.peers.enabled:
             self.add_admin_route("GET", PEER_PATH, self.peers.handle)
         self.workers.on_publish.append(self.diagnosis.windows.observe)
         self.add_admin_route("GET", "/diagnosis", self.diagnosis.handle)
+        WorkersApi(self.membership, self.workers, self.metrics, key=load_admin_key(config.security, os.environ),
+                   loopback=is_loopback(config.server.admin_host)).add_routes(self.admin_app)
         attach_diagnosis(self.metrics.registry, self.diagnosis.current)
         self.http_port = 0
         self.admin_port = 0
@@ -265,7 +278,7 @@ class App:
 
     async def _follow(self, first_set: asyncio.Event) -> None:
         async for urls in self.source.watch():
-            self.workers.set_members(urls)
+            self.workers.set_members(self.membership.from_source(urls))
             first_set.set()
 
     async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool,

@@ -35,6 +35,9 @@ class WorkerEntry:
 @dataclass(frozen=True)
 class WorkersConfig:
     static: tuple[WorkerEntry, ...] = ()
+    # Most workers routed to at once: an addition on the admin port (POST /workers, /add_worker)
+    # that would pass it is refused (409).
+    max_workers: int = 1024
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,10 @@ class SecurityConfig:
     # environment variable. Unset: the caller's Authorization passes through, but only while
     # radixgate checks no keys of its own (a key meant for radixgate never reaches a worker).
     upstream_api_key_env: str = "RADIXGATE_UPSTREAM_API_KEY"
+    # The key that adding and removing workers on the admin port needs (Authorization: Bearer KEY),
+    # read from this environment variable. Unset: those changes are taken only while the admin
+    # port listens on loopback (server.admin_host); on any other address they are refused (403).
+    admin_key_env: str = "RADIXGATE_ADMIN_KEY"
 
 
 @dataclass(frozen=True)

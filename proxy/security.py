@@ -109,6 +109,11 @@ def load_api_keys(cfg: SecurityConfig, environ: Mapping[str, str]) -> ApiKeys:
     return ApiKeys(keys)
 
 
+def load_admin_key(cfg: SecurityConfig, environ: Mapping[str, str]) -> ApiKeys:
+    """The admin port's key for changing workers, from ``environ[cfg.admin_key_env]`` (none = no key)."""
+    return ApiKeys([environ.get(cfg.admin_key_env, "").strip()] if cfg.admin_key_env else [])
+
+
 def upstream_authorization(client_authorization: str | None, /, *, upstream_key: str | None,
                            own_keys_checked: bool) -> str | None:
     """The Authorization header sent to a worker.

@@ -180,6 +180,10 @@ class Metrics:
         self.worker_restarts = FastCounter(
             "radixgate_worker_restarts_total", "Detected worker restarts or cache flushes (generation bumps).",
             ["worker"], registry=r)
+        self.worker_changes = FastCounter(
+            "radixgate_worker_changes_total", "Requests to add or remove a worker on the admin port, by outcome "
+            "(added, present, full, removed, absent, invalid, unauthorized, forbidden).",
+            ["outcome"], registry=r)
         self.response_lookups = FastCounter(
             "radixgate_response_lookups_total",
             "Responses ids looked up (GET / cancel / previous_response_id): known (remembered), found "

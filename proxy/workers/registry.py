@@ -114,6 +114,14 @@ class WorkerRegistry:
             log.info("workers: +%s -%s", new, gone)
             self._publish(changed=True)
 
+    def pin_model(self, url: str, model: str) -> None:
+        """The model a worker that joins at ``url`` serves ("" = learned from its /v1/models)."""
+        url = normalise_url(url)
+        if model:
+            self._static_models[url] = model
+        else:
+            self._static_models.pop(url, None)
+
     def urls(self) -> list[str]:
         return list(self._workers)
 

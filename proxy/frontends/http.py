@@ -47,6 +47,8 @@ from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
 from proxy.security import KEY_HINT
+from proxy.tracecontext import trace_headers
+from proxy.workers.membership import Membership
 from proxy.workers.upstream import UpstreamPool
 
 log = logging.getLogger("radixgate.http")
@@ -212,11 +214,19 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if not fwd and "x-api-key" in headers:
         # Anthropic's API documents x-api-key (curl, older SDKs); SGLang's --api-key checks the bearer.
         fwd = {"authorization": "Bearer " + _forwardable("x-api-key", headers["x-api-key"])}
+    fwd.update(trace_headers(lambda name: _joined(headers, name)))
     return GenerateRequest(
         dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,
         messages=messages, rid=rid if isinstance(rid, str) and rid else None,
         session_key=headers.get(cfg.routing.session_header), priority=priority, frontend=FRONTEND,
         headers=fwd, body=raw)
+
+
+def _joined(headers: Any, name: str) -> str | None:
+    """A header's value, a repeated one's joined with commas (RFC 9110 §5.3)."""
+    if name not in headers:
+        return None
+    return ",".join(headers.getall(name)) if hasattr(headers, "getall") else str(headers[name])
 
 
 @web.middleware
@@ -378,7 +388,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     return app
 
 
-def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool) -> web.Application:
+def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool, membership: Membership) -> web.Application:
     app = web.Application()
 
     async def metrics(request: web.Request) -> web.Response:
@@ -390,6 +400,7 @@ def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool) -> web.Applicati
         described = pipeline.registry.describe()
         for w in described:
             w["admission_limit"] = limits.get(w["url"])
+            w["origin"] = o.value if (o := membership.origin(w["url"])) is not None else None
         snap = pipeline.admission.core.snapshot()
         estimate = pipeline.token_estimate
         return web.json_response({
@@ -402,6 +413,8 @@ def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool) -> web.Applicati
             "admission": {"queue_depth": snap.queue_depth, "reserved": snap.reserved,
                           "shutting_down": snap.shutting_down},
             "workers": described,
+            # Listed by the configured source, taken out on this admin port (DELETE /workers/{url}).
+            "removed": sorted(membership.removed()),
         })
 
     app.router.add_get("/metrics", metrics)

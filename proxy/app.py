@@ -198,6 +198,7 @@ class App:
         w.on_join.append(self.health.probe_soon)  # a new worker takes requests once a probe passed
         w.on_leave.append(lambda url: self.scraper.set_workers(frozenset(w.urls())))
         w.on_leave.append(self.upstream.forget)
+        w.on_join.append(m.know_worker)
         w.on_leave.append(m.forget_worker)
         if self.kv.enabled:
             w.on_join.append(lambda url: self.kv.sync(w.urls()))

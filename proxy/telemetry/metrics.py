@@ -36,7 +36,7 @@ from proxy.telemetry.gauges import (
 )
 
 # Re-exported: the scrape-time gauges live in gauges.py; callers import them from here.
-__all__ = ["BUCKETS", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis"]
+__all__ = ["BUCKETS", "LEFT_WORKER", "NO_WORKER", "Metrics", "StateProvider", "attach_diagnosis"]
 
 if TYPE_CHECKING:
     from proxy.records import CompletedRequest
@@ -60,6 +60,11 @@ BUCKETS: dict[str, tuple[float, ...]] = {
 }
 
 NO_WORKER = "none"
+# What a request that ends on a worker after it left the fleet reports under: the worker's own label
+# sets were removed when it left, and one re-created per departed worker would stay for good (a
+# series leak as pods come and go under discovery or the admin API).
+LEFT_WORKER = "left"
+MAX_LEFT = 4096  # departed workers remembered (oldest forgotten)
 
 # Request-path metrics are FastCounter / FastHistogram (lock-free, see fastmetrics.py); the
 # helpers below also accept prometheus_client's own Counter / Histogram.
@@ -205,11 +210,16 @@ class Metrics:
         self._by_worker: dict[str, list[tuple[AnyMetric, tuple[str, ...]]]] = {}
         # (worker, frontend, outcome) -> the children a finished request updates (see record).
         self._ends: dict[tuple[str | None, str, str], _EndChildren] = {}
+        # Workers that left (forget_worker) and have not joined again (know_worker), oldest first.
+        self._left: dict[str, None] = {}
         self._init_routing(r)
 
     # -- fast labelled access ----------------------------------------------------------------------
     def child(self, metric: AnyMetric, *labels: str, worker: str | None = None) -> Any:
-        """The cached child for ``labels``; remembered under ``worker`` for removal."""
+        """The cached child for ``labels``; remembered under ``worker`` for removal (a worker that left
+        is reported as ``LEFT_WORKER``)."""
+        if worker is not None and worker in self._left:
+            labels, worker = tuple(LEFT_WORKER if v == worker else v for v in labels), None
         key = (id(metric), labels)
         found = self._children.get(key)
         if found is None:
@@ -239,7 +249,9 @@ class Metrics:
         key = (wk, fe, outcome)
         ends = self._ends.get(key)
         if ends is None:
-            ends = self._ends[key] = self._end_children(wk, fe, outcome)
+            ends = self._end_children(wk, fe, outcome)
+            if wk not in self._left:  # a departed worker's are not kept: the rare case, looked up each time
+                self._ends[key] = ends
         ends.result.inc()
         if ends.error is not None:
             self.inc(self.errors, fe, done.cause or "unknown")
@@ -293,8 +305,16 @@ class Metrics:
             e2e=self.child(self.e2e, wk or NO_WORKER, fe, outcome, worker=wk),
             worker=worker)
 
+    def know_worker(self, worker: str) -> None:
+        """``worker`` joined (again): its requests are reported under its own label sets."""
+        self._left.pop(worker, None)  # (a departed worker's end children were never cached)
+
     def forget_worker(self, worker: str) -> None:
-        """Drop every label set that names ``worker`` (it left the fleet)."""
+        """Drop every label set that names ``worker`` (it left the fleet); what still ends on it
+        reports as ``LEFT_WORKER``."""
+        self._left[worker] = None
+        while len(self._left) > MAX_LEFT:
+            del self._left[next(iter(self._left))]
         self._ends = {k: v for k, v in self._ends.items() if k[0] != worker}
         for metric, labels in self._by_worker.pop(worker, []):
             self._children.pop((id(metric), labels), None)

@@ -143,6 +143,13 @@ async def test_a_request_in_flight_on_a_removed_worker_finishes_there(
     events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["meta_info"]["completion_tokens"] == 48
+    # Its label sets left with it and are not re-created by the request that ended after: that one
+    # reports under worker="left" (no series per departed worker).
+    async with client.get(f"{admin(app)}/metrics") as r:
+        text = await r.text()
+    assert f'worker="{slow}"' not in text and f'worker="{other}"' not in text
+    assert 'radixgate_completion_tokens_total{worker="left"} 48.0' in text
+    assert 'radixgate_requests_succeeded_total{frontend="http"} 1.0' in text
 
 
 async def test_changes_are_refused_with_their_reasons(harness: Harness, client: aiohttp.ClientSession) -> None:

@@ -83,6 +83,11 @@ def test_forgetting_a_worker_removes_its_label_sets_only() -> None:
     assert reg.get_sample_value("radixgate_prompt_tokens_total", {"worker": "http://a"}) is None
     assert reg.get_sample_value("radixgate_ttft_seconds_count", {"worker": "http://a", "frontend": "http"}) is None
     assert reg.get_sample_value("radixgate_prompt_tokens_total", {"worker": "http://b"}) == 7
+    # What still ends on it after it left reports under worker="left", never re-creating its series.
+    m.inc(m.prompt_tokens, "http://a", amount=3, worker="http://a")
+    assert reg.get_sample_value("radixgate_prompt_tokens_total", {"worker": "http://a"}) is None
+    assert reg.get_sample_value("radixgate_prompt_tokens_total", {"worker": "left"}) == 3
+    m.know_worker("http://a")
     m.inc(m.prompt_tokens, "http://a", amount=1, worker="http://a")  # a worker that comes back starts fresh
     assert reg.get_sample_value("radixgate_prompt_tokens_total", {"worker": "http://a"}) == 1
 

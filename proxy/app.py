@@ -45,6 +45,7 @@ from proxy.diagnose.window import RequestRecord
 from proxy.diagnose.wiring import DiagnosisService
 from proxy.errors import ShuttingDown
 from proxy.frontends.http import build_admin_app, build_public_app
+from proxy.frontends.tls import ServingTls
 from proxy.frontends.workers_api import WorkersApi, is_loopback
 from proxy.limits import (
     ConnectionGate,
@@ -58,6 +59,7 @@ from proxy.peers import PATH as PEER_PATH
 from proxy.peers import PeerSync
 from proxy.pipeline import Pipeline
 from proxy.pipeline.holds import Holds
+from proxy.rotation import Rotation, Watched
 from proxy.routing.base import ExplainsModel, WorkerSnapshot
 from proxy.routing.registry import build_policy
 from proxy.routing.tokenizer import PromptTokenizer, TokenizerUnavailable
@@ -136,6 +138,7 @@ class App:
                                     urls=self.workers.urls)
         # API keys and the per-client rate limit guard both public ports (proxy/security.py).
         self.api_keys = load_api_keys(config.security, os.environ)
+        self.tls = ServingTls(config.tls)  # the serving ports' certificate (loaded here: a bad file fails the start)
         upstream_key = os.environ.get(config.security.upstream_api_key_env, "").strip() or None
         # Requests held for a prefill in progress: released by our own first tokens and by peers'.
         holds = Holds(self.clock)
@@ -180,6 +183,12 @@ class App:
         WorkersApi(self.membership, self.workers, self.metrics, key=load_admin_key(config.security, os.environ),
                    loopback=is_loopback(config.server.admin_host)).add_routes(self.admin_app)
         attach_diagnosis(self.metrics.registry, self.diagnosis.current)
+        # The keys file and the certificate, re-read when they change and on SIGHUP (cli.serve).
+        keys_file = [config.security.api_keys_file] if config.security.api_keys_file else []
+        self.rotation = Rotation(
+            [Watched("api_keys", keys_file, lambda: self.api_keys.replace(load_api_keys(config.security, os.environ))),
+             Watched("tls", self.tls.files, self.tls.reload)],
+            interval_s=config.security.reload_interval_s, clock=self.clock, metrics=self.metrics)
         self.http_port = 0
         self.admin_port = 0
         self.grpc_port = 0
@@ -259,6 +268,7 @@ class App:
         await asyncio.gather(*first_round)
         self._spawn(self.health.run())
         self._spawn(self.scraper.run())
+        self._spawn(self.rotation.run())
         await self.diagnosis.start()
         self.admin_port = await self._serve(self.admin_app, cfg.server.admin_host, cfg.server.admin_port, tls=False)
         await self.peers.start(self.admin_port)
@@ -271,7 +281,7 @@ class App:
             guard = GrpcGuard(keys=self.api_keys, limiter=self.rate_limiter, clock=self.clock,
                               reject=self.pipeline.reject)
             grpc = self._grpc = GrpcFrontend(cfg, self.pipeline, snapshots=self.workers.snapshots, ready=self.ready,
-                                             guard=guard, diagnosis=self.diagnosis.document)
+                                             guard=guard, diagnosis=self.diagnosis.document, tls=self.tls)
             self.workers.on_publish.append(grpc.on_publish)  # readiness may have changed
             self.grpc_port = await grpc.start()
         log.info("radixgate serving http=%s admin=%s grpc=%s policy=%s workers=%s", self.http_port,
@@ -284,11 +294,7 @@ class App:
 
     async def _serve(self, app: web.Application, host: str, port: int, *, tls: bool,
                      gate: ConnectionGate | None = None) -> int:
-        ssl_context = None
-        if tls and self.config.tls.enabled:
-            from proxy.frontends.tls import http_ssl_context
-
-            ssl_context = http_ssl_context(self.config.tls)
+        ssl_context = self.tls.context if tls else None
         options: dict[str, Any] = {"access_log": None}
         if gate is not None:  # the public port: limits.* apply to its connections
             options.update(handler_options(self.config.limits))

@@ -76,6 +76,7 @@ async def serve(cfg: Config) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app.rotation.reload_all)  # rotated keys and certificate
     await app.start()
     settle_after_startup()  # the start-up heap never becomes garbage: keep the collector off it
     try:

@@ -229,6 +229,7 @@ def validate(cfg: Config) -> None:
         (cfg.limits.rate_limit_burst >= 1, "limits.rate_limit_burst: must be >= 1"),
         (cfg.limits.rate_limit_clients >= 1, "limits.rate_limit_clients: must be >= 1"),
         (cfg.workers.max_workers >= 1, "workers.max_workers: must be >= 1"),
+        (cfg.security.reload_interval_s >= 0, "security.reload_interval_s: must be >= 0 (0 = on SIGHUP only)"),
         (cfg.telemetry.log_level in {"debug", "info", "warning", "error"},
          "telemetry.log_level: one of debug, info, warning, error"),
     ]

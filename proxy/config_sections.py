@@ -195,6 +195,9 @@ class SecurityConfig:
     # read from this environment variable. Unset: those changes are taken only while the admin
     # port listens on loopback (server.admin_host); on any other address they are refused (403).
     admin_key_env: str = "RADIXGATE_ADMIN_KEY"
+    # How often api_keys_file and the tls files are checked for changes and re-read (proxy/rotation.py;
+    # also on SIGHUP). 0 = on SIGHUP only.
+    reload_interval_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,10 @@ class ApiKeys:
     def __repr__(self) -> str:
         return f"ApiKeys({len(self._digests)} keys)"
 
+    def replace(self, other: ApiKeys) -> None:
+        """Take ``other``'s keys (a rotation): every guard holding this object checks them at once."""
+        self._digests = other._digests
+
     def accepts(self, presented: str | None) -> bool:
         given = _digest(presented or "")
         found = False

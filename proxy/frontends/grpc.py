@@ -60,7 +60,7 @@ from proxy.errors import BadRequest, RadixgateError, from_upstream_status
 from proxy.frontends import grpc_reflection_v1
 from proxy.frontends.grpc_deltas import RunRead, RunReader
 from proxy.frontends.grpc_messages import final_message, to_generate_request, tokens_added, worker_state
-from proxy.frontends.tls import grpc_server_credentials
+from proxy.frontends.tls import ServingTls
 from proxy.pipeline import Exchange, Finished
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
@@ -109,8 +109,10 @@ class GrpcFrontend:
 
     def __init__(self, config: Config, pipeline: Pipeline, *, snapshots: Callable[[], Sequence[WorkerSnapshot]],
                  ready: Callable[[], bool], guard: GrpcGuard,
-                 diagnosis: Callable[[float | None], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 diagnosis: Callable[[float | None], Awaitable[dict[str, Any]]] | None = None,
+                 tls: ServingTls | None = None) -> None:
         self._config, self._pipeline, self._ready, self._guard = config, pipeline, ready, guard
+        self._tls = tls
         self._snapshots, self._diagnosis = snapshots, diagnosis
         self._server: grpc.aio.Server | None = None
         self._health: Any = None  # grpc_health's aio HealthServicer (untyped upstream)
@@ -138,7 +140,7 @@ class GrpcFrontend:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         grpc_reflection_v1.enable(server, (GENERATION_SERVICE, ADMIN_SERVICE, health_sync.SERVICE_NAME))
         address = _address(cfg.server.host, max(0, cfg.server.grpc_port))
-        credentials = grpc_server_credentials(cfg.tls)
+        credentials = self._tls.grpc_credentials() if self._tls is not None else None
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
         await self._health.set(ADMIN_SERVICE, SERVING)
         await self._publish_readiness(None)

@@ -189,6 +189,10 @@ class Metrics:
             "radixgate_worker_changes_total", "Requests to add or remove a worker on the admin port, by outcome "
             "(added, present, full, removed, absent, invalid, unauthorized, forbidden).",
             ["outcome"], registry=r)
+        self.secret_reloads = FastCounter(
+            "radixgate_secret_reloads_total", "Secrets re-read while serving (security.reload_interval_s, SIGHUP), "
+            "by secret (api_keys, tls) and outcome (ok; failed: the previous one is still served).",
+            ["secret", "outcome"], registry=r)
         self.response_lookups = FastCounter(
             "radixgate_response_lookups_total",
             "Responses ids looked up (GET / cancel / previous_response_id): known (remembered), found "

@@ -10,7 +10,7 @@ from proxy.telemetry.metrics import BUCKETS, Metrics
 
 AnyMetric = Counter | Histogram | FastCounter | FastHistogram
 
-ALLOWED_LABELS = {"worker", "frontend", "outcome", "cause", "policy", "branch", "stage", "state", "direction", "peer", "index"}  # peer: from routing.peers (config); index: events | approximate
+ALLOWED_LABELS = {"worker", "frontend", "outcome", "cause", "policy", "branch", "stage", "state", "direction", "peer", "index", "secret"}  # peer: from routing.peers (config); index: events | approximate; secret: api_keys | tls
 UNIT_SUFFIXES = ("_seconds", "_total", "_ratio", "_requests", "_tokens", "_bytes")
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, load
-from proxy.frontends.tls import grpc_server_credentials, http_ssl_context
+from proxy.frontends.tls import ServingTls, http_ssl_context
 
 
 def test_tls_is_off_by_default_and_both_fronts_then_serve_plaintext() -> None:
     cfg = load(env={})
     assert not cfg.tls.enabled
     assert http_ssl_context(cfg.tls) is None
-    assert grpc_server_credentials(cfg.tls) is None
+    assert ServingTls(cfg.tls).grpc_credentials() is None and ServingTls(cfg.tls).files == ()
 
 
 @pytest.mark.parametrize(

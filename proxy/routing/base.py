@@ -92,6 +92,9 @@ class RouteRequest:
     stream: bool = False
     # The proxy already held this request once for a prefix being prefilled: route it now.
     held: bool = False
+    # It names a LoRA adapter, extra_key or cache_salt (prefix_key.cache_scope): its hashes carry
+    # the scope, but an engine's KV events, keyed here by tokens alone, cannot tell its blocks.
+    cache_scoped: bool = False
 
 
 # The branch of a decision no policy made: a request that must go to one worker (a Responses

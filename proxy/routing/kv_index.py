@@ -128,6 +128,10 @@ class EngineBlocks:
         else:
             self.orphans += len(event.hashes)
             return
+        if event.scoped:
+            # Under an adapter, a salt or multimodal inputs: kept (a later BlockRemoved names them)
+            # where no lookup by tokens alone can reach them, and so neither can their children.
+            key = xxhash.xxh3_64_intdigest(b"scoped", seed=key)
         ids = event.token_ids if isinstance(event.token_ids, array) else array("I", event.token_ids)
         view = memoryview(ids).cast("B")
         step = event.block_size * ids.itemsize

@@ -20,7 +20,12 @@ Rule:
      the prompt. ``prefix_tokens(n, block_tokens)`` converts a matched block count to tokens.
   3. Chained hashes. ``h[0] = xxh3_64(block[0], seed=S)``, ``h[i] = xxh3_64(block[i], seed=h[i-1])``
      with ``S = xxh3_64(domain, model, salt)``: a block's hash names the whole prefix ending with
-     it, and a different model (or salt, or text-vs-token-ids domain) changes every hash.
+     it, and a different model (or salt, or text-vs-token-ids domain) changes every hash. The salt
+     holds the request's cache scope (``cache_scope``): the fields that partition an engine's
+     prefix cache — SGLang keys its radix tree by the LoRA adapter and the request's
+     ``extra_key`` / ``cache_salt`` too, vLLM hashes the adapter and ``cache_salt`` into every
+     block — so the same prompt under another adapter or salt shares no block with it, as on the
+     engine. A request without them hashes as it always did.
   4. At most ``max_blocks`` blocks are hashed.
   5. Token accounting. Token ids count exactly. A text prompt counts ``bytes / bytes_per_token``
      tokens, and its unit block ``round(unit / bytes_per_token)`` tokens (at least 1), where
@@ -176,6 +181,22 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
+# Body fields that partition an engine's prefix cache (rule 3).
+CACHE_SCOPE_FIELDS = ("lora_path", "lora_id", "extra_key", "cache_salt")
+
+
+def cache_scope(payload: Mapping[str, Any]) -> str:
+    """The request's cache scope, "" when it has none; a batch's is its first prompt's (as routing)."""
+    parts = []
+    for name in CACHE_SCOPE_FIELDS:
+        value = payload.get(name)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, str | int) and not isinstance(value, bool) and value != "":
+            parts.append(f"{name}={value}")
+    return "\x00".join(parts)
+
+
 def prefix_seed(model: str, domain: str, salt: str = "") -> int:
     """The seed of a hash chain: different model, salt or domain -> unrelated chains."""
     seed: int = xxhash.xxh3_64_intdigest(f"{domain}\x00{model}\x00{salt}".encode())
@@ -242,6 +263,9 @@ def build_route_request(
     if bytes_per_token is not None and bytes_per_token <= 0:
         raise ValueError(f"bytes_per_token must be > 0, got {bytes_per_token}")
     max_blocks = max(0, max_blocks)
+    scope = cache_scope(req.payload)
+    if scope:
+        salt = f"{salt}\x01{scope}"
     prompt_ids: Sequence[int] = ()
     prompt_bytes = 0
     ids = req.input_ids if req.input_ids is not None else text_ids
@@ -274,4 +298,5 @@ def build_route_request(
         prompt_ids=prompt_ids,
         priority=req.priority,
         stream=req.stream,
+        cache_scoped=bool(scope),
     )

@@ -155,7 +155,7 @@ class TtftCost:
     def estimate(self, request: RouteRequest, worker: WorkerSnapshot) -> Estimate:
         matched = in_index = self.index.held(worker.url, request.block_hashes)
         tokens = None
-        if worker.kv is not None and request.prompt_ids:
+        if worker.kv is not None and request.prompt_ids and not request.cache_scoped:
             # The engine's own events, where it publishes them: they raise the match (what others
             # sent there too) and lower it on a reported removal, never for a block they have not
             # mentioned yet (ours, still prefilling, or stored before its event came).

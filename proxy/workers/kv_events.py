@@ -15,7 +15,8 @@ Both engines publish with the same ``ZmqEventPublisher`` design (SGLang
 Events, by tag:
 * ``BlockStored``: block_hashes, parent_block_hash (None at the root), token_ids (the blocks'
   tokens, in order), block_size, lora_id, then (newer) medium ("GPU", or "CPU" / disk for the
-  hierarchical cache's lower tiers) and vLLM's lora_name, extra_keys, group_idx, ...;
+  hierarchical cache's lower tiers) and vLLM's lora_name, extra_keys, group_idx, ...; blocks
+  stored under an adapter, a cache salt or multimodal inputs are ``scoped``;
 * ``BlockRemoved``: block_hashes, then (newer) medium;
 * ``AllBlocksCleared``: nothing.
 A block hash is an int (SGLang: a hash of the page's tokens, chained or not depending on the
@@ -66,6 +67,9 @@ class Stored:
     token_ids: Sequence[int]  # array("I") when decoded
     block_size: int
     medium: str | None = None
+    # Cached under a LoRA adapter, a cache salt or multimodal inputs (lora_id, lora_name,
+    # extra_keys): no prompt the proxy keys by its tokens alone can reuse these blocks.
+    scoped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +94,8 @@ class Batch:
 
 
 # Field order of the array-like layout (declaration order of the engines' Structs).
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                  "lora_name", "extra_keys")
 _REMOVED_FIELDS = ("block_hashes", "medium")
 
 
@@ -149,7 +154,7 @@ def _event(raw: Any, limits: EventLimits) -> Event:
         parent = f.get("parent_block_hash")
         if parent is not None:
             parent = _hash(parent)
-        return Stored(hashes, parent, tokens, size, _medium(f.get("medium")))
+        return Stored(hashes, parent, tokens, size, _medium(f.get("medium")), _scoped(f))
     if tag == "BlockRemoved":
         f = _fields(fields, _REMOVED_FIELDS)
         return Removed(_hashes(f.get("block_hashes"), limits), _medium(f.get("medium")))
@@ -170,6 +175,15 @@ def _fields(fields: Sequence[Any] | Mapping[str, Any], names: tuple[str, ...]) -
     if isinstance(fields, Mapping):
         return fields
     return dict(zip(names, fields, strict=False))
+
+
+def _scoped(f: Mapping[str, Any]) -> bool:
+    """Whether stored blocks belong to an adapter, a cache salt or multimodal inputs (vLLM puts the
+    last two in ``extra_keys``, one entry per block, None for a plain one)."""
+    extra = f.get("extra_keys")
+    if isinstance(extra, list):
+        extra = next((e for e in extra if e is not None), None)
+    return f.get("lora_id") not in (None, 0, "") or f.get("lora_name") not in (None, "") or extra is not None
 
 
 def _hash(raw: Any) -> BlockHash:

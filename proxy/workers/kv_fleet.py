@@ -142,7 +142,7 @@ class KvFleet:
 
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
         view = self._views.get(worker)
-        if view is None or view.subscriber is None or not route.prompt_ids:
+        if view is None or view.subscriber is None or not route.prompt_ids or route.cache_scoped:
             return
         # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt
         self._routed[rid] = (view.subscriber, tuple(route.prompt_ids[:PROBE_TOKENS]))

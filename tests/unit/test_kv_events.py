@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 
 import msgpack
+import msgspec
 import pytest
 
 from proxy.routing.kv_index import EngineBlocks, chain_keys
@@ -153,6 +154,36 @@ def test_lower_tiers_do_not_count_and_bytes_hashes_work() -> None:
     assert len(table) == 2 and table.matched_tokens(list(range(1, 13))) == 8
     table.apply(decode_batch(VLLM).events[2])  # h2 removed from the GPU
     assert table.matched_tokens(list(range(1, 13))) == 4
+
+
+def test_blocks_under_an_adapter_a_salt_or_media_are_scoped() -> None:
+    sgl = layouts.SglBlockStored([1], None, [5, 6, 7, 8], 4, 3)  # lora_id 3
+    vllm_salted = layouts.VllmBlockStored([b"\x01" * 32], None, [5, 6, 7, 8], 4, None, "GPU", None, [("salt-a",)])
+    vllm_lora = layouts.VllmBlockStored([b"\x02" * 32], None, [5, 6, 7, 8], 4, 7, "GPU", "adapter-x")
+    plain = layouts.VllmBlockStored([b"\x03" * 32], None, [5, 6, 7, 8], 4, None, "GPU", None, [None])
+
+    def stored(event: object, batch: type) -> Stored:
+        (decoded,) = decode_batch(msgspec.msgpack.encode(batch(1.0, [event]))).events
+        assert isinstance(decoded, Stored)
+        return decoded
+    assert stored(sgl, layouts.SglBatch).scoped
+    assert stored(vllm_salted, layouts.VllmBatch).scoped and stored(vllm_lora, layouts.VllmBatch).scoped
+    assert not stored(plain, layouts.VllmBatch).scoped
+    assert not any(e.scoped for e in decode_batch(SGLANG).events if isinstance(e, Stored))
+
+
+def test_scoped_blocks_match_no_prompt_by_its_tokens_and_can_still_be_removed() -> None:
+    """The same tokens cached under a LoRA adapter (or a salt) are no hit for a plain request."""
+    table = EngineBlocks()
+    table.apply(Stored((1,), None, ids(5, 6, 7, 8), 4))
+    table.apply(Stored((2,), 1, ids(9, 10, 11, 12), 4, scoped=True))  # under an adapter, after a plain block
+    table.apply(Stored((3,), 2, ids(13, 14, 15, 16), 4))  # its child: unreachable too
+    table.apply(Stored((4,), None, ids(20, 21, 22, 23), 4, scoped=True))
+    assert len(table) == 4
+    assert table.matched_tokens(list(range(5, 17))) == 4  # the plain head only
+    assert table.matched_tokens([20, 21, 22, 23]) == 0
+    table.apply(Removed((2, 3, 4)))
+    assert len(table) == 1 and table.matched_tokens([5, 6, 7, 8]) == 4
 
 
 def test_a_block_whose_parent_was_never_seen_is_left_out() -> None:

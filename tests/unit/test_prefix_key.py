@@ -113,6 +113,23 @@ def test_changing_model_or_salt_changes_every_hash(change, kwargs) -> None:
     assert not set(other.block_hashes) & set(base.block_hashes), change
 
 
+@pytest.mark.parametrize("field", ["lora_path", "lora_id", "extra_key", "cache_salt"])
+def test_a_prompt_under_another_adapter_or_cache_salt_shares_no_block(field: str) -> None:
+    """The engine keys its prefix cache by these too: the same text under another one is a miss."""
+    text = "same system prompt " * 100
+    def route(payload: dict[str, object]) -> tuple[int, ...]:
+        req = GenerateRequest(dialect=Dialect.SGLANG, payload=payload, model="m", text=text)
+        return build_route_request(req, **KW).block_hashes
+    plain, a, a_again, b = route({}), route({field: "a"}), route({field: "a"}), route({field: "b"})
+    assert a == a_again and len(a) == len(plain)
+    assert not set(a) & set(b) and not set(a) & set(plain)
+    assert route({field: ["a", "b"]}) == a  # a batch routes as its first prompt
+    scoped = build_route_request(GenerateRequest(dialect=Dialect.SGLANG, payload={field: "a"}, model="m", text=text), **KW)
+    assert scoped.cache_scoped and not build_route_request(text_request(text), **KW).cache_scoped
+    # No scope, or an empty or unusable one: hashed exactly as before the scope existed.
+    assert route({field: ""}) == route({field: None}) == route({field: {"x": 1}}) == route({field: True}) == plain
+
+
 def test_max_blocks_caps_the_hashes() -> None:
     route = build_route_request(text_request("y" * 10_000), block_tokens=16, chars_per_token=4.0, max_blocks=5)
     assert len(route.block_hashes) == 5

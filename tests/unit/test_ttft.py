@@ -559,6 +559,16 @@ def test_events_lower_the_match_only_on_a_reported_removal() -> None:
     assert policy.estimate(later, more).matched_tokens == later.prompt_tokens
 
 
+def test_a_request_under_an_adapter_or_salt_is_not_matched_against_the_engines_events() -> None:
+    """Events are keyed by tokens alone; the engine cached this prompt's blocks under its scope."""
+    policy = TtftCost(TtftParams())
+    scoped = dataclasses.replace(ids_prompt(1, 64), cache_scoped=True)
+    snap = WorkerSnapshot(URLS[0], kv=_Events(scoped.prompt_tokens, evicted=False))
+    assert policy.estimate(scoped, snap).matched_tokens is None
+    plain = ids_prompt(1, 64)
+    assert policy.estimate(plain, snap).matched_tokens == plain.prompt_tokens
+
+
 @pytest.mark.parametrize(("guard", "spills"), [(0.0, True), (0.5, False)])
 def test_the_spill_guard_keeps_a_follower_on_its_holder_when_the_others_are_as_busy(guard: float, spills: bool) -> None:
     policy = TtftCost(TtftParams(spill_guard=guard))

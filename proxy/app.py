@@ -32,7 +32,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -79,6 +79,9 @@ from proxy.workers.membership import Membership
 from proxy.workers.registry import StaticSource, WorkerRegistry, WorkerSource, normalise_url
 from proxy.workers.scrape import Scraper
 from proxy.workers.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from proxy.telemetry.tracing import RequestTracer
 
 log = logging.getLogger("radixgate")
 
@@ -166,6 +169,11 @@ class App:
             upstream_authorization=functools.partial(
                 upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys)),
             holds=holds, tokenizer=_tokenizer(config.routing))
+        # Each request's stages as spans over OTLP (telemetry.otlp_traces_endpoint; the otel extra).
+        self.tracer = _tracer(config, self.clock, self.rng)
+        if self.tracer is not None:
+            self.pipeline.trace_begin = self.tracer.begin
+            self.pipeline.observers.append(self.tracer.record)
         self._wire()
         self.public_app = build_public_app(config, self.pipeline, self.upstream, self.ready,
                                            authorized=http_authorized(self.api_keys))
@@ -348,6 +356,18 @@ class App:
         await self.diagnosis.stop()
         await self.kv.close()
         await self.upstream.close()
+        if self.tracer is not None:  # the last spans out (the export thread blocks: off the loop)
+            await asyncio.get_running_loop().run_in_executor(None, self.tracer.shutdown)
+
+
+def _tracer(config: Config, clock: Clock, rng: random.Random) -> RequestTracer | None:
+    if not config.telemetry.otlp_traces_endpoint:
+        return None
+    try:
+        from proxy.telemetry.tracing import RequestTracer  # the otel extra: imported only when asked for
+    except ImportError:
+        raise ConfigError("telemetry.otlp_traces_endpoint: needs the otel extra (pip install 'radixgate[otel]')") from None
+    return RequestTracer(config.telemetry, clock=clock, rng=rng)
 
 
 def _tokenizer(routing: RoutingConfig) -> PromptTokenizer | None:

@@ -230,6 +230,10 @@ def validate(cfg: Config) -> None:
         (cfg.limits.rate_limit_clients >= 1, "limits.rate_limit_clients: must be >= 1"),
         (cfg.workers.max_workers >= 1, "workers.max_workers: must be >= 1"),
         (cfg.security.reload_interval_s >= 0, "security.reload_interval_s: must be >= 0 (0 = on SIGHUP only)"),
+        (not cfg.telemetry.otlp_traces_endpoint or cfg.telemetry.otlp_traces_endpoint.startswith(("http://", "https://")),
+         "telemetry.otlp_traces_endpoint: must start with http:// or https:// (OTLP/HTTP), or be empty"),
+        (0.0 <= cfg.telemetry.trace_sample_ratio <= 1.0, "telemetry.trace_sample_ratio: must be in [0, 1]"),
+        (bool(cfg.telemetry.service_name), "telemetry.service_name: must not be empty"),
         (cfg.telemetry.log_level in {"debug", "info", "warning", "error"},
          "telemetry.log_level: one of debug, info, warning, error"),
     ]

@@ -206,6 +206,13 @@ class TelemetryConfig:
     # One JSON line per request; prompts are never logged unless this is true.
     log_requests: bool = True
     log_prompts: bool = False
+    # OTLP/HTTP endpoint for each request's stage spans (proxy/telemetry/tracing.py; the otel extra),
+    # e.g. http://otel-collector:4318/v1/traces. "" = no spans (the caller's trace context is still
+    # passed on to the worker).
+    otlp_traces_endpoint: str = ""
+    # Share of requests without a caller's sampling decision that get spans.
+    trace_sample_ratio: float = 1.0
+    service_name: str = "radixgate"
 
 
 @dataclass(frozen=True)

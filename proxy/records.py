@@ -17,6 +17,7 @@ from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Decision, RouteRequest
 from proxy.sse import FinalMeta
 from proxy.timing import RequestTiming
+from proxy.tracecontext import TraceContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +40,8 @@ class CompletedRequest:
     admission_wait: float | None
     timing: RequestTiming
     finish_reason: str | None
-    # The caller's W3C trace id (proxy/tracecontext.py), passed on to the worker; None without one.
-    trace_id: str | None = None
+    # The request's W3C trace context as passed on to the worker (proxy/tracecontext.py); None without one.
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from proxy.tracecontext import TraceContext
+
 
 class Dialect(StrEnum):
     """Which upstream endpoint and error/stream format a request speaks."""
@@ -70,6 +72,8 @@ class GenerateRequest:
     # Seconds from now the caller will wait (gRPC deadline), if any.
     timeout_s: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # The caller's W3C trace context (proxy/tracecontext.py); radixgate's own span under it when tracing.
+    trace: TraceContext | None = None
     # The caller's raw JSON body when the frontend has it (forwarded as received); empty = the
     # pipeline serialises ``payload``.
     body: bytes = b""

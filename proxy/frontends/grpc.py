@@ -66,7 +66,7 @@ from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import WorkerSnapshot
 from proxy.security import GrpcGuard
 from proxy.sse import ErrorEvent, TextDelta
-from proxy.tracecontext import trace_headers
+from proxy.tracecontext import from_headers
 
 if TYPE_CHECKING:
     from proxy.config import Config
@@ -205,7 +205,7 @@ class GrpcFrontend:
             dialect = Dialect.CHAT if msg.WhichOneof("prompt") == "chat" else Dialect.SGLANG
             pipeline.reject(FRONTEND, dialect.value, e, received)
             return _Outcome(error=e)
-        req.headers.update(trace_headers(_metadata_reader(context)))
+        req.trace = from_headers(_metadata_reader(context))
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[_Outcome] = loop.create_future()
         task = loop.create_task(self._exchange(req, received, context, stream, answered))

@@ -47,7 +47,7 @@ from proxy.limits import RequestTimeout
 from proxy.pipeline import Pipeline, not_served
 from proxy.request import Dialect, GenerateRequest
 from proxy.security import KEY_HINT
-from proxy.tracecontext import trace_headers
+from proxy.tracecontext import from_headers
 from proxy.workers.membership import Membership
 from proxy.workers.upstream import UpstreamPool
 
@@ -214,12 +214,11 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if not fwd and "x-api-key" in headers:
         # Anthropic's API documents x-api-key (curl, older SDKs); SGLang's --api-key checks the bearer.
         fwd = {"authorization": "Bearer " + _forwardable("x-api-key", headers["x-api-key"])}
-    fwd.update(trace_headers(lambda name: _joined(headers, name)))
     return GenerateRequest(
         dialect=dialect, payload=payload, model=model, stream=stream, text=text, input_ids=ids,
         messages=messages, rid=rid if isinstance(rid, str) and rid else None,
         session_key=headers.get(cfg.routing.session_header), priority=priority, frontend=FRONTEND,
-        headers=fwd, body=raw)
+        headers=fwd, body=raw, trace=from_headers(lambda name: _joined(headers, name)))
 
 
 def _joined(headers: Any, name: str) -> str | None:

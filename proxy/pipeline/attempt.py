@@ -34,7 +34,6 @@ from proxy.request import GenerateRequest
 from proxy.sse import FinalMeta, meta_from
 from proxy.sse_frames import MalformedEvent, check_events
 from proxy.timing import RequestTiming
-from proxy.tracecontext import TRACE_HEADERS
 from proxy.workers.answers import BadAnswer, Kind, client_error_body, judge_body, judge_head
 from proxy.workers.http1 import ResponseTooLarge, UpstreamClosed, UpstreamIdle, UpstreamProtocolError
 from proxy.workers.upstream import CONNECT_ERRORS
@@ -95,9 +94,8 @@ async def attempt(parts: Parts, target: Target, worker: str, timing: RequestTimi
     auth = parts.upstream_authorization(req.headers.get("authorization"))
     if auth:
         headers["Authorization"] = auth
-    for name in TRACE_HEADERS:  # the caller's trace context (proxy/tracecontext.py), checked on the way in
-        if name in req.headers:
-            headers[name] = req.headers[name]
+    if req.trace is not None:  # the caller's trace context, or radixgate's span in it (proxy/tracecontext.py)
+        headers.update(req.trace.headers())
     resp: Answer | None = None
     reader: EventReader | None = None
     check: asyncio.Task[bool] | None = None

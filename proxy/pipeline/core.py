@@ -9,6 +9,7 @@ waits for the exchanges in flight (``drained``) and cuts the streams left (``cut
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Hashable, Sequence
 
 from proxy.admission import Admission
@@ -27,7 +28,10 @@ from proxy.routing.tokenizer import PromptTokenizer
 from proxy.telemetry.logging import RequestLogger
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestTiming
+from proxy.tracecontext import TraceContext
 from proxy.workers.registry import WorkerRegistry
+
+log = logging.getLogger(__name__)
 
 
 def _unchanged(client: str | None) -> str | None:
@@ -47,6 +51,8 @@ class Pipeline:
         self.upstream = upstream  # the transport to workers (workers/upstream.py in the product)
         # Anything that wants every finished request (the diagnosis); given by App at construction.
         self.observers: list[Callable[[CompletedRequest], None]] = list(observers)
+        # Tracing on: the context a request's worker is handed (proxy/telemetry/tracing.py).
+        self.trace_begin: Callable[[TraceContext | None], TraceContext | None] | None = None
         # caller's Authorization → what the worker gets (security config).
         self.upstream_authorization = upstream_authorization
         # UTF-8 bytes per token per model, learned from reported prompt tokens (text prompts).
@@ -68,6 +74,8 @@ class Pipeline:
         return len(self._live)
 
     def exchange(self, req: GenerateRequest, *, received: float | None = None) -> Exchange:
+        if self.trace_begin is not None:  # radixgate's own span (telemetry.otlp_traces_endpoint)
+            req.trace = self.trace_begin(req.trace)
         return Exchange(self._parts, req, self.clock.now() if received is None else received)
 
     def reject(self, frontend: str, dialect: str, err: RadixgateError, received: float) -> None:
@@ -104,4 +112,7 @@ class Pipeline:
         if self.request_log is not None:
             self.request_log.log(done)
         for observe in self.observers:
-            observe(done)
+            try:
+                observe(done)
+            except Exception:  # an observer's bug (diagnosis, tracing) must not fail the request it watched
+                log.exception("observer %r failed on request %s", observe, done.rid)

@@ -20,7 +20,6 @@ from proxy.request import GenerateRequest
 from proxy.routing.base import Completion, Decision, RouteRequest
 from proxy.sse import FinalMeta
 from proxy.timing import RequestTiming
-from proxy.tracecontext import trace_id
 
 
 @dataclass(slots=True, eq=False)
@@ -82,4 +81,4 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
         policy=parts.policy.name, decision=decision, route=route,
         admission=admission.value if admission is not None else None,
         admission_wait=lease.wait_s if admission is not None and lease is not None else None,
-        timing=t, finish_reason=m.finish_reason, trace_id=trace_id(req.headers) if req.headers else None))
+        timing=t, finish_reason=m.finish_reason, trace=req.trace))

@@ -115,7 +115,7 @@ def request_fields(done: CompletedRequest) -> dict[str, Any]:
         "matched_blocks": decision.matched_blocks if decision else None,
         "admission": done.admission,
         "finish_reason": done.finish_reason,
-        "trace_id": done.trace_id,
+        "trace_id": done.trace.trace_id if done.trace is not None else None,
         "prompt_hash": f"{hashes[-1]:016x}" if hashes else None,
         "prompt_blocks": len(hashes) if route else None,
         "est_prompt_tokens": route.prompt_tokens if route else None,

@@ -181,3 +181,20 @@ async def test_a_stream_that_opens_with_a_queue_full_error_moves_to_another_work
         assert total(m, "radixgate_worker_ejections_total", worker=busy) == 0
     finally:
         await runner.cleanup()
+
+
+async def test_an_observer_that_raises_fails_no_request(harness: Harness, client: aiohttp.ClientSession) -> None:
+    """A bug in what watches finished requests (diagnosis, tracing) is logged, never the client's 500."""
+    fleet = await harness.fleet([SimConfig(time_scale=FAST)])
+    app = await harness.proxy(fleet.urls)
+    seen: list[str] = []
+
+    def broken(done: object) -> None:
+        seen.append("called")
+        raise RuntimeError("observer bug")
+
+    app.pipeline.observers.insert(0, broken)
+    assert await post_all(client, app, 3) == [200, 200, 200]
+    assert seen == ["called"] * 3
+    samples = await scrape(client, app)
+    assert total(samples, "radixgate_requests_accepted_total") == total(samples, "radixgate_requests_succeeded_total") == 3

@@ -3,7 +3,11 @@
 ``radixgate serve [--config FILE] [--host H] [--port P] [--admin-port A] [--worker URL]...
 [--policy NAME] [--grpc-port G] [--log-level L]`` loads the config (YAML → ``RADIXGATE_*`` env →
 these flags; ``--worker`` adds to ``workers.static``), runs on uvloop, prints one
-``READY http=… admin=…`` line on stdout once serving, and drains on SIGTERM / SIGINT.
+``READY http=… admin=…`` line on stdout once serving, drains on SIGTERM / SIGINT and re-reads its
+keys file and certificate on SIGHUP. With ``--check`` it builds everything a start builds (policy,
+keys, certificate, tokenizer, tracing) without opening a port, prints the effective config as YAML
+(every field, after YAML, environment and flags; secrets live in files and the environment, never
+in it) and exits 0, or names the bad field and exits 2.
 
 Pass-through subcommands hand the rest of the command line to ``<module>.main(argv)``; the module
 is imported only when its subcommand runs.
@@ -43,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another replica's admin URL; repeatable; adds to routing.peers")
     serve.add_argument("--policy", help="routing policy (routing.policy)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="telemetry.log_level")
+    serve.add_argument("--check", action="store_true",
+                       help="validate the config as a start would, print it as YAML, exit (0 ok, 2 bad)")
     for name, (_, help_text) in PASS_THROUGH.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
@@ -87,6 +93,29 @@ async def serve(cfg: Config) -> None:
         await app.stop()
 
 
+async def check(cfg: Config) -> None:
+    """Build the app as ``serve`` would (everything but its ports), then print the effective config."""
+    import dataclasses
+
+    import yaml
+
+    from proxy.app import App
+
+    App(cfg)
+    print(yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False), end="", flush=True)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and mappings of ``asdict`` as YAML's lists and dicts."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "items"):  # a Mapping field (routing.params)
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASS_THROUGH:
@@ -101,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvloop
 
     try:
-        uvloop.run(serve(cfg))
+        uvloop.run(check(cfg) if args.check else serve(cfg))
     except ConfigError as e:  # policy params are validated when the app is built
         print(f"radixgate: config error: {e}", file=sys.stderr)
         return 2

@@ -188,6 +188,7 @@ class App:
             self.add_admin_route("GET", PEER_PATH, self.peers.handle)
         self.workers.on_publish.append(self.diagnosis.windows.observe)
         self.add_admin_route("GET", "/diagnosis", self.diagnosis.handle)
+        self.add_admin_route("GET", "/diagnosis/tail", self.diagnosis.handle_tail)
         WorkersApi(self.membership, self.workers, self.metrics, key=load_admin_key(config.security, os.environ),
                    loopback=is_loopback(config.server.admin_host)).add_routes(self.admin_app)
         attach_diagnosis(self.metrics.registry, self.diagnosis.current)

@@ -58,6 +58,9 @@ class RequestRecord:
     cause: str | None = None  # why it did not end ok (proxy/errors.py causes), None when it did
     # The peer replica that routed it and told us (``diagnose.fleet_view``); "" = this one.
     peer: str = ""
+    # To find its log line and spans (GET /diagnosis/tail); not shared with peers.
+    rid: str = ""
+    trace_id: str | None = None
 
     @classmethod
     def of(
@@ -70,6 +73,8 @@ class RequestRecord:
         policy: str = "",
         decision: Decision | None = None,
         cause: str | None = None,
+        rid: str = "",
+        trace_id: str | None = None,
     ) -> RequestRecord:
         """Build a record from the pipeline's objects; token counts come from ``timing``."""
         predicted = None
@@ -91,6 +96,8 @@ class RequestRecord:
             text_prompt=route is not None and route.prompt_bytes > 0,
             predicted_cached_tokens=predicted,
             cause=cause,
+            rid=rid,
+            trace_id=trace_id,
         )
 
     @property

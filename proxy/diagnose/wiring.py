@@ -36,6 +36,7 @@ from aiohttp import web
 
 from proxy.diagnose.report import to_json
 from proxy.diagnose.service import Diagnoser, Diagnosis
+from proxy.diagnose.tail import BY, MAX_N, slowest
 from proxy.diagnose.window import DiagnosisWindows, RequestRecord
 from proxy.errors import BadRequest, to_body
 from proxy.telemetry.gpu import NvmlSampler, load_nvml
@@ -73,7 +74,8 @@ class DiagnosisService:
         if done.worker is None:
             return  # refused before routing: it never reached the fleet
         record = RequestRecord.of(done.timing, worker=done.worker, outcome=done.outcome, route=done.route,
-                                  policy=done.policy, decision=done.decision, cause=done.cause)
+                                  policy=done.policy, decision=done.decision, cause=done.cause, rid=done.rid,
+                                  trace_id=done.trace.trace_id if done.trace is not None else None)
         self.windows.record(record)
         if self.share is not None:
             self.share(record)
@@ -94,14 +96,35 @@ class DiagnosisService:
             return web.json_response(body.payload, status=body.status)
         return web.json_response(doc)
 
+    async def handle_tail(self, request: web.Request) -> web.Response:
+        """``GET /diagnosis/tail?n=10&by=ttft|e2e&window_s=N``: the slowest recent requests, each cut
+        into the parts of its time (``tail.py``)."""
+        q = request.query
+        try:
+            n = _count(q.get("n", "10"), "n", MAX_N)
+            by = q.get("by", "ttft")
+            if by not in BY:
+                raise BadRequest(f"by: one of {', '.join(BY)}, got {by[:32]!r}")
+            window_s = None if "window_s" not in q else self._span(_seconds(q["window_s"]))
+        except BadRequest as e:
+            body = to_body(e, dialect="openai")
+            return web.json_response(body.payload, status=body.status)
+        now = self._clock.now()
+        records = [r for r in self.windows.requests.items() if window_s is None or r.timing.received >= now - window_s]
+        return web.json_response(slowest(records, n=n, by=by, now=now))
+
+    def _span(self, window_s: float) -> float:
+        if not 0 < window_s <= self._max_span_s:
+            bound = "diagnose.window_s" if math.isfinite(self._max_span_s) else "any"
+            raise BadRequest(f"window_s: seconds in (0, {self._max_span_s:g}] ({bound}), got {window_s!r}")
+        return window_s
+
     async def document(self, window_s: float | None) -> dict[str, Any]:
         """The diagnosis as JSON: the current one, or over the last ``window_s`` seconds only (a
         ``BadRequest`` naming the bound when it is not in (0, diagnose.window_s])."""
         if window_s is None:
             return to_json(self.current())
-        if not 0 < window_s <= self._max_span_s:
-            bound = "diagnose.window_s" if math.isfinite(self._max_span_s) else "any"
-            raise BadRequest(f"window_s: seconds in (0, {self._max_span_s:g}] ({bound}), got {window_s!r}")
+        self._span(window_s)
         async with self._on_demand:
             inputs = self.diagnoser.inputs(since=self._clock.now() - window_s)
             return to_json(await asyncio.to_thread(self.diagnoser.compute, inputs))
@@ -129,6 +152,16 @@ class DiagnosisService:
             except Exception:  # a bad window must not kill the loop; the next round retries
                 log.exception("diagnosis refresh failed")
             await asyncio.sleep(self._refresh_s)
+
+
+def _count(raw: str, name: str, most: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= most:
+        raise BadRequest(f"{name}: an integer in [1, {most}], got {raw[:32]!r}")
+    return value
 
 
 def _seconds(raw: str) -> float:

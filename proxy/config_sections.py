@@ -137,6 +137,11 @@ class RoutingConfig:
     # queue its holder had waited through, so holds cost followers seconds past the knee and saved
     # nothing measurable below it; the simulator's SGLang-like scheduler shows gains in bursts.
     hold_max_s: float = 0.0
+    # Pin each request to one data-parallel rank of a worker that reports dp_size > 1 (SGLang
+    # --dp-size, DP attention), by its prompt's leading tokens, so a shared prefix stays in one
+    # rank's cache (proxy/routing/dp_rank.py; sends data_parallel_rank). Off: the worker's own
+    # controller spreads requests over its ranks. Not yet measured on a GPU fleet.
+    dp_ranks: bool = False
 
 
 @dataclass(frozen=True)

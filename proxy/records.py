@@ -84,6 +84,14 @@ def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = Fa
     return json.dumps({**req.payload, **add}, separators=(",", ":")).encode()
 
 
+def with_field(body: bytes, name: str, value: int) -> bytes:
+    """``body`` (a JSON object's bytes, ``body_with_rid``'s) with ``name`` spliced in first; the caller
+    checked the body has no such key."""
+    i = body.index(b"{") + 1
+    empty = body[i:].lstrip().startswith(b"}")
+    return body[:i] + json.dumps(name).encode() + b":" + str(int(value)).encode() + (b"" if empty else b",") + body[i:]
+
+
 def wants_usage_hidden(req: GenerateRequest) -> bool:
     """Whether this is an OpenAI stream whose caller did not ask for usage
     (``stream_options.include_usage``, off in the openai SDK by default): the pipeline asks the

@@ -28,8 +28,8 @@ from proxy.pipeline.end import Ending, finish
 from proxy.pipeline.holds import hold_limit
 from proxy.pipeline.parts import Parts
 from proxy.pipeline.relay import Relay
-from proxy.records import Finished, body_with_rid, wants_usage_hidden
-from proxy.request import GenerateRequest
+from proxy.records import Finished, body_with_rid, wants_usage_hidden, with_field
+from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import (
     PINNED,
     Decision,
@@ -39,10 +39,14 @@ from proxy.routing.base import (
     RouteRequest,
     WorkerSnapshot,
 )
+from proxy.routing.dp_rank import CALLER_FIELDS, affinity_key, choose_rank
+from proxy.routing.dp_rank import FIELD as DP_FIELD
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
 from proxy.sse import ErrorEvent, EventDecoder, FinalMeta, TextDelta, first_token_counts
 from proxy.timing import RequestTiming
 
+# Where SGLang reads data_parallel_rank: /generate and the OpenAI completions and chat endpoints.
+DP_DIALECTS = frozenset({Dialect.SGLANG, Dialect.COMPLETIONS, Dialect.CHAT})
 
 class Phase(StrEnum):
     NEW = "new"
@@ -200,7 +204,7 @@ class Exchange:
             t.dispatched = p.clock.now()
             self.phase = Phase.ATTEMPTING
             try:
-                got = await attempt(p, target, decision.worker, t)
+                got = await attempt(p, self._on_rank(target, decision.worker), decision.worker, t)
             except Retry as r:
                 p.failed(decision.worker, r.cause, sick=r.sick)
                 tried.add(decision.worker)
@@ -213,6 +217,20 @@ class Exchange:
                 continue
             self._answered(got, decision.worker)
             return
+
+    def _on_rank(self, target: Target, worker: str) -> Target:
+        """``target`` naming the DP rank of ``worker`` to take it, where ``routing.dp_ranks`` asks and
+        the worker has ranks (``proxy/routing/dp_rank.py``); as it is otherwise."""
+        p = self._parts
+        if not p.config.routing.dp_ranks or self.route is None or self.req.dialect not in DP_DIALECTS:
+            return target
+        engine = p.registry.engine(worker)
+        if engine is None or engine.dp_size is None or engine.dp_size < 2:
+            return target
+        if any(f in self.req.payload for f in CALLER_FIELDS):
+            return target  # the caller chose the rank
+        rank = choose_rank(affinity_key(self.route), engine.dp_size, engine.dp_outstanding)
+        return dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))
 
     def _pinned(self, worker: str, snaps: Sequence[WorkerSnapshot]) -> Decision:
         """The one worker a pinned request may go to (the policy is not asked, and no other worker

@@ -85,6 +85,10 @@ class EngineState:
     model: str | None = None
     # The worker's --kv-events-config (SGLang reports its server args in /get_server_info).
     kv_events_config: str | None = None
+    # Its data-parallel ranks (--dp-size, from /get_server_info), and each rank's outstanding
+    # requests (running + waiting, from /v1/loads), indexed by rank: routing.dp_ranks reads them.
+    dp_size: int | None = None
+    dp_outstanding: tuple[int, ...] | None = None
 
     def merged(self, other: EngineState) -> EngineState:
         """``self`` with every field ``other`` reports (not None) taken from ``other``."""
@@ -107,6 +111,7 @@ def _combine(values: list[float], how: str) -> float:
 
 MAX_COUNT = 2**53
 MAX_PAGE_SIZE = 1 << 20
+MAX_DP = 1024  # data-parallel ranks of one worker believed
 
 
 def _finite(name: str, value: float) -> float:
@@ -180,6 +185,7 @@ def parse_loads(doc: Any) -> EngineState:
         return _finite(key, sum(vals) / len(vals)) if vals else None
 
     return EngineState(
+        dp_outstanding=_per_rank(ranks),
         running=total("num_running_reqs", "running"),
         queued=total("num_waiting_reqs", "queued"),
         waiting_uncached_tokens=total("num_waiting_uncached_tokens", "waiting_uncached_tokens"),
@@ -189,6 +195,21 @@ def parse_loads(doc: Any) -> EngineState:
         max_running_requests=total("max_running_requests", "max_running_requests"),
         max_total_tokens=total("max_total_num_tokens", "max_total_tokens"),
     )
+
+
+def _per_rank(ranks: list[Mapping[str, Any]]) -> tuple[int, ...] | None:
+    """Running + waiting per DP rank, when the ranks are 0 .. n-1 once each (n >= 2, at most MAX_DP)."""
+    if not 2 <= len(ranks) <= MAX_DP:
+        return None
+    out: dict[int, int] = {}
+    for r in ranks:
+        rank, running, waiting = r.get("dp_rank"), _num(r, "num_running_reqs"), _num(r, "num_waiting_reqs")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank in out or running is None:
+            return None
+        out[rank] = int(min(MAX_COUNT, max(0.0, running + (waiting or 0.0))))
+    if sorted(out) != list(range(len(out))):
+        return None
+    return tuple(out[i] for i in range(len(out)))
 
 
 def parse_get_load(doc: Any) -> EngineState:
@@ -222,7 +243,9 @@ def parse_server_info(doc: Any) -> EngineState:
     startup = _num(doc, "startup_time") or _num(sched, "startup_time")
     model = doc.get("served_model_name") or doc.get("model_path")
     kv = doc.get("kv_events_config")
+    dp = doc.get("dp_size")
     return EngineState(
+        dp_size=dp if isinstance(dp, int) and not isinstance(dp, bool) and 1 <= dp <= MAX_DP else None,
         kv_events_config=kv[:4096] if isinstance(kv, str) and kv else None,
         max_running_requests=int(_typed("max_running_requests", max_running)) if max_running else None,
         max_total_tokens=int(_typed("max_total_tokens", max_total)) if max_total else None,

@@ -1,0 +1,55 @@
+"""Which data-parallel rank of a worker takes a request (``routing.dp_ranks``; pure).
+
+A worker started with ``--dp-size N`` (SGLang's in-process DP, and DP attention for DeepSeek-style
+models) is one URL in front of N schedulers, each with its own radix cache, and its own
+controller spreads requests over them without looking at prefixes (round robin, or by load): a
+shared prefix the proxy kept on that worker is recomputed on up to N ranks. SGLang takes the rank
+from the request instead when it names one (``data_parallel_rank``, the spelling smg's dp-aware
+mode sends and every SGLang release since accepts on ``/generate`` and the OpenAI endpoints; newer
+ones also read ``routed_dp_rank``).
+
+Rule: the request's affinity key is the hash of its prompt's leading ``KEY_TOKENS`` (its last full
+block within them; the whole prompt when shorter), so requests sharing a system prompt share a key;
+the ranks are ordered by rendezvous hashing of that key (each rank's score ``xxh3(key, seed=rank)``),
+so a key keeps its rank while the rank count stays, and keys spread evenly over ranks. The first
+rank in that order whose outstanding requests (running + waiting, from the worker's ``/v1/loads``
+per rank) are within ``max(mean x REL, mean + ABS)`` takes it (smg's spill rule, per rank; the
+least loaded rank is always within it). Without per-rank loads the first rank in the order takes it.
+A prompt too short for a full block has no key: the least loaded rank, else rank 0. O(N) per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import xxhash
+
+from proxy.routing.base import RouteRequest
+from proxy.routing.prefix_key import blocks_within
+
+KEY_TOKENS = 256
+REL, ABS = 1.5, 4.0
+FIELD = "data_parallel_rank"
+# Fields a caller sets to choose the rank itself: left alone.
+CALLER_FIELDS = ("data_parallel_rank", "routed_dp_rank")
+
+
+def affinity_key(route: RouteRequest) -> int | None:
+    hashes = route.block_hashes
+    if not hashes:
+        return None
+    return hashes[max(1, blocks_within(KEY_TOKENS, route.block_tokens, len(hashes))) - 1]
+
+
+def choose_rank(key: int | None, ranks: int, outstanding: Sequence[int] | None = None) -> int:
+    """The rank (0 .. ranks-1) for a request with affinity ``key``; ``outstanding`` per rank if known."""
+    loads = outstanding if outstanding is not None and len(outstanding) == ranks else None
+    if key is None:
+        return min(range(ranks), key=lambda r: loads[r]) if loads is not None else 0
+    order = sorted(range(ranks), key=lambda r: xxhash.xxh3_64_intdigest(key.to_bytes(8, "little"), seed=r),
+                   reverse=True)
+    if loads is None:
+        return order[0]
+    mean = sum(loads) / ranks
+    bound = max(mean * REL, mean + ABS)
+    return next(r for r in order if loads[r] <= bound)  # the least loaded rank is <= mean

@@ -1,0 +1,67 @@
+"""Which DP rank of a worker takes a request (proxy/routing/dp_rank.py), and the per-rank state the
+scrape reads for it (proxy/workers/scrape.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from proxy.request import Dialect, GenerateRequest
+from proxy.routing.dp_rank import affinity_key, choose_rank
+from proxy.routing.prefix_key import build_route_request
+from proxy.workers.scrape import parse_loads, parse_server_info
+
+KW = {"block_tokens": 16, "chars_per_token": 4.0, "max_blocks": 2048}
+
+
+def route(text: str):  # type: ignore[no-untyped-def]
+    return build_route_request(GenerateRequest(dialect=Dialect.SGLANG, payload={}, model="m", text=text), **KW)
+
+
+def test_a_shared_head_is_one_key_and_keys_spread_evenly_over_the_ranks() -> None:
+    system = "You are the support agent of shop number 7. " * 40  # well past the key's 256 tokens
+    a, b = route(system + "Where is my order?"), route(system + "Cancel it, please.")
+    assert affinity_key(a) == affinity_key(b) is not None
+    assert affinity_key(route("short")) is None  # no full block
+    ranks = Counter(choose_rank(k, 4) for k in range(2_000))
+    assert set(ranks) == {0, 1, 2, 3} and min(ranks.values()) > 420  # 500 each, give or take
+    assert all(choose_rank(k, 4) == choose_rank(k, 4) for k in range(50))  # stable
+
+
+def test_a_rank_past_the_bound_is_passed_over_for_the_next_in_the_keys_order() -> None:
+    key = 12345
+    first = choose_rank(key, 4)
+    busy = [2, 2, 2, 2]
+    assert choose_rank(key, 4, busy) == first  # balanced: its own rank
+    busy[first] = 30  # mean 9: bound max(13.5, 13) — passed over
+    second = choose_rank(key, 4, busy)
+    assert second != first and busy[second] <= 13.5
+    busy[first] = 7  # mean 3.25: within max(4.9, 7.25), kept
+    assert choose_rank(key, 4, busy) == first
+    assert choose_rank(None, 4, [5, 1, 7, 3]) == 1 and choose_rank(None, 4) == 0
+    assert choose_rank(key, 4, [1, 2]) == first  # loads of another rank count: ignored
+
+
+def test_the_scrape_reads_ranks_and_their_loads() -> None:
+    loads = {"loads": [{"dp_rank": i, "num_running_reqs": r, "num_waiting_reqs": w}
+                       for i, (r, w) in enumerate([(3, 1), (0, 0), (5, 2), (1, 0)])]}
+    state = parse_loads(loads)
+    assert state.dp_outstanding == (4, 0, 7, 1) and state.running == 9
+    assert parse_server_info({"dp_size": 4, "page_size": 16}).dp_size == 4
+
+
+@pytest.mark.parametrize("ranks", [
+    [0],  # one rank: nothing to choose
+    [0, 0],  # a rank twice
+    [0, 2],  # a gap
+    [0, "1"],  # not an integer
+])
+def test_ranks_that_do_not_make_0_to_n_minus_1_give_no_per_rank_loads(ranks: list[object]) -> None:
+    doc = {"loads": [{"dp_rank": r, "num_running_reqs": 1, "num_waiting_reqs": 0} for r in ranks]}
+    assert parse_loads(doc).dp_outstanding is None
+
+
+@pytest.mark.parametrize("dp", [0, -1, 10**9, True, "4", 2.0])
+def test_a_dp_size_out_of_bounds_is_not_believed(dp: object) -> None:
+    assert parse_server_info({"dp_size": dp}).dp_size is None

@@ -91,6 +91,7 @@ class Exchange:
         self._meta = FinalMeta()  # a whole answer's; a stream's is the relay's
         self._error: RadixgateError | None = None  # an answer a frontend could not decode
         self._lease: Lease | None = None
+        self._rank: tuple[str, int] | None = None  # (worker, DP rank) counted in parts.dp_in_flight
         self._held = contextlib.AsyncExitStack()  # the admission lease, entered and left as ``async with``
         self._relay: Relay | None = None
         # An OpenAI stream whose caller did not ask for usage: asked for anyway, not relayed.
@@ -229,8 +230,24 @@ class Exchange:
             return target
         if any(f in self.req.payload for f in CALLER_FIELDS):
             return target  # the caller chose the rank
-        rank = choose_rank(affinity_key(self.route), engine.dp_size, engine.dp_outstanding)
+        ours, scraped = p.dp_in_flight, engine.dp_outstanding
+        loads = [max(scraped[r] if scraped is not None and len(scraped) == engine.dp_size else 0,
+                     ours.get((worker, r), 0)) for r in range(engine.dp_size)]
+        rank = choose_rank(affinity_key(self.route), engine.dp_size, loads)
+        self._release_rank()
+        self._rank = (worker, rank)
+        ours[self._rank] = ours.get(self._rank, 0) + 1
         return dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))
+
+    def _release_rank(self) -> None:
+        if self._rank is not None:
+            ours = self._parts.dp_in_flight
+            left = ours.get(self._rank, 1) - 1
+            if left > 0:
+                ours[self._rank] = left
+            else:
+                ours.pop(self._rank, None)
+            self._rank = None
 
     def _pinned(self, worker: str, snaps: Sequence[WorkerSnapshot]) -> Decision:
         """The one worker a pinned request may go to (the policy is not asked, and no other worker
@@ -367,6 +384,7 @@ class Exchange:
         if relay is not None:
             await relay.close()
         await self._held.aclose()  # the lease's slot is free again
+        self._release_rank()
         answered = relay.upstream_done if relay is not None else self.status != 0
         finish(p, Ending(exc, self.error, answered, self.streaming, self.status, self.meta),
                req=self.req, rid=self.rid, timing=self.timing, worker=self.worker, decision=self.decision,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy.admission import Admission
@@ -121,6 +121,9 @@ class Parts:
     record: Callable[[CompletedRequest], None]
     # routing.tokenizer: text prompts keyed by the model's token ids (None = by bytes)
     tokenizer: PromptTokenizer | None = None
+    # routing.dp_ranks: this proxy's requests in flight per (worker, DP rank), known at once where
+    # the workers' per-rank loads are a scrape old.
+    dp_in_flight: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def report_sick(self, worker: str) -> None:
         if self.registry.report_request(worker, False) is Change.EJECTED:

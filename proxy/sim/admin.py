@@ -48,17 +48,18 @@ def server_args(worker: SimWorker) -> dict[str, Any]:
         "disable_radix_cache": False,
         "radix_eviction_policy": "lru",
         "tp_size": 1,
-        "dp_size": 1,
+        "dp_size": cfg.dp_size,
         "pp_size": 1,
     }
 
 
-def load_snapshot(worker: SimWorker, include: set[str] | None) -> dict[str, Any]:
-    eng, cache = worker.engine, worker.engine.cache
+def load_snapshot(worker: SimWorker, include: set[str] | None, rank: int = 0) -> dict[str, Any]:
+    eng = worker.ranks[rank]
+    cache = eng.cache
     sched = eng.scheduler
     used = cache.used_tokens
     load: dict[str, Any] = {
-        "dp_rank": 0,
+        "dp_rank": rank,
         "num_running_reqs": sched.num_running,
         "num_waiting_reqs": len(sched.waiting),
         "num_waiting_uncached_tokens": sched.waiting_uncached_tokens(),
@@ -100,14 +101,14 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         info["scheduler_info"] = {"status": "ready", "max_total_num_tokens": eng.cache.capacity,
                                   "max_req_input_len": eng.context_length - 1,
                                   "startup_time": worker.started_at + worker.wall_offset}
-        info["internal_states"] = [{
-            "effective_max_running_requests_per_dp": eng.limits.max_running_requests,
-            "last_gen_throughput": eng.gen_throughput(),
-            "memory_usage": {"weight": round(eng.profile.model.weight_bytes / 2**30, 2),
-                             "kvcache": round(eng.cache.capacity * eng.profile.model.kv_bytes_per_token / 2**30, 2),
-                             "token_capacity": eng.cache.capacity},
+        info["internal_states"] = [{  # one per DP rank, as SGLang lists them
+            "effective_max_running_requests_per_dp": e.limits.max_running_requests,
+            "last_gen_throughput": e.gen_throughput(),
+            "memory_usage": {"weight": round(e.profile.model.weight_bytes / 2**30, 2),
+                             "kvcache": round(e.cache.capacity * e.profile.model.kv_bytes_per_token / 2**30, 2),
+                             "token_capacity": e.cache.capacity},
             "world_size": 1,
-        }]
+        } for e in worker.ranks]
         info["version"] = SGLANG_VERSION
         info["launch_command"] = "python -m proxy.sim"
         info["simworker"] = {"worker_id": worker.worker_id, "profile": worker.config.profile,
@@ -149,31 +150,32 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         if include is not None and not include <= LOAD_SECTIONS:
             return web.json_response({"detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
                                       f"Valid options: {sorted(LOAD_SECTIONS)}"}, status=400)
-        snap = load_snapshot(worker, include)
+        snaps = [load_snapshot(worker, include, r) for r in range(len(worker.ranks))]
         if request.query.get("format") == "prometheus":
-            return web.Response(text=loads_prometheus(snap), content_type="text/plain")
+            return web.Response(text=loads_prometheus(snaps), content_type="text/plain")
         return web.json_response({
             "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
             "version": SGLANG_VERSION,
             "accelerator": worker.engine.profile.gpu.name,
             "num_accelerators": 1,
-            "loads": [snap],
-            "aggregate": {"total_running_reqs": snap["num_running_reqs"],
-                          "total_waiting_reqs": snap["num_waiting_reqs"],
-                          "total_reqs": snap["num_running_reqs"] + snap["num_waiting_reqs"],
-                          "avg_token_usage": snap["token_usage"], "avg_throughput": snap["gen_throughput"],
-                          "avg_utilization": snap["utilization"]},
+            "loads": snaps,
+            "aggregate": {"total_running_reqs": sum(s["num_running_reqs"] for s in snaps),
+                          "total_waiting_reqs": sum(s["num_waiting_reqs"] for s in snaps),
+                          "total_reqs": sum(s["num_running_reqs"] + s["num_waiting_reqs"] for s in snaps),
+                          "avg_token_usage": round(sum(s["token_usage"] for s in snaps) / len(snaps), 4),
+                          "avg_throughput": round(sum(s["gen_throughput"] for s in snaps) / len(snaps), 2),
+                          "avg_utilization": round(sum(s["utilization"] for s in snaps) / len(snaps), 4)},
         })
 
     async def old_load(request: web.Request) -> web.Response:
-        sched = worker.engine.scheduler
-        return web.json_response([{"dp_rank": 0, "num_reqs": sched.num_running + len(sched.waiting),
-                                   "num_waiting_reqs": len(sched.waiting),
-                                   "num_tokens": worker.engine.cache.used_tokens}])
+        return web.json_response([{"dp_rank": i, "num_reqs": e.scheduler.num_running + len(e.scheduler.waiting),
+                                   "num_waiting_reqs": len(e.scheduler.waiting), "num_tokens": e.cache.used_tokens}
+                                  for i, e in enumerate(worker.ranks)])
 
     async def flush(request: web.Request) -> web.Response:
-        sched = worker.engine.scheduler
-        if not worker.engine.flush_cache():
+        busy = [e.scheduler for e in worker.ranks if e.scheduler.num_running or e.scheduler.waiting]
+        if busy or not all(e.flush_cache() for e in worker.ranks):
+            sched = busy[0] if busy else worker.engine.scheduler
             return web.Response(status=400, text=(
                 "Cache not flushed. Please check backend logs for more details. (When there are running or "
                 f"waiting requests, the operation will not be performed.) #queue-req: {len(sched.waiting)}, "
@@ -188,9 +190,10 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         if not isinstance(body, dict):
             body = {}
         if body.get("abort_all"):
-            worker.engine.abort_all()
+            for e in worker.ranks:
+                e.abort_all()
         elif isinstance(body.get("rid"), str):
-            worker.engine.abort(body["rid"])
+            worker.abort(body["rid"])
         return web.Response(status=200)
 
     def reported(handler: Handler) -> Handler:
@@ -241,13 +244,16 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
 HEALTH_TIMEOUT = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT, simulated seconds
 
 
-def loads_prometheus(snap: dict[str, Any]) -> str:
-    lines: list[str] = []
-    for key, value in snap.items():
-        if key == "dp_rank":
-            continue
-        items = [(f"sglang_{key}_{k}", v) for k, v in value.items()] if isinstance(value, dict) else [(f"sglang_{key}", value)]
-        for name, v in items:
-            if isinstance(v, (int, float)):
-                lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {v}']
+def loads_prometheus(snaps: list[dict[str, Any]]) -> str:
+    """``/v1/loads?format=prometheus``: one gauge per field, a sample per rank."""
+    series: dict[str, list[str]] = {}
+    for snap in snaps:
+        for key, value in snap.items():
+            if key == "dp_rank":
+                continue
+            items = [(f"sglang_{key}_{k}", v) for k, v in value.items()] if isinstance(value, dict) else [(f"sglang_{key}", value)]
+            for name, v in items:
+                if isinstance(v, (int, float)):
+                    series.setdefault(name, []).append(f'{name}{{dp_rank="{snap["dp_rank"]}"}} {v}')
+    lines = [line for name, samples in series.items() for line in (f"# TYPE {name} gauge", *samples)]
     return "\n".join(lines) + "\n"

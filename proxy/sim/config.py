@@ -58,6 +58,11 @@ class SimConfig:
     stream_interval: int = 1
     incremental_streaming_output: bool = False
     enable_mixed_chunk: bool = False
+    # As SGLang's --dp-size: this many schedulers behind the one server, each its own engine with its
+    # own radix cache and KV pool (a replica per GPU set). A request naming its rank
+    # (data_parallel_rank, routed_dp_rank) goes there; any other, round robin (SGLang's controller
+    # does not look at prefixes). Its /metrics covers rank 0 only; /v1/loads has every rank.
+    dp_size: int = 1
     context_length: int | None = None
     seed: int = 0  # seeds the fault-injection random.Random
     # Responses (POST /v1/responses with store) kept for previous_response_id and GET; the
@@ -89,6 +94,8 @@ class SimConfig:
                 raise ValueError(f"kv_events_config: {e}") from None
         if not 0.0 <= self.fault_error_rate <= 1.0:
             raise ValueError("fault_error_rate must be within [0, 1]")
+        if not 1 <= self.dp_size <= 64:
+            raise ValueError("dp_size must be within [1, 64]")
         if self.responses_store_max < 1:
             raise ValueError("responses_store_max must be >= 1")
         for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "prefill_max_requests"):

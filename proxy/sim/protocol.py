@@ -71,8 +71,21 @@ def parse_generate(body: Any, encode: Callable[[str], list[int]] = tokenizer.enc
         input_ids=input_ids,
         max_new_tokens=int_field(params, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
         stop=stop_list(params.get("stop")),
+        dp_rank=dp_rank(body),
     )
     return req, bool(body.get("stream", False))
+
+
+def dp_rank(body: dict[str, Any]) -> int | None:
+    """The data-parallel rank a request names (``routed_dp_rank``, or the older ``data_parallel_rank``)."""
+    for name in ("routed_dp_rank", "data_parallel_rank"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"{name} must be a non-negative integer")
+        return value
+    return None
 
 
 def meta_info(req: SimRequest, *, final: bool, metrics: bool, wall_offset: float, cached: bool = True) -> dict[str, Any]:
@@ -170,7 +183,7 @@ def parse_openai(body: Any, chat: bool, encode: Callable[[str], list[int]] = tok
         max_tokens = int_field(body, "max_tokens", default)
     rid = body.get("rid")
     req = SimRequest(rid=rid if isinstance(rid, str) else uuid.uuid4().hex, input_ids=input_ids,
-                     max_new_tokens=max_tokens, stop=stop_list(body.get("stop")))
+                     max_new_tokens=max_tokens, stop=stop_list(body.get("stop")), dp_rank=dp_rank(body))
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     return req, bool(body.get("stream", False)), include_usage

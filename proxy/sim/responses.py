@@ -98,7 +98,7 @@ class ResponsesApi:
         if entry.response["status"] not in rp.RUNNING:
             return _json(rp.cancel_sync_error(), 400)
         entry.response = {**entry.response, "status": "cancelled"}
-        self.worker.engine.abort(entry.response["id"], "The response was cancelled.")
+        self.worker.abort(entry.response["id"], "The response was cancelled.")
         if entry.task is not None:
             # The task sees its request end, counts it and leaves the status alone. asyncio.wait,
             # not await: a client leaving this cancel must not cancel the task.

@@ -79,6 +79,7 @@ class SimRequest:
     finished_at: float | None = None
     listener: Callable[[SimRequest], None] | None = None
     seed: int = 0
+    dp_rank: int | None = None  # the data-parallel rank the request named (SimConfig.dp_size)
 
     def __post_init__(self) -> None:
         self.seed = tokenizer.output_seed(self.input_ids)

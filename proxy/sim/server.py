@@ -44,14 +44,19 @@ class SimWorker:
         config.validate()
         self.config = dataclasses.replace(config)
         self.clock = clock or MonotonicClock()
-        self.engine = Engine(self.config, self.clock, gpu)
+        # One engine per data-parallel rank (SimConfig.dp_size); ``engine`` is rank 0 (the only one
+        # at dp_size 1): what /metrics reports and what single-engine tools read.
+        self.ranks = [Engine(self.config, self.clock, gpu) for _ in range(self.config.dp_size)]
+        self.engine = self.ranks[0]
+        self._next_rank = 0
         self.encoder = Encoder(self.config.tokenizer)
         # Finished requests' true prompt and cached tokens (GET /bench/stats), whatever is reported.
         self.finished_prompt_tokens = 0
         self.finished_cached_tokens = 0
         self.finished_requests = 0
         self.metrics = SimMetrics(self.engine, config.served_model_name) if config.enable_metrics else None
-        self.engine.on_tokens = self._check_die
+        for rank in self.ranks:
+            rank.on_tokens = self._check_die
         self.rng = rng or random.Random(config.seed)  # draws the error-rate fault
         self.on_die = on_die
         self.port = config.port
@@ -103,11 +108,14 @@ class SimWorker:
         if self.config.kv_events_config:
             self.kv_publisher = KvPublisher(KvEventsSettings.parse(self.config.kv_events_config))
             self.kv_publisher.start()
-            self.engine.kv_publisher = self.kv_publisher
-        self.engine.start()
+            for rank in self.ranks:
+                rank.kv_publisher = self.kv_publisher
+        for rank in self.ranks:
+            rank.start()
 
     async def stop(self) -> None:
-        await self.engine.stop()
+        for rank in self.ranks:
+            await rank.stop()
         if self.kv_publisher is not None:
             await self.kv_publisher.close()
             self.kv_publisher = None
@@ -139,7 +147,8 @@ class SimWorker:
             self.spawn(self._die())
 
     async def _die(self) -> None:
-        await self.engine.stop()
+        for rank in self.ranks:
+            await rank.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -155,9 +164,9 @@ class SimWorker:
         return task
 
     def bench_stats(self) -> dict[str, int]:
-        sched = self.engine.scheduler
+        active = sum(r.scheduler.num_running + len(r.scheduler.waiting) for r in self.ranks)
         return {"prompt_tokens": self.finished_prompt_tokens, "cached_tokens": self.finished_cached_tokens,
-                "requests": self.finished_requests, "active": sched.num_running + len(sched.waiting)}
+                "requests": self.finished_requests, "active": active}
 
     def gate(self) -> tuple[str, int] | None:
         """The fault checks every generate request passes before it reaches the engine."""
@@ -174,9 +183,14 @@ class SimWorker:
 
     # -- shared request path ---------------------------------------------------------------------
     def submit(self, req: SimRequest) -> tuple[str, int] | None:
-        """Queue a request; returns (message, HTTP status) when the engine refuses it."""
+        """Queue a request on its rank; returns (message, HTTP status) when the engine refuses it."""
+        rank = req.dp_rank
+        if rank is None:  # SGLang's controller: round robin, blind to prefixes
+            rank, self._next_rank = self._next_rank, (self._next_rank + 1) % len(self.ranks)
+        elif rank >= len(self.ranks):
+            return f"data_parallel_rank {rank} is out of range (dp_size {len(self.ranks)})", 400
         try:
-            self.engine.submit(req)
+            self.ranks[rank].submit(req)
         except QueueFull as e:
             self._count_abort()
             return str(e), 503
@@ -195,8 +209,12 @@ class SimWorker:
     def untrack(self, request: web.Request, req: SimRequest | None) -> None:
         if request.transport is not None:
             self._active.discard(request.transport)
-        if req is not None and not req.finished and self.engine.abort(req.rid, "The client disconnected.", 499):
+        if req is not None and not req.finished and self.abort(req.rid, "The client disconnected.", 499):
             self._count_abort()
+
+    def abort(self, rid: str, message: str = "Aborted by request.", status: int | None = None) -> bool:
+        """Abort ``rid`` on whichever rank holds it."""
+        return any(rank.abort(rid, message, status) for rank in self.ranks)
 
 
 def error_response(message: str, status: int, openai: bool = False) -> web.Response:

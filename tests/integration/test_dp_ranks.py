@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from proxy.app import App
 from tests.fixtures.broken_worker import GOOD_BODY, GOOD_OPENAI_BODY, BrokenWorker, http
 from tests.integration.conftest import Harness, base, eventually
 
@@ -54,6 +55,7 @@ async def test_requests_sharing_a_head_go_to_one_rank_and_groups_spread_over_the
         mine = {"text": groups[0] + "mine", "data_parallel_rank": 3}  # the caller's choice stands
         async with client.post(f"{base(app)}/generate", json=mine) as r:
             assert r.status == 200
+        assert app.pipeline._parts.dp_in_flight == {}  # every request counted on its rank was let go
     ranks = [b["data_parallel_rank"] for b in bodies[:36]]
     per_group = [set(ranks[3 * g:3 * g + 3]) for g in range(12)]
     assert all(len(s) == 1 for s in per_group)  # every group on one rank
@@ -76,3 +78,94 @@ async def test_off_by_default_and_for_workers_without_ranks(harness: Harness, cl
         async with client.post(f"{base(app2)}/generate", json={"text": "x " * 400}) as r:
             assert r.status == 200
         assert seen and "data_parallel_rank" not in seen[-1]
+
+
+async def test_a_simulated_dp_worker_keeps_a_cache_per_rank_and_takes_the_rank_a_request_names() -> None:
+    """The simulator's --dp-size: ranks with their own caches, round robin unless a rank is named."""
+    from proxy.sim.config import SimConfig
+    from proxy.sim.fleet import Fleet
+
+    prompt = {"text": "the same prompt, word after word " * 20, "sampling_params": {"max_new_tokens": 1}}
+    async with Fleet.in_process([SimConfig(time_scale=200.0, dp_size=2, enable_cache_report=True)]) as fleet, \
+            aiohttp.ClientSession() as s:
+        url = fleet.urls[0]
+        cached = []
+        for body in (prompt, prompt, prompt, {**prompt, "data_parallel_rank": 1}, {**prompt, "routed_dp_rank": 0}):
+            async with s.post(f"{url}/generate", json=body) as r:
+                assert r.status == 200
+                cached.append((await r.json())["meta_info"]["cached_tokens"])
+        # Round robin: rank 0 (miss), rank 1 (miss), rank 0 (hit); then named: rank 1 (hit), rank 0 (hit).
+        assert cached[0] <= 1 and cached[1] <= 1 and min(cached[2:]) > 100
+        async with s.post(f"{url}/generate", json={**prompt, "data_parallel_rank": 2}) as r:
+            assert r.status == 400 and "out of range" in (await r.json())["error"]["message"]
+        async with s.get(f"{url}/v1/loads") as r:
+            assert [x["dp_rank"] for x in (await r.json())["loads"]] == [0, 1]
+        async with s.get(f"{url}/get_server_info") as r:
+            info = await r.json()
+        assert info["dp_size"] == 2 and len(info["internal_states"]) == 2
+
+
+async def test_pinning_ranks_keeps_each_prefix_in_one_ranks_cache(harness: Harness, client: aiohttp.ClientSession) -> None:
+    """Behind the proxy, 2 simulated workers of 4 DP ranks each: with routing.dp_ranks each system
+    prompt's followers hit the rank that prefilled it; without, the worker's round robin sends each
+    to another rank, which recomputes it."""
+    from proxy.sim.config import SimConfig
+
+    captured = {}
+    for pin in (False, True):
+        fleet = await harness.fleet([SimConfig(time_scale=200.0, dp_size=4, enable_cache_report=True)
+                                     for _ in range(2)])
+        app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.dp_ranks": pin,
+                                                 "scrape.interval_s": 0.05})
+
+        async def scraped(app: App = app, urls: list[str] = fleet.urls) -> bool:
+            return all((e := app.workers.engine(u)) is not None and e.dp_size == 4 for u in urls)
+        await eventually(scraped, what="the ranks to be scraped")
+        prompt_tokens = cached_tokens = 0
+        for g in range(8):
+            system = f"You are assistant number {g}. " + "Answer in one short sentence. " * 60
+            for q in range(4):
+                body = {"text": system + f"Question {q}?", "sampling_params": {"max_new_tokens": 2}}
+                async with client.post(f"{base(app)}/generate", json=body) as r:
+                    meta = (await r.json())["meta_info"]
+                prompt_tokens += meta["prompt_tokens"]
+                cached_tokens += meta["cached_tokens"]
+        captured[pin] = cached_tokens / prompt_tokens
+    # 4 requests a prompt: pinned, 3 of 4 hit (~0.73 of all tokens); round robin, none do.
+    assert captured[True] > 0.6 and captured[False] < 0.1, captured
+
+
+async def test_a_rank_this_proxy_keeps_busy_is_passed_over_before_any_scrape_says_so(
+    harness: Harness, client: aiohttp.ClientSession
+) -> None:
+    """The proxy's own requests in flight count at once (the per-rank loads are a scrape old)."""
+    import asyncio
+
+    from tests.fixtures.broken_worker import HANG, sse_head
+
+    bodies: list[dict[str, Any]] = []
+    async with BrokenWorker.running() as w:
+        dp_worker(w, bodies)
+        w.on("/generate", lambda body: (bodies.append(json.loads(body)), [sse_head(), HANG])[1])  # never ends
+        # The worker's per-rank loads stay at 0 (a fixed answer): only the proxy's own count moves.
+        app = await harness.proxy([w.url], **QUIET, **{"routing.dp_ranks": True})
+
+        async def rank_known() -> bool:
+            return (e := app.workers.engine(w.url)) is not None and e.dp_size == 4
+        await eventually(rank_known, what="the worker's DP size")
+        system = "One tenant's system prompt, " + "long and shared. " * 80
+        streams = []
+        for q in range(7):
+            body = {"text": system + f"q{q}", "stream": True, "sampling_params": {"max_new_tokens": 8}}
+            task = asyncio.create_task(client.post(f"{base(app)}/generate", json=body))
+            streams.append(task)
+
+            async def arrived(n: int = q + 1) -> bool:
+                return len(bodies) >= n
+            await eventually(arrived, what=f"request {q} to arrive")
+        ranks = [b["data_parallel_rank"] for b in bodies]
+        # Six on the prompt's rank (6 > max(1.5 x mean, mean + 4) only from the seventh), then the next.
+        assert len(set(ranks[:6])) == 1 and ranks[6] != ranks[0], ranks
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)

@@ -412,6 +412,9 @@ def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool, membership: Memb
             "admission": {"queue_depth": snap.queue_depth, "reserved": snap.reserved,
                           "shutting_down": snap.shutting_down},
             "workers": described,
+            # As smg's GET /workers sums them up.
+            "total": len(described),
+            "healthy": sum(1 for w in described if w.get("healthy")),
             # Listed by the configured source, taken out on this admin port (DELETE /workers/{url}).
             "removed": sorted(membership.removed()),
         })

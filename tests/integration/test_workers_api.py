@@ -83,6 +83,9 @@ async def test_a_worker_added_takes_requests_and_a_removed_one_takes_no_more(
     await eventually(lambda: _has(client, app, {w0, w1}), what="the added worker to pass its probe")
     workers = await listed(client, app)
     assert workers[w0]["origin"] == "source" and workers[w1]["origin"] == "api"
+    async with client.get(f"{admin(app)}/workers") as r:
+        doc = await r.json()
+    assert (doc["total"], doc["healthy"]) == (2, 2)  # as smg's GET /workers counts them
     assert "pinned-model" in workers[w1]["models"]
     assert set(await served_by(client, app, 6)) == {w0, w1}
 

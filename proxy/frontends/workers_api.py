@@ -176,6 +176,9 @@ class WorkersApi:
 
     # -- sglang-router's calls: text answers, the URL in the query ------------------------------------
     def _query_url(self, request: web.Request) -> str | web.Response:
+        """The call's checked ``?url=``, or the answer that refuses the call."""
+        if (refusal := self._refused(request)) is not None:
+            return refusal
         raw = request.query.get("url")
         if raw is None:
             self._count("invalid")
@@ -187,8 +190,6 @@ class WorkersApi:
             return _text(400, f"url: {e}")
 
     async def add_worker(self, request: web.Request) -> web.StreamResponse:
-        if (refusal := self._refused(request)) is not None:
-            return refusal
         url = self._query_url(request)
         if isinstance(url, web.Response):
             return url
@@ -200,8 +201,6 @@ class WorkersApi:
         return _text(200, f"Successfully added worker: {url}")
 
     async def remove_worker(self, request: web.Request) -> web.StreamResponse:
-        if (refusal := self._refused(request)) is not None:
-            return refusal
         url = self._query_url(request)
         if isinstance(url, web.Response):
             return url

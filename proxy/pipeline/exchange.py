@@ -48,6 +48,7 @@ from proxy.timing import RequestTiming
 # Where SGLang reads data_parallel_rank: /generate and the OpenAI completions and chat endpoints.
 DP_DIALECTS = frozenset({Dialect.SGLANG, Dialect.COMPLETIONS, Dialect.CHAT})
 
+
 class Phase(StrEnum):
     NEW = "new"
     ADMITTING = "admitting"

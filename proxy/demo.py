@@ -30,7 +30,7 @@ import aiohttp
 
 from proxy import config as config_mod
 from proxy.app import App
-from proxy.diagnose.report import render_text
+from proxy.diagnose.report import render_tail, render_text
 from proxy.loadgen.arrivals import poisson_times
 from proxy.loadgen.client import Sample, flush, send
 from proxy.loadgen.workloads import RequestSpec, shared_prefix
@@ -86,7 +86,8 @@ async def _drive(base_url: str, specs: Sequence[RequestSpec], times: Sequence[fl
 
 
 async def _run_policy(policy: str, urls: list[str], specs: Sequence[RequestSpec], times: Sequence[float],
-                      args: argparse.Namespace) -> tuple[RunSummary, dict[str, Any] | None]:
+                      args: argparse.Namespace) -> tuple[RunSummary, dict[str, Any] | None, dict[str, Any] | None]:
+    """The run's client summary, its diagnosis, and its slowest requests (GET /diagnosis/tail)."""
     cfg = config_mod.load(env={}, overrides={
         "server.port": 0, "server.admin_port": 0, "routing.policy": policy,
         "workers.static": list(urls), "telemetry.log_requests": False,
@@ -100,7 +101,8 @@ async def _run_policy(policy: str, urls: list[str], specs: Sequence[RequestSpec]
         summary = await _drive(f"http://127.0.0.1:{app.http_port}", specs, times, policy, 1)
         await asyncio.sleep(1.0)  # let the diagnosis refresh over the finished window
         doc = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{app.admin_port}/diagnosis")
-        return summary, doc
+        tail = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{app.admin_port}/diagnosis/tail?n=5")
+        return summary, doc, tail
     finally:
         await app.stop(grace_s=5.0)
 
@@ -145,6 +147,7 @@ async def main_async(args: argparse.Namespace) -> int:
     policies = [args.policy] + [p for p in args.compare if p != args.policy]
     results: list[RunSummary] = []
     doc: dict[str, Any] | None = None
+    tail: dict[str, Any] | None = None
     verdicts: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
         if args.worker:
@@ -159,10 +162,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 # shape with fresh text, so no run inherits another's cache.
                 specs = make_specs(args, seed=args.seed + i)
             print(f"... running {policy}", flush=True)
-            summary, d = await _run_policy(policy, urls, specs, times, args)
+            summary, d, t = await _run_policy(policy, urls, specs, times, args)
             results.append(summary)
             if i == 0:
-                doc = d
+                doc, tail = d, t
             if d is not None:
                 verdicts[policy] = str(d['verdict']['summary'])
             if args.save_dir:
@@ -181,6 +184,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if doc is not None:
         print(f"\nWhat radixgate reports for the {results[0].policy} run (GET /diagnosis on its admin port)\n")
         print(render_text(doc))
+    if tail is not None:
+        print("\n" + render_tail(tail))
     lost = sum(s.failed for s in results)
     return 0 if lost == 0 else 1
 

@@ -1,4 +1,5 @@
-"""Render a ``Diagnosis``: a JSON document (GET /diagnosis) and a text block (demo, `radixgate report`).
+"""Render a ``Diagnosis``: a JSON document (GET /diagnosis) and a text block (demo, `radixgate report`),
+and the slowest requests (GET /diagnosis/tail) as lines.
 
 The text block is rendered *from the JSON document*, so a live proxy and a remote one (fetched over
 the admin port by `radixgate report --url URL`) print the same thing. Each signal in the JSON has
@@ -236,12 +237,34 @@ def render_text(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_tail(doc: Mapping[str, Any]) -> str:
+    """The human summary of a GET /diagnosis/tail document: one line per request, slowest first."""
+    by = str(doc["by"])
+    rows = doc["requests"]
+    lines = [f"The slowest {len(rows)} of {doc['timed']} requests by {by.upper()} (GET /diagnosis/tail)",
+             f"  {'rid':<24} {by:>9}  {'dominant':<12} {'admission':>9} {'routing':>8} {'w.queue':>8} "
+             f"{'prefill':>8} {'decode':>8}  cached/prompt"]
+    for r in rows:
+        parts = r["parts_s"]
+
+        def ms(name: str, parts: Mapping[str, float] = parts) -> str:
+            return f"{parts[name] * 1000:.1f}" if name in parts else "-"
+        tokens = (f"{r['cached_tokens']}/{r['prompt_tokens']}" if r.get("prompt_tokens") is not None else "-")
+        lines.append(f"  {str(r['rid'])[:24]:<24} {r[by + '_s'] * 1000:>7.1f}ms  {r['dominant']!s:<12} "
+                     f"{ms('admission'):>9} {ms('routing'):>8} {ms('worker_queue'):>8} {ms('prefill'):>8} "
+                     f"{ms('decode'):>8}  {tokens}")
+    if doc["dominant"]:
+        lines.append("  dominated by: " + ", ".join(f"{k} {v}" for k, v in doc["dominant"].items())
+                     + "  (parts in ms)")
+    return "\n".join(lines)
+
+
 # -- `radixgate report` ------------------------------------------------------------------------
 
 
-def fetch(admin_url: str, timeout_s: float) -> dict[str, Any]:
-    """GET /diagnosis from a running proxy's admin port."""
-    with urllib.request.urlopen(admin_url.rstrip("/") + "/diagnosis", timeout=timeout_s) as resp:
+def fetch(admin_url: str, timeout_s: float, path: str = "/diagnosis") -> dict[str, Any]:
+    """GET /diagnosis (or another admin path) from a running proxy's admin port."""
+    with urllib.request.urlopen(admin_url.rstrip("/") + path, timeout=timeout_s) as resp:
         doc: dict[str, Any] = json.loads(resp.read())
         return doc
 
@@ -254,10 +277,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--file", help="a saved GET /diagnosis JSON document")
     ap.add_argument("--json", action="store_true", help="print the JSON document, not the text block")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the proxy")
+    ap.add_argument("--tail", type=int, default=0, metavar="N",
+                    help="with --url: also the N slowest recent requests, each cut into its stages")
     args = ap.parse_args(argv)
     try:
         doc = fetch(args.url, args.timeout) if args.url else json.loads(Path(args.file).read_text())
         out = json.dumps(doc, indent=2) if args.json else render_text(doc)
+        if args.tail > 0 and args.url:
+            tail = fetch(args.url, args.timeout, f"/diagnosis/tail?n={args.tail}")
+            out += "\n\n" + (json.dumps(tail, indent=2) if args.json else render_tail(tail))
     except (OSError, ValueError) as e:  # URLError / HTTPError are OSErrors; bad JSON is a ValueError
         print(f"radixgate report: {e}", file=sys.stderr)
         return 1

@@ -461,13 +461,15 @@ async def test_a_fleet_at_low_load_is_healthy_and_the_report_command_says_so(cap
 
     async def report(admin_url: str) -> None:
         # `radixgate report --url` is synchronous: run it off the loop that serves the admin port.
-        printed.append(await asyncio.to_thread(report_main, ["--url", admin_url]))
+        printed.append(await asyncio.to_thread(report_main, ["--url", admin_url, "--tail", "3"]))
 
     doc = await run(LOW_LOAD, report)
     assert doc["verdict"]["kind"] == "healthy", doc["verdict"]
     assert doc["verdict"]["slo_met"] is True
     assert printed == [0]
-    assert "Verdict: HEALTHY" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Verdict: HEALTHY" in out
+    assert "The slowest 3 of 48 requests by TTFT (GET /diagnosis/tail)" in out
 
 
 if __name__ == "__main__":  # print every scenario's report

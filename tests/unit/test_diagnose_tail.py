@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.diagnose.report import render_tail
 from proxy.diagnose.tail import parts, slowest
 from proxy.diagnose.window import RequestRecord
 from proxy.timing import RequestTiming
@@ -47,3 +48,13 @@ def test_the_slowest_come_first_with_what_dominated_each() -> None:
     assert by_e2e["requests"][0]["dominant"] == "decode" and by_e2e["requests"][0]["e2e_s"] == 4.5
     with pytest.raises(ValueError, match="by"):
         slowest(records, n=1, by="itl", now=0.0)
+
+
+def test_the_text_rendering_lists_each_request_with_its_parts_in_ms() -> None:
+    doc = slowest([record("queued", admitted=2.0, dispatched=2.01, first=2.2, last=2.4, done=2.4),
+                   record("engine", first=1.5, last=4.5, done=4.5, queue=1.2)], n=5, by="ttft", now=5.0)
+    lines = render_tail(doc).splitlines()
+    assert lines[0] == "The slowest 2 of 2 requests by TTFT (GET /diagnosis/tail)"
+    assert lines[2].split()[:3] == ["queued", "2200.0ms", "admission"] and "2000.0" in lines[2]
+    assert lines[3].split()[:3] == ["engine", "1500.0ms", "worker_queue"] and "1200.0" in lines[3]
+    assert lines[-1].startswith("  dominated by: admission 1, worker_queue 1")

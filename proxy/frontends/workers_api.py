@@ -122,7 +122,7 @@ class WorkersApi:
     def _described(self, url: str) -> dict[str, Any] | None:
         for w in self.registry.describe():
             if w["url"] == url:
-                w["origin"] = o.value if (o := self.membership.origin(url)) is not None else None
+                w["origin"] = self.membership.origin(url)
                 return w
         return None
 

@@ -326,8 +326,8 @@ async def test_unique_long_prompts_at_saturation_are_at_the_ceiling(policy: str)
     # lever; no setting of these workers was named) takes the median TTFT from ~0.42 s to ~0.16 s.
     # (Its p95, 0.18 s most runs, is the 32 clients' first burst now and then: 0.26-0.42 s.) The
     # simulated workers share one event loop in real time on the test machine's two cores, so the
-    # doubled fleet adds less than twice the capacity and the host's stalls land in both: over 12
-    # pairs on this project's sandbox (2026-12-05, the session's start commit and its end alike) the
+    # doubled fleet adds less than twice the capacity and the host's stalls land in both: over 18
+    # pairs on this project's sandbox (2026-12-05, 6 at one commit, 12 at a later one, alike) the
     # doubled fleet's median read 0.39-0.93x the single one's. The lever must help; by how much is
     # the host's to say.
     doubled = await run(dataclasses.replace(CEILING, policy=policy, workers=CEILING.workers * 2))

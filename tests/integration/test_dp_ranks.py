@@ -17,7 +17,8 @@ LOADS = {"loads": [{"dp_rank": i, "num_running_reqs": 0, "num_waiting_reqs": 0, 
                    for i in range(4)]}
 
 
-def dp_worker(w: BrokenWorker, bodies: list[dict[str, Any]]) -> None:
+def dp_worker(w: BrokenWorker, bodies: list[dict[str, Any]], generate: Any = GOOD_BODY) -> None:
+    """A worker of 4 idle DP ranks that records each generation body (``generate``: its answer)."""
     w.on("/get_server_info", http(200, json.dumps({"dp_size": 4, "page_size": 16}).encode()))
     w.on("/v1/loads", http(200, json.dumps(LOADS).encode()))
 
@@ -26,7 +27,7 @@ def dp_worker(w: BrokenWorker, bodies: list[dict[str, Any]]) -> None:
             bodies.append({**json.loads(body), "_raw": body})
             return answer
         return seen
-    w.on("/generate", record(GOOD_BODY))
+    w.on("/generate", record(generate))
     w.on("/v1/chat/completions", record(GOOD_OPENAI_BODY))
 
 
@@ -145,8 +146,7 @@ async def test_a_rank_this_proxy_keeps_busy_is_passed_over_before_any_scrape_say
 
     bodies: list[dict[str, Any]] = []
     async with BrokenWorker.running() as w:
-        dp_worker(w, bodies)
-        w.on("/generate", lambda body: (bodies.append(json.loads(body)), [sse_head(), HANG])[1])  # never ends
+        dp_worker(w, bodies, generate=[sse_head(), HANG])  # streams that never end
         # The worker's per-rank loads stay at 0 (a fixed answer): only the proxy's own count moves.
         app = await harness.proxy([w.url], **QUIET, **{"routing.dp_ranks": True})
 

@@ -417,7 +417,15 @@ async def test_clients_giving_up_past_capacity_are_evidence_and_the_routing_leve
     # 161-170; once 74 in a clean-clone CI run on this 2-core host (the wall-clock engines fell
     # behind), so the bound is half: still far from round robin's losses
     assert pulled["given_up"] <= doc["given_up"] // 2, (doc["given_up"], pulled["given_up"])
-    assert "cache_routing" not in findings(pulled)
+    # The lever pulled is never named again. The switch can still lose reuse: in 2 of 9 runs here
+    # (and once in CI) a holder looked busy during the start-up burst, the policy spilled, and the
+    # spilled 2,400-token prefix overflowed a 12k-token pool holding four others, evicting (captured
+    # 68-72% of 94%). Then the finding names what did it (balancing away from the holder, or the
+    # evictions), not a blind policy and a switch to the policy already running.
+    again = [f for f in pulled["verdict"]["findings"] if f["rule"] == "cache_routing"]
+    for f in again:
+        assert "with affinity routing" in f["summary"], f["summary"]
+        assert not any("switch to a prefix-affinity" in lv["change"] for lv in f["levers"]), f["levers"]
     # (what it predicts against what the switch measured: docs/diagnosis.md, "Shadow policies")
 
 

@@ -158,6 +158,9 @@ class _EventsView:
     def match(self, token_ids: Sequence[int]) -> Match:
         return self.table.match(token_ids)
 
+    def rank_matches(self, token_ids: Sequence[int]) -> list[int]:
+        return [self.table.match(token_ids).tokens]
+
 
 def simulate(
     policy_name: str | Callable[[], Policy],

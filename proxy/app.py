@@ -129,7 +129,9 @@ class App:
         # Each worker's KV cache events (kv_events.endpoint; off by default): snapshots carry them.
         self.kv = KvFleet(config.kv_events, self.clock, wall_clock=time.time, per_worker={
             normalise_url(w.url): (w.kv_events, w.kv_events_replay) for w in config.workers.static},
-            reported=lambda url: (e.kv_events_config if (e := self.workers.engine(url)) is not None else None))
+            reported=lambda url: (e.kv_events_config if (e := self.workers.engine(url)) is not None else None),
+            ranks=lambda url: (e.dp_size if (e := self.workers.engine(url)) is not None else None),
+            best_rank=config.routing.dp_ranks)
         self.workers = WorkerRegistry(
             health=config.health, scrape=config.scrape, clock=self.clock,
             static_models={w.url: w.model for w in config.workers.static if w.model}, kv=self.kv)

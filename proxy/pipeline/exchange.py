@@ -206,7 +206,7 @@ class Exchange:
             t.dispatched = p.clock.now()
             self.phase = Phase.ATTEMPTING
             try:
-                got = await attempt(p, self._on_rank(target, decision.worker), decision.worker, t)
+                got = await attempt(p, self._on_rank(target, decision.worker, candidates), decision.worker, t)
             except Retry as r:
                 p.failed(decision.worker, r.cause, sick=r.sick)
                 tried.add(decision.worker)
@@ -220,7 +220,7 @@ class Exchange:
             self._answered(got, decision.worker)
             return
 
-    def _on_rank(self, target: Target, worker: str) -> Target:
+    def _on_rank(self, target: Target, worker: str, snaps: Sequence[WorkerSnapshot]) -> Target:
         """``target`` naming the DP rank of ``worker`` to take it, where ``routing.dp_ranks`` asks and
         the worker has ranks (``proxy/routing/dp_rank.py``); as it is otherwise."""
         p = self._parts
@@ -234,7 +234,10 @@ class Exchange:
         ours, scraped = p.dp_in_flight, engine.dp_outstanding
         loads = [max(scraped[r] if scraped is not None and len(scraped) == engine.dp_size else 0,
                      ours.get((worker, r), 0)) for r in range(engine.dp_size)]
-        rank = choose_rank(affinity_key(self.route), engine.dp_size, loads)
+        kv = next((s.kv for s in snaps if s.url == worker), None)
+        matched = kv.rank_matches(self.route.prompt_ids) if kv is not None and self.route.prompt_ids \
+            and not self.route.cache_scoped else None
+        rank = choose_rank(affinity_key(self.route), engine.dp_size, loads, matched)
         self._release_rank()
         self._rank = (worker, rank)
         ours[self._rank] = ours.get(self._rank, 0) + 1

@@ -30,6 +30,11 @@ class KvView(Protocol):
         approximate index)."""
         ...
 
+    def rank_matches(self, token_ids: Sequence[int]) -> Sequence[int] | None:
+        """The same per data-parallel rank of the worker, in rank order (one entry for a worker
+        of one rank); None as above."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerSnapshot:

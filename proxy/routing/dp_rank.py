@@ -16,6 +16,11 @@ rank in that order whose outstanding requests (running + waiting, from the worke
 per rank) are within ``max(mean x REL, mean + ABS)`` takes it (smg's spill rule, per rank; the
 least loaded rank is always within it). Without per-rank loads the first rank in the order takes it.
 A prompt too short for a full block has no key: the least loaded rank, else rank 0. O(N) per request.
+
+Where the worker publishes KV events (each rank its own stream, ``proxy/workers/kv_fleet.py``) and
+the prompt is token ids, the ranks holding the longest part of it come first in that order (ties
+keep the hash's order): a prefix that went elsewhere once, spilled or placed before the rank count
+changed, is found where it is instead of recomputed where the hash says.
 """
 
 from __future__ import annotations
@@ -41,13 +46,19 @@ def affinity_key(route: RouteRequest) -> int | None:
     return hashes[max(1, blocks_within(KEY_TOKENS, route.block_tokens, len(hashes))) - 1]
 
 
-def choose_rank(key: int | None, ranks: int, outstanding: Sequence[int] | None = None) -> int:
-    """The rank (0 .. ranks-1) for a request with affinity ``key``; ``outstanding`` per rank if known."""
+def choose_rank(key: int | None, ranks: int, outstanding: Sequence[int] | None = None,
+                matched: Sequence[int] | None = None) -> int:
+    """The rank (0 .. ranks-1) for a request with affinity ``key``; ``outstanding`` per rank if
+    known; ``matched``: the prompt's leading tokens each rank holds, from its KV events, if known."""
     loads = outstanding if outstanding is not None and len(outstanding) == ranks else None
-    if key is None:
+    held = matched if matched is not None and len(matched) == ranks and any(matched) else None
+    if key is None and held is None:
         return min(range(ranks), key=lambda r: loads[r]) if loads is not None else 0
-    order = sorted(range(ranks), key=lambda r: xxhash.xxh3_64_intdigest(key.to_bytes(8, "little"), seed=r),
-                   reverse=True)
+    order = list(range(ranks))
+    if key is not None:
+        order.sort(key=lambda r: xxhash.xxh3_64_intdigest(key.to_bytes(8, "little"), seed=r), reverse=True)
+    if held is not None:
+        order.sort(key=lambda r: held[r], reverse=True)  # stable: equal holdings keep the hash's order
     if loads is None:
         return order[0]
     mean = sum(loads) / ranks

@@ -28,7 +28,7 @@ from proxy.clock import Clock, MonotonicClock
 from proxy.sim.config import SimConfig, base_url, fault_updates
 from proxy.sim.engine import Engine
 from proxy.sim.gpu_realtime import RealTimeGpu
-from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
+from proxy.sim.kv_publish import KvEventsSettings, KvPublisher, publishers
 from proxy.sim.metrics import SimMetrics
 from proxy.sim.protocol import BadRequest, openai_error, parse_generate, parse_openai
 from proxy.sim.scheduler import InvalidRequest, QueueFull, SimRequest
@@ -63,7 +63,8 @@ class SimWorker:
         self.started_at = 0.0
         self.wall_offset = time.time() - self.clock.now()
         self.dead = False
-        self.kv_publisher: KvPublisher | None = None
+        self.kv_publishers: list[KvPublisher] = []  # one per rank
+        self.kv_publisher: KvPublisher | None = None  # rank 0's: where /get_server_info says events are
         self._runner: web.AppRunner | None = None
         self._active: set[asyncio.Transport] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -106,19 +107,21 @@ class SimWorker:
         self.port = int(self._runner.addresses[0][1])
         self.started_at = self.clock.now()
         if self.config.kv_events_config:
-            self.kv_publisher = KvPublisher(KvEventsSettings.parse(self.config.kv_events_config))
-            self.kv_publisher.start()
-            for rank in self.ranks:
-                rank.kv_publisher = self.kv_publisher
+            # each rank's cache on its own stream, as SGLang's DP ranks publish
+            self.kv_publishers = publishers(KvEventsSettings.parse(self.config.kv_events_config), len(self.ranks))
+            self.kv_publisher = self.kv_publishers[0]
+            for rank, publisher in zip(self.ranks, self.kv_publishers, strict=True):
+                publisher.start()
+                rank.kv_publisher = publisher
         for rank in self.ranks:
             rank.start()
 
     async def stop(self) -> None:
         for rank in self.ranks:
             await rank.stop()
-        if self.kv_publisher is not None:
-            await self.kv_publisher.close()
-            self.kv_publisher = None
+        for publisher in self.kv_publishers:
+            await publisher.close()
+        self.kv_publishers, self.kv_publisher = [], None
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

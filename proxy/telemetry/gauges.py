@@ -105,16 +105,19 @@ class KvEventsCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
+        # one stream per worker, or per data-parallel rank of a worker that has several
         state = GaugeMetricFamily(
             "radixgate_kv_events_state",
-            "1 for the state of each worker's KV event stream (live / resynced: routing reads the "
-            "engine's events; connecting / unconfirmed / failed: the approximate index).", labels=["worker", "state"])
+            "1 for the state of each worker's KV event stream, per data-parallel rank (live / resynced: "
+            "routing reads the engine's events; connecting / unconfirmed / failed: the approximate index).",
+            labels=["worker", "rank", "state"])
         blocks = GaugeMetricFamily("radixgate_kv_events_blocks", "Blocks the worker's events say it holds on GPU.",
-                                   labels=["worker"])
+                                   labels=["worker", "rank"])
         lag = GaugeMetricFamily("radixgate_kv_events_lag_seconds",
                                 "Our clock minus the engine's timestamp of its last batch, when it arrived.",
-                                labels=["worker"])
-        counters = {name: CounterMetricFamily(f"radixgate_kv_events_{name}", text, labels=["worker"]) for name, text in (
+                                labels=["worker", "rank"])
+        counters = {name: CounterMetricFamily(f"radixgate_kv_events_{name}", text, labels=["worker", "rank"])
+                    for name, text in (
             ("batches", "Event batches applied."),
             ("gaps", "Lost batches detected (a sequence number skipped)."),
             ("resyncs", "Tables cleared because lost batches could not be replayed or the engine restarted."),
@@ -123,17 +126,22 @@ class KvEventsCollector(Collector):
         )}
         probes = CounterMetricFamily(
             "radixgate_kv_events_probes", "Prompts the worker prefilled, checked against its stream "
-            "(proxy/workers/kv_trust.py), by whether the stream showed them.", labels=["worker", "shown"])
+            "(proxy/workers/kv_trust.py; a worker's ranks together), by whether the stream showed them.",
+            labels=["worker", "shown"])
+        checks: set[int] = set()
         for sub in self._subscribers():
+            labels = [sub.url, str(sub.rank)]
             for name in KV_STATES:
-                state.add_metric([sub.url, name], 1.0 if sub.route_state == name else 0.0)
-            blocks.add_metric([sub.url], float(len(sub.table)))
+                state.add_metric([*labels, name], 1.0 if sub.route_state == name else 0.0)
+            blocks.add_metric(labels, float(len(sub.table)))
             if sub.stats.lag_s is not None:
-                lag.add_metric([sub.url], sub.stats.lag_s)
+                lag.add_metric(labels, sub.stats.lag_s)
             for name, family in counters.items():
-                family.add_metric([sub.url], float(getattr(sub.stats, name)))
-            probes.add_metric([sub.url, "true"], float(sub.trust.confirmed))
-            probes.add_metric([sub.url, "false"], float(sub.trust.probes - sub.trust.confirmed))
+                family.add_metric(labels, float(getattr(sub.stats, name)))
+            if id(sub.trust) not in checks:  # shared by a worker's ranks: once
+                checks.add(id(sub.trust))
+                probes.add_metric([sub.url, "true"], float(sub.trust.confirmed))
+                probes.add_metric([sub.url, "false"], float(sub.trust.probes - sub.trust.confirmed))
         yield state
         yield blocks
         yield lag

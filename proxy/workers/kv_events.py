@@ -19,6 +19,8 @@ Events, by tag:
   stored under an adapter, a cache salt or multimodal inputs are ``scoped``;
 * ``BlockRemoved``: block_hashes, then (newer) medium;
 * ``AllBlocksCleared``: nothing.
+Data-parallel ranks (SGLang ``--dp-size``, vLLM's DP engines): each rank's scheduler has its own
+cache and its own publisher, on the configured ports plus its rank (``offset_endpoint``).
 A block hash is an int (SGLang: a hash of the page's tokens, chained or not depending on the
 version; vLLM before 0.11) or bytes (vLLM's sha256-based ``ExternalBlockHash``). Neither can be
 recomputed here (Python's salted ``hash``, a random per-process seed), so the index keys blocks
@@ -43,6 +45,22 @@ BlockHash = int | bytes
 
 # A replay answer's end marker: -1 as 8 signed big-endian bytes.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str | None:
+    """Where data-parallel rank ``rank`` of an engine publishes when ``endpoint`` is what it was
+    configured with: a TCP port moves up by the rank, an ``inproc://`` name takes ``_dp{rank}``
+    (both engines' ``offset_endpoint_port``); None where no rank but 0 can publish (``ipc://``,
+    which the engines refuse for rank > 0, or no port)."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        if base != "tcp:/" and port.isdigit() and 0 < int(port) and int(port) + rank <= 65_535:
+            return f"{base}:{int(port) + rank}"
+    return None
 
 
 class EventError(ValueError):

@@ -1,7 +1,9 @@
-"""One KV event subscriber and block table per worker, following the worker set.
+"""One KV event subscriber and block table per worker (per data-parallel rank of a worker that
+has several), following the worker set.
 
-``KvFleet.sync(urls)`` starts a subscriber for each new worker (its endpoints from the
-``kv_events`` templates, ``{host}`` = the worker URL's host) and stops those of workers gone.
+``KvFleet.sync(urls)`` starts the subscribers of each new worker (its endpoints from the
+``kv_events`` templates, ``{host}`` = the worker URL's host; rank r's at the ports plus r) and
+stops those of workers gone.
 ``view(url)`` is what routing reads (``proxy.routing.base.KvView``): the exact match of a token-id
 prompt while that worker's stream is usable, else None, and routing falls back to its
 approximate index (``/workers`` and ``radixgate_kv_events_state`` say which).
@@ -22,9 +24,9 @@ from proxy.clock import Clock
 from proxy.config import KvEventsConfig
 from proxy.routing.base import RouteRequest
 from proxy.routing.kv_index import EngineBlocks, Match
-from proxy.workers.kv_events import EventLimits
+from proxy.workers.kv_events import EventLimits, offset_endpoint
 from proxy.workers.kv_subscriber import KvSubscriber, stop
-from proxy.workers.kv_trust import StreamTrust
+from proxy.workers.kv_trust import AnyOf, StreamTrust
 
 # kv_events.endpoint: follow each worker's own --kv-events-config (/get_server_info).
 AUTO = "auto"
@@ -39,46 +41,89 @@ def endpoint_for(template: str, worker_url: str) -> str:
     return template.replace("{host}", f"[{host}]" if ":" in host else host)
 
 
-class WorkerKv:
-    """One worker's table as routing sees it: made on first ask (a snapshot may be published
-    before ``sync`` subscribes), answering None until its stream is usable."""
+# From worst to best: a worker's state is that of its worst rank's stream.
+_WORST_FIRST = ("failed", "connecting", "unconfirmed", "resynced", "live")
 
-    def __init__(self) -> None:
-        self.subscriber: KvSubscriber | None = None
+
+class WorkerKv:
+    """One worker's tables as routing sees them, one per data-parallel rank (a single one unless
+    the engine runs ``--dp-size`` > 1): made on first ask (a snapshot may be published before
+    ``sync`` subscribes), answering None until every rank's stream is usable.
+
+    A rank-less prompt's match on a worker of several ranks: with ``best_rank``
+    (``routing.dp_ranks``: the request goes to the rank holding most of it,
+    ``proxy/routing/dp_rank.py``) the longest rank's, else the shortest (its controller picks the
+    rank, and a promise of a hit it may not get costs more than a recompute it may avoid)."""
+
+    def __init__(self, best_rank: bool = False) -> None:
+        self.subscribers: list[KvSubscriber] = []
+        self.best_rank = best_rank
 
     def match(self, token_ids: Sequence[int]) -> Match | None:
-        sub = self.subscriber
-        if sub is None or not sub.usable:
+        matches = self._matches(token_ids)
+        if matches is None:
             return None
-        return sub.table.match(token_ids)
+        if len(matches) == 1:
+            return matches[0]
+        pick = max if self.best_rank else min
+        return pick(matches, key=lambda m: m.tokens)
+
+    def rank_matches(self, token_ids: Sequence[int]) -> list[int] | None:
+        """Leading tokens of the prompt each rank holds, in rank order (None: not every rank known)."""
+        matches = self._matches(token_ids)
+        return None if matches is None else [m.tokens for m in matches]
+
+    def _matches(self, token_ids: Sequence[int]) -> list[Match] | None:
+        subs = self.subscribers
+        if not subs or not all(sub.usable for sub in subs):
+            return None
+        return [sub.table.match(token_ids) for sub in subs]
+
+    def route_state(self) -> str | None:
+        states = {sub.route_state for sub in self.subscribers}
+        return next((st for st in _WORST_FIRST if st in states), None)
 
     def status(self) -> dict[str, Any] | None:
         """For ``/workers``: where routing's picture of this worker's cache comes from."""
-        sub = self.subscriber
-        if sub is None:
+        subs = self.subscribers
+        if not subs:
             return None
-        s = sub.stats
-        return {"state": sub.route_state, "source": "events" if sub.usable else "approximate", "endpoint": sub.endpoint,
-                "confirmation": sub.trust.status(),
-                "blocks": len(sub.table), "block_size": sub.table.block_size, "batches": s.batches,
-                "gaps": s.gaps, "resyncs": s.resyncs, "restarts": s.restarts, "errors": s.errors,
-                "reconnects": s.reconnects, "lag_s": s.lag_s, "notes": s.notes[-3:]}
+        first = subs[0]
+        lags = [sub.stats.lag_s for sub in subs if sub.stats.lag_s is not None]
+        doc: dict[str, Any] = {
+            "state": self.route_state(), "source": "events" if self._matches(()) is not None else "approximate",
+            "endpoint": first.endpoint, "confirmation": first.trust.status(),
+            "blocks": sum(len(sub.table) for sub in subs), "block_size": first.table.block_size,
+            **{name: sum(getattr(sub.stats, name) for sub in subs)
+               for name in ("batches", "gaps", "resyncs", "restarts", "errors", "reconnects")},
+            "lag_s": max(lags) if lags else None,
+            "notes": [note for sub in subs for note in sub.stats.notes[-3:]]}
+        if len(subs) > 1:
+            doc["ranks"] = [{"rank": sub.rank, "state": sub.route_state, "endpoint": sub.endpoint,
+                             "blocks": len(sub.table), "batches": sub.stats.batches, "gaps": sub.stats.gaps,
+                             "lag_s": sub.stats.lag_s} for sub in subs]
+        return doc
 
 
 class KvFleet:
     def __init__(self, cfg: KvEventsConfig, clock: Clock, wall_clock: Callable[[], float] | None = None,
                  per_worker: Mapping[str, tuple[str, str]] | None = None,
-                 reported: Callable[[str], str | None] | None = None) -> None:
+                 reported: Callable[[str], str | None] | None = None,
+                 ranks: Callable[[str], int | None] | None = None, best_rank: bool = False) -> None:
         """``per_worker``: url -> (endpoint, replay endpoint) for workers named with their own
         (``workers.static[].kv_events``); the others use the ``kv_events`` templates, or with
         ``kv_events.endpoint: auto`` what ``reported(url)`` gives: the worker's own
-        ``--kv-events-config`` from its ``/get_server_info``."""
+        ``--kv-events-config`` from its ``/get_server_info``. ``ranks(url)``: the worker's
+        data-parallel ranks as scraped (``dp_size``; None or 1: one), each publishing at its
+        offset (``kv_events.offset_endpoint``); ``best_rank``: see ``WorkerKv``."""
         self.cfg, self.clock, self.wall_clock = cfg, clock, wall_clock
         self.per_worker = {url: ends for url, ends in (per_worker or {}).items() if ends[0]}
         self.reported = reported
+        self.ranks = ranks
+        self.best_rank = best_rank
         self._views: dict[str, WorkerKv] = {}
         self._routed: OrderedDict[str, tuple[KvSubscriber, Sequence[int]]] = OrderedDict()  # rid -> probe
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}  # one per rank
         self._ctx: zmq.asyncio.Context | None = None
 
     @property
@@ -116,36 +161,64 @@ class KvFleet:
             return e.replace("*", f"[{host}]" if ":" in host else host)
         return here(endpoint), here(replay) if isinstance(replay, str) and replay.startswith("tcp://") else None
 
+    def rank_endpoints(self, url: str) -> list[tuple[str, str | None]] | None:
+        """Each data-parallel rank's (endpoint, replay endpoint); None where there are none, or
+        where some rank's cannot be told (its streams would show part of its cache as all of it)."""
+        ends = self.endpoints(url)
+        if ends is None:
+            return None
+        n = (self.ranks(url) if self.ranks is not None else None) or 1
+        out: list[tuple[str, str | None]] = []
+        for r in range(n):
+            endpoint = offset_endpoint(ends[0], r)
+            if endpoint is None:
+                return None
+            out.append((endpoint, offset_endpoint(ends[1], r) if ends[1] else None))
+        return out
+
     def sync(self, urls: Iterable[str]) -> None:
-        """Subscribe to new workers, unsubscribe from departed ones (call from the event loop)."""
+        """Subscribe to new workers, unsubscribe from departed ones, and subscribe anew to one whose
+        rank count changed (known from its first scrape on; call from the event loop)."""
         if not self.enabled:
             return
         wanted = set(urls)
-        for url in [u for u in self._tasks if u not in wanted]:
-            self._views.pop(url, None)
-            self._tasks.pop(url).cancel()
+        for url in list(self._tasks):
+            ranks = self.rank_endpoints(url) if url in wanted else None
+            view = self._views.get(url)
+            if url not in wanted or (ranks is not None and (view is None or len(view.subscribers) != len(ranks))):
+                self._views.pop(url, None)
+                for task in self._tasks.pop(url):
+                    task.cancel()
         for url in wanted - set(self._tasks):
-            ends = self.endpoints(url)
-            if ends is None:
+            ranks = self.rank_endpoints(url)
+            if ranks is None:
                 continue
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
-            sub = KvSubscriber(
-                url, ends[0], EngineBlocks(self.cfg.max_blocks_per_worker), self.clock, replay_endpoint=ends[1],
-                topic=self.cfg.topic, limits=EventLimits(max_payload_bytes=self.cfg.max_payload_bytes),
-                replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock,
-                trust=StreamTrust(grace_s=self.cfg.confirm_grace_s))
-            self._views.setdefault(url, WorkerKv()).subscriber = sub
-            self._tasks[url] = asyncio.get_running_loop().create_task(sub.run(), name=f"kv-events {url}")
+            tables = [EngineBlocks(self.cfg.max_blocks_per_worker) for _ in ranks]
+            # one check of the stream per worker, over its ranks' tables together (kv_trust.AnyOf)
+            trust = StreamTrust(grace_s=self.cfg.confirm_grace_s)
+            view = self._views.setdefault(url, WorkerKv(self.best_rank))
+            view.subscribers = [
+                KvSubscriber(
+                    url, endpoint, table, self.clock, replay_endpoint=replay, topic=self.cfg.topic,
+                    limits=EventLimits(max_payload_bytes=self.cfg.max_payload_bytes),
+                    replay_timeout_s=self.cfg.replay_timeout_s, context=self._ctx, wall_clock=self.wall_clock,
+                    trust=trust, rank=r, trust_table=AnyOf(tables) if len(tables) > 1 else table)
+                for r, ((endpoint, replay), table) in enumerate(zip(ranks, tables, strict=True))]
+            loop = asyncio.get_running_loop()
+            self._tasks[url] = [loop.create_task(sub.run(), name=f"kv-events {url} rank {sub.rank}")
+                                for sub in view.subscribers]
 
     # -- RouteListener: the prompts each engine prefilled, as probes of its stream (kv_trust.py) --
 
     def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
         view = self._views.get(worker)
-        if view is None or view.subscriber is None or not route.prompt_ids or route.cache_scoped:
+        if view is None or not view.subscribers or not route.prompt_ids or route.cache_scoped:
             return
-        # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt
-        self._routed[rid] = (view.subscriber, tuple(route.prompt_ids[:PROBE_TOKENS]))
+        # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt;
+        # any rank's subscriber takes it (they share the worker's check)
+        self._routed[rid] = (view.subscribers[0], tuple(route.prompt_ids[:PROBE_TOKENS]))
         if len(self._routed) > MAX_ROUTED:  # answers that never stream never say "prefilled"
             self._routed.popitem(last=False)
 
@@ -161,10 +234,10 @@ class KvFleet:
     def view(self, url: str) -> WorkerKv | None:
         if self.endpoints(url) is None:
             return None
-        return self._views.setdefault(url, WorkerKv())
+        return self._views.setdefault(url, WorkerKv(self.best_rank))
 
     def subscribers(self) -> list[KvSubscriber]:
-        return [v.subscriber for v in self._views.values() if v.subscriber is not None]
+        return [sub for v in self._views.values() for sub in v.subscribers]
 
     def status(self, url: str) -> dict[str, Any] | None:
         view = self._views.get(url)
@@ -173,11 +246,10 @@ class KvFleet:
     def state(self, url: str) -> str | None:
         """Its stream's state as routing sees it (``KvSubscriber.route_state``); None without one."""
         view = self._views.get(url)
-        sub = view.subscriber if view is not None else None
-        return sub.route_state if sub is not None else None
+        return view.route_state() if view is not None else None
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [task for per_rank in self._tasks.values() for task in per_rank]
         self._tasks.clear()
         self._views.clear()
         for task in tasks:

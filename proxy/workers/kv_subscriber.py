@@ -46,7 +46,7 @@ from proxy.workers.kv_events import (
     decode_batch,
     decode_seq,
 )
-from proxy.workers.kv_trust import StreamTrust
+from proxy.workers.kv_trust import StreamTrust, Table
 
 log = logging.getLogger("radixgate.kv_events")
 
@@ -73,8 +73,14 @@ class KvSubscriber:
     def __init__(self, url: str, endpoint: str, table: EngineBlocks, clock: Clock, *,
                  replay_endpoint: str | None = None, topic: str = "", limits: EventLimits = DEFAULT_LIMITS,
                  replay_timeout_s: float = 2.0, context: zmq.asyncio.Context | None = None,
-                 wall_clock: Callable[[], float] | None = None, trust: StreamTrust | None = None) -> None:
+                 wall_clock: Callable[[], float] | None = None, trust: StreamTrust | None = None,
+                 rank: int = 0, trust_table: Table | None = None) -> None:
+        """``rank``: the engine's data-parallel rank this stream is of. ``trust`` and
+        ``trust_table``: what checks the stream against the prompts prefilled; the ranks of one
+        worker share one, over all their tables (a prompt lands on a rank routing may not know)."""
         self.url, self.endpoint, self.replay_endpoint = url, endpoint, replay_endpoint
+        self.rank = rank
+        self.trust_table: Table = trust_table if trust_table is not None else table
         self.table, self.clock, self.limits = table, clock, limits
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s
@@ -94,7 +100,7 @@ class KvSubscriber:
     @property
     def trusted(self) -> bool:
         """Whether the stream shows the prompts the engine prefilled (probes due now resolved)."""
-        self.trust.check(self.table, self.clock.now())
+        self.trust.check(self.trust_table, self.clock.now())
         trusted = self.trust.trusted
         if trusted != self._trusted:
             self._trusted = trusted
@@ -112,7 +118,7 @@ class KvSubscriber:
 
     def prefilled(self, token_ids: Sequence[int]) -> None:
         """The engine has prefilled this prompt (its first token came back): a probe."""
-        self.trust.expect(token_ids, self.clock.now(), self.table)
+        self.trust.expect(token_ids, self.clock.now(), self.trust_table)
 
     def _socket(self, kind: int, address: str) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(kind)

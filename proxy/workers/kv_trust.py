@@ -23,9 +23,29 @@ from typing import Any, Protocol
 
 
 class Table(Protocol):
-    clears: int
+    @property
+    def clears(self) -> int: ...
 
     def seen(self, token_ids: Sequence[int]) -> bool | None: ...
+
+
+class AnyOf:
+    """The tables of one worker's data-parallel ranks as a probe reads them: the engine stored the
+    prompt on some rank (which one, its controller chose where routing did not), so it shows if
+    any rank's table shows it; a clear on any rank makes the probes made before it moot."""
+
+    def __init__(self, tables: Sequence[Table]) -> None:
+        self.tables = tables
+
+    @property
+    def clears(self) -> int:
+        return sum(t.clears for t in self.tables)
+
+    def seen(self, token_ids: Sequence[int]) -> bool | None:
+        answers = [t.seen(token_ids) for t in self.tables]
+        if any(answers):
+            return True
+        return None if all(a is None for a in answers) else False
 
 
 @dataclass(frozen=True, slots=True)

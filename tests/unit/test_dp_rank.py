@@ -1,5 +1,5 @@
-"""Which DP rank of a worker takes a request (proxy/routing/dp_rank.py), and the per-rank state the
-scrape reads for it (proxy/workers/scrape.py)."""
+"""Which DP rank of a worker takes a request (proxy/routing/dp_rank.py), the per-rank state the
+scrape reads for it (proxy/workers/scrape.py), and where each rank publishes its KV events."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.dp_rank import affinity_key, choose_rank
 from proxy.routing.prefix_key import build_route_request
+from proxy.workers.kv_events import offset_endpoint
 from proxy.workers.scrape import parse_loads, parse_server_info
 
 KW = {"block_tokens": 16, "chars_per_token": 4.0, "max_blocks": 2048}
@@ -65,3 +66,35 @@ def test_ranks_that_do_not_make_0_to_n_minus_1_give_no_per_rank_loads(ranks: lis
 @pytest.mark.parametrize("dp", [0, -1, 10**9, True, "4", 2.0])
 def test_a_dp_size_out_of_bounds_is_not_believed(dp: object) -> None:
     assert parse_server_info({"dp_size": dp}).dp_size is None
+
+
+def test_the_rank_holding_most_of_the_prompt_comes_first_and_ties_keep_the_hash_order() -> None:
+    key = 12345
+    first = choose_rank(key, 4)
+    other = (first + 1) % 4
+    held = [0, 0, 0, 0]
+    assert choose_rank(key, 4, matched=held) == first  # nothing held anywhere: the hash decides
+    held[other] = 512
+    assert choose_rank(key, 4, matched=held) == other  # found where it is, not recomputed
+    held[first] = 512
+    assert choose_rank(key, 4, matched=held) == first  # held on both: the hash breaks the tie
+    held[first] = 256
+    loads = [2, 2, 2, 2]
+    loads[other] = 30  # the holder is past the bound: the next holder in the order takes it
+    assert choose_rank(key, 4, loads, held) == first
+    assert choose_rank(None, 4, [0, 0, 0, 0], [0, 0, 48, 0]) == 2  # a keyless prompt held on a rank
+    assert choose_rank(key, 4, matched=[512, 0]) == first  # another rank count's holdings: ignored
+
+
+@pytest.mark.parametrize(("endpoint", "rank", "expected"), [
+    ("tcp://*:5557", 0, "tcp://*:5557"),
+    ("tcp://*:5557", 3, "tcp://*:5560"),
+    ("tcp://[::1]:6000", 2, "tcp://[::1]:6002"),
+    ("tcp://10.0.0.7:65535", 1, None),  # past the last port
+    ("tcp://127.0.0.1:0", 1, None),  # any free port: no rank's can be told
+    ("inproc://cache", 2, "inproc://cache_dp2"),
+    ("ipc:///tmp/kv", 1, None),  # the engines refuse it for a rank past 0
+    ("ipc:///tmp/kv", 0, "ipc:///tmp/kv"),
+])
+def test_each_rank_publishes_at_the_configured_port_plus_its_rank(endpoint: str, rank: int, expected: str | None) -> None:
+    assert offset_endpoint(endpoint, rank) == expected

@@ -1,10 +1,14 @@
-"""Whether a KV event stream shows the prompts its engine prefilled (pure: a table and a time)."""
+"""Whether a KV event stream shows the prompts its engine prefilled (pure: a table and a time), and
+how a worker of several data-parallel ranks answers routing from its ranks' streams."""
 
 from __future__ import annotations
 
+from proxy.clock import ManualClock
 from proxy.routing.kv_index import EngineBlocks
 from proxy.workers.kv_events import Removed, Stored
-from proxy.workers.kv_trust import StreamTrust
+from proxy.workers.kv_fleet import WorkerKv
+from proxy.workers.kv_subscriber import KvSubscriber
+from proxy.workers.kv_trust import AnyOf, StreamTrust
 
 PROMPT = list(range(1, 200))
 
@@ -55,3 +59,46 @@ def test_a_clear_since_the_prefill_makes_a_probe_moot_and_short_prompts_prove_no
     trust.expect(PROMPT[:10], now=0.0, table=table)
     trust.check(table, now=5.0)
     assert trust.status()["probes"] == 0 and trust.trusted
+
+
+def test_a_workers_ranks_are_checked_together_a_prompt_shows_if_any_rank_stored_it() -> None:
+    ranks = [EngineBlocks() for _ in range(3)]
+    both = AnyOf(ranks)
+    assert both.seen(PROMPT) is False and both.seen(PROMPT[:10]) is None
+    stored(ranks[2], PROMPT)  # the controller put it on rank 2
+    assert both.seen(PROMPT) is True
+    trust = StreamTrust(grace_s=1.0, window=8, min_probes=1)
+    trust.expect(PROMPT, now=0.0, table=both)
+    trust.expect([7] * 64, now=0.0, table=both)
+    ranks[0].clear()  # a flush on any rank since the prefills: their probes prove nothing
+    trust.check(both, now=5.0)
+    assert trust.status()["probes"] == 0
+    trust.expect([7] * 64, now=6.0, table=both)  # on no rank
+    trust.expect(PROMPT, now=6.0, table=both)
+    trust.check(both, now=10.0)
+    assert trust.status()["probes"] == 2 and trust.status()["confirmed"] == 1
+
+
+def test_a_worker_of_several_ranks_answers_only_when_every_rank_is_known() -> None:
+    clock = ManualClock()
+    tables = [EngineBlocks() for _ in range(2)]
+    trust = StreamTrust()
+    view = WorkerKv()
+    view.subscribers = [KvSubscriber("http://w", f"tcp://127.0.0.1:{5557 + r}", t, clock, trust=trust, rank=r,
+                                     trust_table=AnyOf(tables)) for r, t in enumerate(tables)]
+    stored(tables[1], PROMPT)
+    assert view.match(PROMPT) is None and view.route_state() == "connecting"  # no batch yet
+    view.subscribers[0].state = "live"
+    assert view.match(PROMPT) is None and view.route_state() == "connecting"  # rank 1 not yet
+    view.subscribers[1].state = "resynced"
+    assert view.route_state() == "resynced" and view.rank_matches(PROMPT) == [0, 192]
+    m = view.match(PROMPT)
+    assert m is not None and m.tokens == 0  # its controller may send it to rank 0: no promise
+    view.best_rank = True  # routing.dp_ranks sends it to the rank that holds it
+    m = view.match(PROMPT)
+    assert m is not None and m.tokens == 192
+    status = view.status()
+    assert status is not None and status["source"] == "events" and status["blocks"] == 12
+    assert [r["state"] for r in status["ranks"]] == ["live", "resynced"]
+    view.subscribers[0].state = "failed"
+    assert view.match(PROMPT) is None and view.route_state() == "failed"

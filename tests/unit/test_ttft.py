@@ -542,6 +542,9 @@ class _Events:
     def match(self, token_ids: Sequence[int]) -> Match:
         return self.answer
 
+    def rank_matches(self, token_ids: Sequence[int]) -> list[int]:
+        return [self.answer.tokens]
+
 
 def test_events_lower_the_match_only_on_a_reported_removal() -> None:
     policy = TtftCost(TtftParams())

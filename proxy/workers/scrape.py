@@ -238,14 +238,25 @@ def parse_server_info(doc: Any) -> EngineState:
     per_dp = [v for s in states if (v := _num(s, "effective_max_running_requests_per_dp")) is not None]
     if per_dp:  # what the scheduler actually enforces, summed over DP ranks
         max_running = sum(per_dp)
+    dp = doc.get("dp_size")
+    dp_size = dp if isinstance(dp, int) and not isinstance(dp, bool) and 1 <= dp <= MAX_DP else None
     max_total = _num(sched, "max_total_num_tokens") or _num(doc, "max_total_num_tokens")
+    # scheduler_info is one DP rank's; the worker's pool is its ranks' together, as /v1/loads sums
+    # them and max_running_requests above: each rank's own capacity where listed, else rank 0's
+    # times the ranks
+    pools = [v for s in states if isinstance(m := s.get("memory_usage"), Mapping)
+             and (v := _num(m, "token_capacity")) is not None]
+    if dp_size is not None and dp_size > 1:
+        if len(pools) == dp_size:
+            max_total = sum(pools)
+        elif max_total:
+            max_total *= dp_size
     page = _num(doc, "page_size")
     startup = _num(doc, "startup_time") or _num(sched, "startup_time")
     model = doc.get("served_model_name") or doc.get("model_path")
     kv = doc.get("kv_events_config")
-    dp = doc.get("dp_size")
     return EngineState(
-        dp_size=dp if isinstance(dp, int) and not isinstance(dp, bool) and 1 <= dp <= MAX_DP else None,
+        dp_size=dp_size,
         kv_events_config=kv[:4096] if isinstance(kv, str) and kv else None,
         max_running_requests=int(_typed("max_running_requests", max_running)) if max_running else None,
         max_total_tokens=int(_typed("max_total_tokens", max_total)) if max_total else None,

@@ -63,6 +63,19 @@ def test_ranks_that_do_not_make_0_to_n_minus_1_give_no_per_rank_loads(ranks: lis
     assert parse_loads(doc).dp_outstanding is None
 
 
+def test_a_dp_workers_kv_pool_is_its_ranks_pools_together_as_v1_loads_counts_it() -> None:
+    sched = {"scheduler_info": {"max_total_num_tokens": 1000}}  # rank 0's, as SGLang answers
+    ranks = [{"memory_usage": {"token_capacity": c}, "effective_max_running_requests_per_dp": 8}
+             for c in (1000, 1000, 1000, 900)]
+    assert parse_server_info({**sched, "dp_size": 4, "internal_states": ranks}).max_total_tokens == 3900
+    assert parse_server_info({**sched, "dp_size": 4}).max_total_tokens == 4000  # ranks' own not listed
+    assert parse_server_info({**sched, "dp_size": 4, "internal_states": ranks[:3]}).max_total_tokens == 4000
+    assert parse_server_info({**sched, "dp_size": 1, "internal_states": ranks[:1]}).max_total_tokens == 1000
+    assert parse_server_info(sched).max_total_tokens == 1000
+    assert parse_loads({"loads": [{"dp_rank": r, "max_total_num_tokens": 1000} for r in range(4)]}
+                       ).max_total_tokens == 4000
+
+
 @pytest.mark.parametrize("dp", [0, -1, 10**9, True, "4", 2.0])
 def test_a_dp_size_out_of_bounds_is_not_believed(dp: object) -> None:
     assert parse_server_info({"dp_size": dp}).dp_size is None

@@ -381,23 +381,25 @@ async def test_arrivals_outrunning_the_fleet_are_overload_and_more_replicas_clea
     assert "overload" not in findings(doubled)
 
 
-# Round robin past its capacity on 8 shared 2,400-token prefixes (engines at half real speed, 50
+# Round robin past its capacity on 8 shared 2,400-token prefixes (engines at half real speed, 40
 # req/s, where it recomputes half of every prompt), clients giving up after 1 s: most requests end
-# with the client gone, and the answered ones alone are under the data floor (80 here). On the GPU
+# with the client gone, and the answered ones alone are under the data floor (100 here). On the GPU
 # fleet the same shape read "insufficient_data" (89 of 135 ended by the client); they are evidence:
-# the verdict names routing, and the lever pulled on the same arrivals keeps the clients (TTFT p95
-# ~0.2 s). At full speed and 100 req/s the host's one core fell behind in one run of five and the
-# pulled lever lost clients too: half the rate leaves the host room.
+# the verdict names routing, and the lever pulled on the same arrivals keeps the clients. At 40/s
+# (10 runs each, 2026-12-05): round robin lost 125-150 of 200, ttft none (TTFT p95 0.13-0.19 s).
+# At 50/s both sides sat at a tipping point: ttft lost 0-77 (a spill's extra prefix overflowing a
+# full pool, then evictions feeding on themselves; 4 runs of 8), cache_aware 0 or 77 (1 of 5), so a
+# bound on the pulled run failed in CI. At full speed and 100 req/s the host's one core fell behind.
 GIVING_UP = Scenario("round robin past capacity, clients giving up", "round_robin",
                      [sim(max_total_tokens=12_000, time_scale=0.5) for _ in range(2)], shared_prefix(8, 1200),
-                     requests=200, concurrency=0, max_new_tokens=4, rate=50.0, client_timeout_s=1.0,
-                     overrides={"diagnose.thresholds": {"min_requests": 80, "min_cache_reports": 20}})
+                     requests=200, concurrency=0, max_new_tokens=4, rate=40.0, client_timeout_s=1.0,
+                     overrides={"diagnose.thresholds": {"min_requests": 100, "min_cache_reports": 20}})
 
 
 async def test_clients_giving_up_past_capacity_are_evidence_and_the_routing_lever_keeps_them() -> None:
     doc = await run(GIVING_UP)
     w = doc["window"]
-    assert doc["given_up"] >= GIVING_UP.requests // 2 and w["ok"] < 80, (doc["given_up"], w)
+    assert doc["given_up"] >= GIVING_UP.requests // 2 and w["ok"] < 100, (doc["given_up"], w)
     assert w["cut_short"] >= doc["given_up"] // 2, w
     v = doc["verdict"]
     assert v["kind"] == "tune" and findings(doc).get("cache_routing") == "routing", v
@@ -406,22 +408,21 @@ async def test_clients_giving_up_past_capacity_are_evidence_and_the_routing_leve
     # the shadow replay predicts the switch's TTFT too (a model fitted on this window)
     shadow = {r["policy"]: r for r in doc["four_numbers"]["cache"]["shadow"]}
     predicted = shadow["ttft"]["ttft_p95"]
-    # not worse than the window's own placements, within the fit's noise: four in five of this
-    # window's requests were cut short by the clients, so the fit sees few TTFTs. Here 0.71-0.84x
-    # as placed over six runs (three beside two CPU hogs); in CI 1.06x once (0.681 against 0.642 s)
-    # and 1.14x once (0.701 against 0.616 s, a slower host: more cut short, a thinner fit).
+    # not worse than the window's own placements, within the fit's noise: most of this window's
+    # requests were cut short by the clients, so the fit sees few TTFTs. At 40/s 0.48-0.85x as
+    # placed over 10 runs; at 50/s 0.71-0.84x here, in CI 1.06x and 1.14x once each (a slower
+    # host: more cut short, a thinner fit).
     assert predicted is not None and predicted <= 1.25 * shadow["ttft"]["as_placed_ttft_p95"]
     assert "TTFT p95 predicted" in v["levers"][0]["change"], v["levers"][0]
     pulled = await run(dataclasses.replace(GIVING_UP, policy="ttft"))
-    # 0-19 of 200 over runs here (its own start-up burst of cold groups), against round robin's
-    # 161-170; once 74 in a clean-clone CI run on this 2-core host (the wall-clock engines fell
-    # behind), so the bound is half: still far from round robin's losses
+    # none of 200 in 10 runs here (see the scenario); the bound is half round robin's losses, far
+    # from the tipping point of 50/s
     assert pulled["given_up"] <= doc["given_up"] // 2, (doc["given_up"], pulled["given_up"])
-    # The lever pulled is never named again. The switch can still lose reuse: in 2 of 9 runs here
-    # (and once in CI) a holder looked busy during the start-up burst, the policy spilled, and the
-    # spilled 2,400-token prefix overflowed a 12k-token pool holding four others, evicting (captured
-    # 68-72% of 94%). Then the finding names what did it (balancing away from the holder, or the
-    # evictions), not a blind policy and a switch to the policy already running.
+    # The lever pulled is never named again. A switch can still lose reuse (at 50/s, 4 runs of 8: a
+    # holder looked busy in the start-up burst, the policy spilled, and the spilled prefix overflowed
+    # a 12k-token pool holding four others: captured 67-75% of 94%). Then the finding names what
+    # did it (balancing away from the holder, or the evictions), not a blind policy and a switch to
+    # the policy already running.
     again = [f for f in pulled["verdict"]["findings"] if f["rule"] == "cache_routing"]
     for f in again:
         assert "with affinity routing" in f["summary"], f["summary"]

@@ -51,6 +51,7 @@ class Popularity:
         self._scale = 1.0  # what one request adds now, in the stored (inflated) units
         self._counts: OrderedDict[int, float] = OrderedDict()
         self._placed: dict[int, str] = {}
+        self._tokens: dict[int, int] = {}  # a placed key's prompt tokens when it was placed
         self._load: dict[str, float] = {}
         self._generation: dict[str, int] = {}
 
@@ -65,16 +66,28 @@ class Popularity:
     def drop(self, url: str) -> None:
         for key in [k for k, u in self._placed.items() if u == url]:
             del self._placed[key]
+            self._tokens.pop(key, None)
         self._load.pop(url, None)
 
-    def place(self, key: int, url: str) -> None:
-        """``key`` is placed on ``url`` now (a cold decision): its traffic counts there from now on."""
+    def place(self, key: int, url: str, tokens: int = 0) -> None:
+        """``key`` is placed on ``url`` now (a cold decision): its traffic counts there from now on;
+        ``tokens``: its prompt's, what its prefix takes of that worker's KV pool (at most)."""
         count = self._counts.get(key, 0.0)
         old = self._placed.get(key)
         if old is not None:
             self._load[old] = self._load.get(old, 0.0) - count
         self._placed[key] = url
+        self._tokens[key] = tokens
         self._load[url] = self._load.get(url, 0.0) + count
+
+    def hot_tokens(self, url: str, min_count: float = 0.5) -> int:
+        """The prompt tokens of the keys placed on ``url`` that are still requested (a decayed count
+        of at least ``min_count``: half is one request within the last ~0.7 x WINDOW): the prefixes
+        its cache would lose to an eviction and recompute. O(keys placed); asked only when a spill
+        is weighed."""
+        floor = min_count * self._scale
+        return sum(self._tokens.get(k, 0) for k, u in self._placed.items()
+                   if u == url and self._counts.get(k, 0.0) >= floor)
 
     def seen(self, key: int) -> None:
         """One request of ``key`` (wherever it went): its count, and its placed worker's load."""
@@ -86,6 +99,7 @@ class Popularity:
         if len(self._counts) > MAX_KEYS:
             old, count = self._counts.popitem(last=False)
             where = self._placed.pop(old, None)
+            self._tokens.pop(old, None)
             if where is not None:
                 self._load[where] = self._load.get(where, 0.0) - count
         if self._scale > _RENORMALIZE_AT:

@@ -610,6 +610,26 @@ def test_past_the_fleet_mean_a_follower_leaves_its_holder_only_with_the_mean_gat
         assert len(kept) == 7
 
 
+@pytest.mark.parametrize(("others_placed", "spills"), [(False, True), (True, False)])
+def test_the_mean_gate_spills_only_where_the_pool_holds_the_prefix_beside_those_still_requested(
+        others_placed: bool, spills: bool) -> None:
+    # Pools of 1.5 prompts. Alone, a worker has room for the spilled prefix (1 <= 0.9 x 1.5); with
+    # a group of its own placed there and still requested, the spill would evict it (2 > 1.35),
+    # and its next request would recompute it in turn: the follower stays on its holder.
+    policy = TtftCost(TtftParams())
+    size = prefix_tokens(80, BT)
+    snaps = fleet(**{u.removeprefix("http://"): {"max_total_tokens": size * 3 // 2} for u in URLS})
+    if others_placed:
+        for g in range(12):  # cold groups spread over the workers, each asked once, answered
+            r = prompt(100 + g, 80, shared=70, shared_tag=500 + g)
+            finish(policy, r, policy.select(r, snaps).worker)
+        assert all(policy.popularity.hot_tokens(u) >= size for u in URLS)
+    first = policy.select(prompt(1, 80, shared=70), snaps)
+    branches = [policy.select(prompt(i, 80, shared=70), snaps) for i in range(2, 9)]
+    moved = [d for d in branches if d.worker != first.worker]
+    assert bool(moved) == spills and all(d.branch == "spill" for d in moved[:1])
+
+
 @pytest.mark.parametrize("waiting_requests", [True, False])
 def test_a_holder_whose_waiting_requests_each_cost_a_step_loses_the_follower(waiting_requests: bool) -> None:
     # The GPU fleet's engines admit few requests per step: five cache hits of ~100 new tokens

@@ -83,3 +83,21 @@ def test_a_new_group_goes_where_the_groups_placed_bring_the_least_traffic() -> N
 
     assert placed_then_new(TtftParams(popularity=False)) == URLS[0]
     assert placed_then_new(TtftParams(popularity=True)) == URLS[1]
+
+
+def test_a_workers_hot_tokens_are_the_prompts_of_its_keys_still_requested() -> None:
+    p = Popularity()
+    p.place(1, "a", 2_400)
+    p.seen(1)
+    p.place(2, "a", 1_000)
+    p.seen(2)
+    p.place(3, "b", 500)
+    p.seen(3)
+    assert p.hot_tokens("a") == 3_400 and p.hot_tokens("b") == 500 and p.hot_tokens("c") == 0
+    p.place(2, "b", 1_000)  # moved: its tokens go with it
+    assert p.hot_tokens("a") == 2_400 and p.hot_tokens("b") == 1_500
+    for _ in range(2 * ttft_popularity.WINDOW):  # key 1 asked again and again, the others not
+        p.seen(1)
+    assert p.hot_tokens("a") == 2_400 and p.hot_tokens("b") == 0  # no longer requested
+    p.drop("a")  # its cache started empty
+    assert p.hot_tokens("a") == 0

@@ -387,9 +387,10 @@ async def test_arrivals_outrunning_the_fleet_are_overload_and_more_replicas_clea
 # fleet the same shape read "insufficient_data" (89 of 135 ended by the client); they are evidence:
 # the verdict names routing, and the lever pulled on the same arrivals keeps the clients. At 40/s
 # (10 runs each, 2026-12-05): round robin lost 125-150 of 200, ttft none (TTFT p95 0.13-0.19 s).
-# At 50/s both sides sat at a tipping point: ttft lost 0-77 (a spill's extra prefix overflowing a
-# full pool, then evictions feeding on themselves; 4 runs of 8), cache_aware 0 or 77 (1 of 5), so a
-# bound on the pulled run failed in CI. At full speed and 100 req/s the host's one core fell behind.
+# At 50/s the levers sat at a tipping point: ttft lost 0-77 (a spill's extra prefix overflowing a
+# full pool, then evictions feeding on themselves; 4 runs of 8) until its spill gate learned to
+# check for room (none lost in 6 of 6 since), cache_aware 0 or 77 (1 of 5); a bound on the pulled
+# run failed in CI. At full speed and 100 req/s the host's one core fell behind.
 GIVING_UP = Scenario("round robin past capacity, clients giving up", "round_robin",
                      [sim(max_total_tokens=12_000, time_scale=0.5) for _ in range(2)], shared_prefix(8, 1200),
                      requests=200, concurrency=0, max_new_tokens=4, rate=40.0, client_timeout_s=1.0,

@@ -293,8 +293,7 @@ class TtftCost:
         past capacity on pools that hold four groups each, the gate's spills fed on themselves.
         With the check (routing simulator, 2 or 4 workers, 12k-token pools, 2,400-token groups):
         TTFT p95 0.39-0.70x where the gate fired, 1.00-1.03x where it did not, reuse 86-92%
-        against 70-87%;
-        roomy pools never bind it (docs/gpu-fleet.md, "Room for the spilled prefix")."""
+        against 70-87%; roomy pools never bind it (docs/gpu-fleet.md, "Room for the spilled prefix")."""
         room = self.params.spill_room
         if room <= 0 or not self.params.popularity:
             return True

@@ -147,10 +147,7 @@ class KvPublisher:
         if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
             host = endpoint[len("tcp://"):-2].replace("*", "127.0.0.1")
             return f"tcp://{host}:{sock.bind_to_random_port(f'tcp://{host}')}"
-        if bind:
-            sock.bind(endpoint)
-            return endpoint
-        if "*" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        if bind or "*" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
             sock.bind(endpoint)
             return endpoint.replace("*", "127.0.0.1")
         sock.connect(endpoint)

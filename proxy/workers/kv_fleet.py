@@ -73,11 +73,13 @@ class WorkerKv:
         matches = self._matches(token_ids)
         return None if matches is None else [m.tokens for m in matches]
 
+    @property
+    def usable(self) -> bool:
+        """Whether routing reads these tables: every rank's stream usable."""
+        return bool(self.subscribers) and all(sub.usable for sub in self.subscribers)
+
     def _matches(self, token_ids: Sequence[int]) -> list[Match] | None:
-        subs = self.subscribers
-        if not subs or not all(sub.usable for sub in subs):
-            return None
-        return [sub.table.match(token_ids) for sub in subs]
+        return [sub.table.match(token_ids) for sub in self.subscribers] if self.usable else None
 
     def route_state(self) -> str | None:
         states = {sub.route_state for sub in self.subscribers}
@@ -91,7 +93,7 @@ class WorkerKv:
         first = subs[0]
         lags = [sub.stats.lag_s for sub in subs if sub.stats.lag_s is not None]
         doc: dict[str, Any] = {
-            "state": self.route_state(), "source": "events" if self._matches(()) is not None else "approximate",
+            "state": self.route_state(), "source": "events" if self.usable else "approximate",
             "endpoint": first.endpoint, "confirmation": first.trust.status(),
             "blocks": sum(len(sub.table) for sub in subs), "block_size": first.table.block_size,
             **{name: sum(getattr(sub.stats, name) for sub in subs)

@@ -202,7 +202,7 @@ class TtftCost:
         load = self.popularity.load if self.params.popularity else None
         chosen = min(tied, key=self.picks.cold_order(request, tied, self.pending.outstanding, load) if cold
                      else self.picks.tie_order(request))
-        chosen = self._guard_spill(chosen, pool, longest)
+        chosen = self._guard_spill(chosen, pool, longest, request, candidates)
         chosen = self._over_mean(chosen, pool, longest, request, candidates)
         if cold:
             self.picks.count_cold(chosen.url)
@@ -244,13 +244,15 @@ class TtftCost:
             self.popularity.place(key, url, request.prompt_tokens)
         self.popularity.seen(key)
 
-    def _guard_spill(self, chosen: Estimate, pool: Sequence[Estimate], longest: int) -> Estimate:
+    def _guard_spill(self, chosen: Estimate, pool: Sequence[Estimate], longest: int, request: RouteRequest,
+                     workers: Sequence[WorkerSnapshot]) -> Estimate:
         """With ``spill_guard`` g > 0: leave the prefix's holder only for a worker whose pending
         prefill plus running batch is under (1 - g) of the holder's. On the GPU fleet past its
         capacity (7.5 req/s) the cost model moved followers between equally loaded engines and
         spread 20 of 31 groups over 2-3 engines (reuse 51% against 74% for cache_aware, which
         never moved them): recomputing a prefix elsewhere adds work for everyone when every
-        engine is busy, and it only pays when the other worker is clearly less loaded."""
+        engine is busy, and it only pays when the other worker is clearly less loaded, and has
+        room for it (``_has_room``)."""
         g = self.params.spill_guard
         if g <= 0 or chosen.matched_blocks >= longest:
             return chosen
@@ -267,15 +269,15 @@ class TtftCost:
         def load(e: Estimate) -> float:
             return e.features.unseen + e.features.queued + e.features.running * self.pending.mean_uncached
 
-        return chosen if load(chosen) < (1.0 - g) * load(holder) else holder
+        return chosen if load(chosen) < (1.0 - g) * load(holder) and self._has_room(chosen.url, request, workers) \
+            else holder
 
     def _over_mean(self, chosen: Estimate, pool: Sequence[Estimate], longest: int, request: RouteRequest,
                    workers: Sequence[WorkerSnapshot]) -> Estimate:
         """With ``spill_over_mean`` r > 0: a follower on its prefix's holder goes instead to the
         best-scored worker at or under the mean outstanding when the holder's outstanding passes
         the mean by max(4, 2 sqrt(mean)) and by r x mean (smg 1.13.0's spill gate), if that
-        worker's KV pool has room for the prefix beside the prefixes still requested there
-        (``spill_room``)."""
+        worker has room for it (``_has_room``)."""
         r = self.params.spill_over_mean
         if r <= 0 or longest <= self.params.cold_blocks or chosen.matched_blocks < longest or len(pool) < 2:
             return chosen
@@ -290,9 +292,9 @@ class TtftCost:
         """Whether ``url``'s KV pool holds this prompt beside the prefixes placed there that are still
         requested (``spill_room`` of it; ``ttft_popularity.hot_tokens``). Why: where it does not, the
         prefix a spill recomputes there evicts one of them, whose next request recomputes it in turn:
-        past capacity on pools that hold four groups each, the gate's spills fed on themselves.
-        With the check (routing simulator, 2 or 4 workers, 12k-token pools, 2,400-token groups):
-        TTFT p95 0.39-0.70x where the gate fired, 1.00-1.03x where it did not, reuse 86-92%
+        past capacity on pools that hold four groups each, the spills fed on themselves. With the
+        check on both spills (routing simulator, 2 or 4 workers, 12k-token pools, 2,400-token
+        groups): TTFT p95 0.39-0.70x where they fired, 1.00-1.03x where they did not, reuse 88-93%
         against 70-87%; roomy pools never bind it (docs/gpu-fleet.md, "Room for the spilled prefix")."""
         room = self.params.spill_room
         if room <= 0 or not self.params.popularity:

@@ -85,9 +85,9 @@ class TtftParams:
     # it at 9 / 12 (the knee) / 15 req/s, where smg's own rule read 0.90x / 0.71x / 1.10x. On since
     # 2026-12-04 (not yet measured on engines with a GPU each: docs/gpu-fleet.md).
     spill_over_mean: float = 1.5
-    # That gate spills only to a worker whose KV pool holds the prompt beside the prefixes placed
-    # there and still requested, within this share of the pool (the rest for the requests' own
-    # tokens); 0 = no such check. Measured: ttft_cost._has_room.
+    # A spill (this gate's, or the fit's past spill_guard) goes only to a worker whose KV pool holds
+    # the prompt beside the prefixes placed there and still requested, within this share of the
+    # pool (the rest for the requests' own tokens); 0 = no such check. Measured: ttft_cost._has_room.
     spill_room: float = 0.9
     # Learn a cost per request waiting for its first token on a worker (ttft_model's c5, prior 0):
     # on the GPU fleet's engines five cache hits waiting cost ~2 s where their tokens say ~0.1 s

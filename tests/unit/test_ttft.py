@@ -593,6 +593,24 @@ def test_the_spill_guard_still_leaves_for_a_clearly_idle_worker() -> None:
     assert decision.worker != first.worker and decision.branch == "spill"
 
 
+@pytest.mark.parametrize(("room", "spills"), [(0.0, True), (0.9, False)])
+def test_no_spill_to_an_idle_worker_whose_pool_would_evict_a_prefix_still_requested(room: float, spills: bool) -> None:
+    # Pools of 1.5 prompts, each already holding a group of its own still asked for: the idle
+    # worker would evict its group to recompute this one (and recompute its own next time).
+    policy = TtftCost(TtftParams(spill_guard=0.5, spill_room=room))
+    size = prefix_tokens(80, BT)
+    pools = {u.removeprefix("http://"): {"max_total_tokens": size * 3 // 2} for u in URLS}
+    for g in range(12):
+        r = prompt(100 + g, 80, shared=70, shared_tag=500 + g)
+        finish(policy, r, policy.select(r, fleet(**pools)).worker)
+    first = policy.select(prompt(1, 80, shared=70), fleet(**pools))
+    busy = first.worker.removeprefix("http://")
+    loaded = {**pools, busy: {**pools[busy], "waiting_uncached_tokens": 200_000, "running": 5}}
+    decision = policy.select(prompt(2, 80, shared=70), fleet(**loaded))
+    assert (decision.worker != first.worker) is spills
+    assert decision.branch == ("spill" if spills else "affinity")
+
+
 
 @pytest.mark.parametrize("ratio", [0.0, 1.5])
 def test_past_the_fleet_mean_a_follower_leaves_its_holder_only_with_the_mean_gate(ratio: float) -> None:

@@ -367,7 +367,7 @@ class Server:
         stream that says nothing is ever stored."""
         from proxy.sim.kv_publish import KvEventsSettings, KvPublisher
 
-        publisher = KvPublisher(KvEventsSettings.parse(self.args.kv_events_config))
+        publisher = KvPublisher(KvEventsSettings.parse(self.args.kv_events_config), dp_rank=self.args.dp_rank)
         publisher.start()
         self.kv_publisher = publisher
         self.kv_endpoints = {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint}
@@ -631,6 +631,8 @@ def main() -> None:
     p.add_argument("--kv-events-config", default="",
                    help='SGLang\'s: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": ...}; '
                         "the cached prompt blocks of the engine's table as BlockStored / BlockRemoved (kv_tracker.py)")
+    p.add_argument("--dp-rank", type=int, default=0,
+                   help="the data-parallel rank this engine serves behind dp_front.py (its KV event batches name it)")
     p.add_argument("--minimal-reports", action="store_true",
                    help="no cached_tokens, /v1/loads or /metrics (no --enable-cache-report / --enable-metrics)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -50,8 +50,10 @@ from typing import Any
 
 import aiohttp
 import yaml
+from aiohttp import web
 
 from loadtests.bench_overhead import free_port, stop_processes
+from loadtests.gpu.dp_front import Front
 from loadtests.gpu.fleet_report import (
     diagnoses_report,
     engines_report,
@@ -71,7 +73,7 @@ from proxy.sim import perf
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
-PEERS = {"oracle", "balanced", "direct0", "smg", "sglang-router"}
+PEERS = {"oracle", "balanced", "direct0", "smg", "smg-dp", "sglang-router"}
 NO_PROXY = ("oracle", "balanced", "direct0")
 
 
@@ -159,7 +161,7 @@ async def send(session: aiohttp.ClientSession, base: str, path: str, body: dict[
 
 # -- routers ---------------------------------------------------------------------------------------
 
-ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer"}
+ROUTING_KEYS = {"hold_max_s", "chars_per_token", "max_blocks", "tokenizer", "dp_ranks"}
 # Keys of a spec about the proxies, not their routing: ``kv_events=auto`` (follow the engines'
 # events), ``replicas=N`` (N proxies, the client's requests spread over them), ``peers=on`` (those
 # replicas tell each other their decisions: ``routing.peers``; without it they share nothing).
@@ -279,13 +281,16 @@ class Routers:
             await self._spawn(name, log, procs)
 
     async def _spawn(self, name: str, log: Any, procs: list[asyncio.subprocess.Process]) -> None:
-        if name in ("smg", "sglang-router"):
+        if name in ("smg", "smg-dp", "sglang-router"):
             port = free_port()
-            if name == "smg":
+            if name.startswith("smg"):
+                # smg-dp: --dp-aware, each worker's DP ranks (its /get_server_info dp_size) routed as
+                # workers of their own, the rank named in the request (data_parallel_rank)
                 cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                        "--worker-urls", *self.workers, "--policy", "cache_aware",
                        "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
-                       "--prometheus-port", str(free_port()), "--log-level", "warn"]
+                       "--prometheus-port", str(free_port()), "--log-level", "warn",
+                       *(["--dp-aware"] if name == "smg-dp" else [])]
             else:
                 cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                        "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",
@@ -435,6 +440,29 @@ async def engine_traces(session: aiohttp.ClientSession, workers: list[str]) -> l
     return out
 
 
+async def front_counts(session: aiohttp.ClientSession, workers: list[str]) -> list[dict[str, Any]]:
+    """Each DP front's generations per rank so far, and how many named their rank
+    (``dp_front.py``'s ``GET /bench/front``); empty where the workers are engines."""
+    out: list[dict[str, Any]] = []
+    for url in workers:
+        with contextlib.suppress(aiohttp.ClientError, ValueError):
+            async with session.get(f"{url}/bench/front") as resp:
+                if resp.status == 200:
+                    out.append(await resp.json())
+                    continue
+        return []
+    return out
+
+
+def front_phase(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase's share of ``front_counts``: per front and rank, generations taken and named."""
+    if not before or len(before) != len(after):
+        return {}
+    took = [[a - b for a, b in zip(x["took"], y["took"], strict=True)] for x, y in zip(after, before, strict=True)]
+    named = [[a - b for a, b in zip(x["named"], y["named"], strict=True)] for x, y in zip(after, before, strict=True)]
+    return {"took": took, "named": named}
+
+
 async def set_mode(session: aiohttp.ClientSession, workers: list[str], minimal: bool) -> None:
     for url in workers:
         async with session.post(f"{url}/bench/mode", json={"minimal_reports": minimal}) as resp:
@@ -480,6 +508,18 @@ async def start_sim(n: int, args: argparse.Namespace, workdir: Path) -> tuple[li
             raise RuntimeError(f"simulated worker {i} did not start: {line!r}")
         urls.append(match.group(1))
     return urls, [proc]
+
+
+async def start_fronts(engines: list[str], dp: int) -> tuple[list[str], list[web.AppRunner]]:
+    """``dp_front.py`` over every ``dp`` engines in turn, on this loop: the workers the routers see."""
+    urls, runners = [], []
+    for f in range(len(engines) // dp):
+        runner = web.AppRunner(Front(engines[f * dp:(f + 1) * dp]).app(), handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    return urls, runners
 
 
 # -- phases --------------------------------------------------------------------------------------
@@ -581,6 +621,12 @@ async def main_async(args: argparse.Namespace) -> None:
     workers = args.workers
     if args.sim:
         workers, sims = await start_sim(args.sim, args, out)
+    # --engine-urls: what the routers' workers front (loadtests/gpu/dp_front.py: one worker URL over
+    # several engines as its DP ranks); the run's engine-side calls (reports mode, flush, stats) go to them
+    engines = args.engine_urls or workers
+    front_runners: list[web.AppRunner] = []
+    if args.sim and args.sim_dp > 1:  # run_fleet.sh's DP fronts, here in process over the simulated engines
+        workers, front_runners = await start_fronts(engines, args.sim_dp)
     encode: Any = None
     if args.prompts == "ids":
         from tokenizers import Tokenizer
@@ -600,24 +646,25 @@ async def main_async(args: argparse.Namespace) -> None:
     connector = aiohttp.TCPConnector(limit=0)
     summary: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in names}
     rates = [float(r) for r in args.rates.split(",")]
+    # every round of a router at a rate: its records, each round's p95, prompt and cached tokens
+    pooled: dict[tuple[str, float], tuple[list[Record], list[float], list[int]]] = {}
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         try:
-            await set_mode(session, workers, args.reports == "minimal")
+            await set_mode(session, engines, args.reports == "minimal")
             await routers.start()
             phase = args.phase_base
             if args.warmup_s > 0:
                 arrivals = trace(rates[0], args.warmup_s, shape, args.seed + 1)
                 await run_phase(session, routers, names[0] if names[0] in PEERS else "oracle", rates[0], phase,
                                 arrivals, shape, args.prompts, args.drain_s, encode)
-                await wait_idle(session, workers, 30)
+                await wait_idle(session, engines, 30)
             started = time.monotonic()
-            pooled: dict[tuple[str, float], tuple[list[Record], list[float], list[int]]] = {}
             with (out / "requests.jsonl").open("a") as log:
                 ran: set[str] = set()
                 for rate, _, name in phase_order(names, rates, args.repeat):
                     arrivals = trace(rate, args.phase_s, shape, args.seed)
                     phase += 1
-                    unclean = await wait_idle(session, workers, 30)
+                    unclean = await wait_idle(session, engines, 30)
                     if name in ran and spec_fresh(name):
                         await routers.restart(name)  # this round from the prior, as its first was
                     ran.add(name)
@@ -625,8 +672,9 @@ async def main_async(args: argparse.Namespace) -> None:
                         await routers.flushed(session)
                     if unclean:
                         print(f"    WARNING {name} @ {rate:g}/s starts on busy, unflushed engines: {unclean}", flush=True)
-                    before = await engine_stats(session, workers)
-                    await engine_traces(session, workers)  # drop what the last phase left
+                    before = await engine_stats(session, engines)
+                    fronts_before = await front_counts(session, workers) if engines != workers else []
+                    await engine_traces(session, engines)  # drop what the last phase left
                     phase_start = time.monotonic()
                     records = await run_phase(session, routers, name, rate, phase, arrivals, shape,
                                               args.prompts, args.drain_s, encode,
@@ -640,14 +688,17 @@ async def main_async(args: argparse.Namespace) -> None:
                     if model:
                         print(f"    {name} ttft model: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(model.items())),
                               flush=True)
-                    await wait_idle(session, workers, 30)
-                    after = await engine_stats(session, workers)
-                    traces = await engine_traces(session, workers)
+                    await wait_idle(session, engines, 30)
+                    after = await engine_stats(session, engines)
+                    traces = await engine_traces(session, engines)
+                    fronts = front_phase(fronts_before, await front_counts(session, workers)) if fronts_before else {}
+                    if fronts:
+                        print(f"    {name} DP ranks: took {fronts['took']}, named {fronts['named']}", flush=True)
                     if any(t.get("requests") for t in traces):
                         with (out / "engines.jsonl").open("a") as f:
                             f.write(json.dumps({"router": name, "rate": rate, "phase": phase,
                                                 "prompts": args.prompts, "reports": args.reports,
-                                                "engines": traces}) + "\n")
+                                                "engines": traces, **({"fronts": fronts} if fronts else {})}) + "\n")
                     if name in routers.admins:
                         await asyncio.sleep(2.5)  # past the diagnosis' refresh period (2 s)
                         # this phase's requests only, not the tail of one before it in the window
@@ -684,6 +735,8 @@ async def main_async(args: argparse.Namespace) -> None:
                           f"failed {s['failed']}/{s['n']} prompt~{s['prompt_tokens_mean']:.0f}", flush=True)
         finally:
             await routers.stop()
+            for runner in front_runners:
+                await runner.cleanup()
             for proc in sims:
                 proc.terminate()
                 await proc.wait()
@@ -704,10 +757,14 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", nargs="*", default=[])
+    p.add_argument("--engine-urls", nargs="*", default=[],
+                   help="the engines behind --workers where those are DP fronts (default: the workers)")
     p.add_argument("--sim", type=int, default=0, help="start this many simulated workers instead")
     # the GPU fleet's engines, the GPU shared in time slices (as fleet_sim.PROFILE)
     p.add_argument("--sim-profile", default=perf.GPU_FLEET_PROFILE)
     p.add_argument("--sim-arg", action="append", default=[], help="extra simworker flag (repeatable)")
+    p.add_argument("--sim-dp", type=int, default=1,
+                   help="the simulated engines behind DP fronts of this many ranks each (run_fleet.sh DP=)")
     p.add_argument("--sim-own-gpus", action="store_true", help="simulated workers do not share one GPU")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--kv-tokens", type=int, default=48_000, help="KV pool of each simulated worker")

@@ -31,6 +31,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 # And once a second while it runs (in logs.tgz, on the batch logs' clock): SM clock, GPU load, steal.
 python3 loadtests/gpu/sample_host.py --out "$ENGINE_LOGS/host-$T_START.csv" --max-s 600 > /dev/null 2>&1 &
 SAMPLER=$!
+# DP=2: every 2 engines behind one dp_front.py, as one worker of 2 data-parallel ranks (SGLang
+# --dp-size 2); the routers' workers are the fronts. DP_EVENTS=1: engine r of front f publishes its KV
+# events on tcp port 34000 + 10f + r (replay 35000 + 10f + r), SGLang's per-rank offset.
+# FRESH_ENGINES=1: engines a warm machine kept are stopped first (their args were another call's).
+DP=${DP:-1}
+if [ -n "${FRESH_ENGINES:-}" ]; then pkill -f loadtests/gpu/engine_server.py; sleep 5; fi
+pkill -f loadtests/gpu/dp_front.py
 URLS=()
 declare -A PIDS=()
 for i in $(seq 1 "$N"); do
@@ -40,8 +47,14 @@ for i in $(seq 1 "$N"); do
     # GPUS=4 on a machine of 4 GPUs: engine i alone on GPU i-1 (one engine per GPU); unset: all on one GPU.
     gpu_env=()
     [ -n "${GPUS:-}" ] && gpu_env=(env CUDA_VISIBLE_DEVICES=$(( (i - 1) % GPUS )))
+    rank_args=()
+    if [ -n "${DP_EVENTS:-}" ]; then
+      f=$(( (i - 1) / DP )); r=$(( (i - 1) % DP ))
+      rank_args=(--dp-rank $r --kv-events-config \
+        "{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$((34000 + 10 * f + r))\",\"replay_endpoint\":\"tcp://*:$((35000 + 10 * f + r))\"}")
+    fi
     setsid nohup "${gpu_env[@]}" python3 loadtests/gpu/engine_server.py --port $port --tokenizer loadtests/gpu/tokenizer \
-      --kv-tokens "$KV" --mem-fraction 0.15 ${ENGINE_ARGS:-} > "$ENGINE_LOGS/engine_$port.log" 2>&1 < /dev/null &
+      --kv-tokens "$KV" --mem-fraction 0.15 "${rank_args[@]}" ${ENGINE_ARGS:-} > "$ENGINE_LOGS/engine_$port.log" 2>&1 < /dev/null &
     PIDS[$port]=$!
   fi
 done
@@ -59,7 +72,23 @@ for i in $(seq 1 "$N"); do
 done
 echo "engines up after $(( $(date +%s) - t0 )) s"
 grep -h "READY\|Paged cache" "$ENGINE_LOGS"/*.log | head -8
+WORKERS=("${URLS[@]}")
 F=(python3 -m loadtests.gpu.fleet --out "$OUT" --phase-s "$PHASE_S" --drain-s 15 --seed "${SEED:-1}" ${FLEET_ARGS:-})
+if (( DP > 1 )); then
+  WORKERS=()
+  for f in $(seq 0 $(( N / DP - 1 ))); do
+    port=$((32001 + f))
+    setsid nohup python3 loadtests/gpu/dp_front.py --port $port --ranks "${URLS[@]:$((f * DP)):$DP}" \
+      > "$ENGINE_LOGS/front_$port.log" 2>&1 < /dev/null &
+    WORKERS+=("http://127.0.0.1:$port")
+  done
+  for w in "${WORKERS[@]}"; do
+    for _ in $(seq 60); do up "$w" && break; sleep 0.5; done
+    up "$w" || { echo "DP front $w not up"; cat "$ENGINE_LOGS"/front_*.log; exit 1; }
+  done
+  echo "DP fronts: ${WORKERS[*]} ($DP ranks each)"
+  F+=(--engine-urls "${URLS[@]}")
+fi
 # BUDGET_S (from the script's start) bounds every fleet run: a run past it is ended by SIGTERM and
 # writes what it measured, so the fidelity replay and the archive below still run (a device call
 # returns at most 8 files; an outer `timeout` would kill the script before it packs them).
@@ -102,7 +131,7 @@ case "${1:-calibrate}" in
     # then ":SEED" to override SEED (several traces in one call: ids:minimal:ttft,smg:4.5:27).
     for cell in ${CELLS:-text:minimal}; do
       IFS=: read -r prompts reports routers rates seed <<< "$cell"
-      fleet --workers "${URLS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
+      fleet --workers "${WORKERS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
         --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base \
         ${seed:+--seed "$seed"}
       base=$((base + 100))

@@ -237,7 +237,13 @@ class Exchange:
         kv = next((s.kv for s in snaps if s.url == worker), None)
         matched = kv.rank_matches(self.route.prompt_ids) if kv is not None and self.route.prompt_ids \
             and not self.route.cache_scoped else None
-        rank = choose_rank(affinity_key(self.route), engine.dp_size, loads, matched)
+        key = affinity_key(self.route)
+        placed = p.rank_book.get(worker, key)
+        if placed is not None and placed >= engine.dp_size:
+            placed = None  # placed before the rank count changed
+        rank = choose_rank(key, engine.dp_size, loads, matched, placed)
+        if placed is None:
+            p.rank_book.put(worker, key, rank)
         self._release_rank()
         self._rank = (worker, rank)
         ours[self._rank] = ours.get(self._rank, 0) + 1

@@ -20,6 +20,7 @@ from proxy.pipeline.holds import Holds
 from proxy.pipeline.transport import Transport
 from proxy.records import CompletedRequest
 from proxy.routing.base import Policy, RouteRequest
+from proxy.routing.dp_rank import RankBook
 from proxy.routing.token_estimate import TokenEstimate
 from proxy.routing.tokenizer import PromptTokenizer
 from proxy.telemetry.metrics import Metrics
@@ -124,6 +125,8 @@ class Parts:
     # routing.dp_ranks: this proxy's requests in flight per (worker, DP rank), known at once where
     # the workers' per-rank loads are a scrape old.
     dp_in_flight: dict[tuple[str, int], int] = field(default_factory=dict)
+    # and the rank each prompt head went to first, so its followers find it there
+    rank_book: RankBook = field(default_factory=RankBook)
 
     def report_sick(self, worker: str) -> None:
         if self.registry.report_request(worker, False) is Change.EJECTED:

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from proxy.request import Dialect, GenerateRequest
-from proxy.routing.dp_rank import affinity_key, choose_rank
+from proxy.routing.dp_rank import RankBook, affinity_key, choose_rank
 from proxy.routing.prefix_key import build_route_request
 from proxy.workers.kv_events import offset_endpoint
 from proxy.workers.scrape import parse_loads, parse_server_info
@@ -42,6 +42,36 @@ def test_a_rank_past_the_bound_is_passed_over_for_the_next_in_the_keys_order() -
     assert choose_rank(key, 4, busy) == first
     assert choose_rank(None, 4, [5, 1, 7, 3]) == 1 and choose_rank(None, 4) == 0
     assert choose_rank(key, 4, [1, 2]) == first  # loads of another rank count: ignored
+
+
+def test_a_new_head_goes_to_the_least_loaded_rank_and_its_followers_to_where_it_went() -> None:
+    key = 777
+    hashed = choose_rank(key, 4)
+    loads = [3, 3, 3, 3]
+    loads[hashed] = 5
+    new = choose_rank(key, 4, loads, placed=None)  # not seen: not the hash's rank, the least loaded
+    assert new != hashed and loads[new] == 3
+    assert choose_rank(key, 4, [3, 3, 3, 3], placed=None) == hashed  # equal loads: the hash's order
+    loads = [4, 4, 4, 4]
+    assert choose_rank(key, 4, loads, placed=new) == new  # followers: where it was placed
+    loads[new] = 40  # past the bound: the next in the hash's order
+    assert choose_rank(key, 4, loads, placed=new) != new
+    held = [0, 0, 0, 0]
+    held[hashed] = 512
+    assert choose_rank(key, 4, [4, 4, 4, 4], held, placed=new) == hashed  # the events know better
+    assert choose_rank(key, 4, [9, 0, 0, 0], placed=-1) == choose_rank(key, 4, [9, 0, 0, 0])  # no book
+
+
+def test_the_rank_book_remembers_per_worker_and_forgets_the_least_recent_past_its_capacity() -> None:
+    book = RankBook(capacity=2)
+    book.put("a", 1, 3)
+    book.put("b", 1, 0)
+    assert (book.get("a", 1), book.get("b", 1), book.get("a", 2), book.get("a", None)) == (3, 0, None, None)
+    book.get("a", 1)  # used: "b" is now the least recent
+    book.put("a", 2, 1)
+    assert (book.get("a", 1), book.get("b", 1), book.get("a", 2)) == (3, None, 1)
+    book.put("a", None, 2)  # a keyless prompt is not booked
+    assert book.get("a", 2) == 1
 
 
 def test_the_scrape_reads_ranks_and_their_loads() -> None:

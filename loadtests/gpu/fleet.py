@@ -260,11 +260,20 @@ class Routers:
     def every_admin(self) -> list[str]:
         return [base for bases in self._admins_of.values() for base in bases]
 
-    async def start(self) -> None:
+    async def start(self) -> list[str]:
+        """Every router started; returns those that never answered (stopped, left out of the run,
+        so one that cannot start does not cost the call's other routers their cell)."""
         for name in self.names:
             if name not in NO_PROXY:
                 await self._launch(name)
-        await asyncio.gather(*(self._ready(name, base) for name, bases in self.bases.items() for base in bases))
+        pairs = [(name, base) for name, bases in self.bases.items() for base in bases]
+        got = await asyncio.gather(*(self._ready(name, base) for name, base in pairs), return_exceptions=True)
+        failed = sorted({name for (name, _), g in zip(pairs, got, strict=True) if isinstance(g, BaseException)})
+        for name in failed:
+            await stop_processes(self._procs_of.pop(name, []))
+            self.bases.pop(name, None)
+            self._admins_of.pop(name, None)
+        return failed
 
     async def restart(self, name: str) -> None:
         """A radixgate router's proxies stopped and started anew, on new ports (``fresh=on``)."""
@@ -651,7 +660,10 @@ async def main_async(args: argparse.Namespace) -> None:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         try:
             await set_mode(session, engines, args.reports == "minimal")
-            await routers.start()
+            for name in await routers.start():
+                print(f"    WARNING router {name} never answered: left out (its log in {out})", flush=True)
+                names.remove(name)
+                summary.pop(name, None)
             phase = args.phase_base
             if args.warmup_s > 0:
                 arrivals = trace(rates[0], args.warmup_s, shape, args.seed + 1)

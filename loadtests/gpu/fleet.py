@@ -756,7 +756,8 @@ async def main_async(args: argparse.Namespace) -> None:
             # complete: every round of every router at every rate (a cut-short last round too)
             complete = all(len(pooled.get((n, r), ((), ()))[1]) == args.repeat for n in names for r in rates)
             cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape),
-                    "seed": args.seed, "text": args.text, "repeat": args.repeat, "workers": len(workers), "rates": rates, "routers": names, "summary": summary,
+                    "seed": args.seed, "text": args.text, "repeat": args.repeat, "workers": len(workers),
+                    **({"dp_engines": len(engines)} if engines != workers else {}), "rates": rates, "routers": names, "summary": summary,
                     "engine": "sim:" + args.sim_profile if args.sim else "gpu", "complete": complete}
             if any(summary.values()):
                 with (out / "summary.jsonl").open("a") as f:

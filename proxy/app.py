@@ -151,6 +151,7 @@ class App:
                               prefill_ended=holds.release, clock=self.clock)
         # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
         self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
+        self.diagnosis.diagnoser.dp_ranks = config.routing.dp_ranks
         if self.peers.enabled:
             if config.diagnose.fleet_view:  # every replica's window holds the fleet's requests
                 self.peers.on_record = self._peer_record

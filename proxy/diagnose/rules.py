@@ -7,7 +7,7 @@ stays silent (or fires with lowered confidence where noted) — it never assumes
 
 | rule | fires when | kind | levers |
 |---|---|---|---|
-| cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; KV memory |
+| cache_routing | captured ≪ available (gap ≥ capture_gap and captured/available ≤ capture_ratio) | tune | routing policy; page size; routing.dp_ranks where workers run DP ranks it does not name; KV memory |
 | cache_capacity | reuse ceiling - available ≥ capacity_gap (fleet KV too small for the working set) | tune | --mem-fraction-static, --max-total-tokens, replicas |
 | admission | requests queue (engine queue, worker queue time or our admission wait) while KV usage < kv_headroom; with free batch slots only where the wait costs latency (queue time ≥ queue_wait_fraction x SLO, or the SLO missed) and is ≥ queue_tail_share of the TTFT p95; confidence halved as the queue concentrates on one worker | tune | --max-running-requests, --schedule-conservativeness |
 | idle_gaps | GPU idle share ≥ idle_gap_share while there is demand | tune | scheduler / host stall levers |

@@ -27,6 +27,11 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
     mismatched = [ps for ps in s.page_sizes if ps > 1 and any(bt % ps for bt in s.block_tokens)]
     blind = [pol for pol in s.policies if pol in PREFIX_BLIND_POLICIES]
     kv_full = ev("occupancy.token_usage_mean", s.occupancy.token_usage_mean, ">=", p.saturation)
+    # workers of several DP ranks, their ranks not named: each rank a cache of its own, found by chance
+    dp_spread = s.dp_workers > 0 and not s.dp_ranks
+    if dp_spread:
+        evidence.append(Evidence("workers with DP ranks (dp_size > 1)", float(s.dp_workers), ">", 0.0, True,
+                                 "routing.dp_ranks off"))
     evidence.append(kv_full)
     head = f"workers captured {c.captured:.0%} of prompt tokens from cache against {c.available:.0%} available"
     if c.estimated:
@@ -38,9 +43,19 @@ def rule_cache_routing(s: Signals, p: RuleParams) -> Finding | None:
                    "over every worker, so each cache holds every prefix and keeps none")
         levers.append(Lever("routing.policy", "radixgate",
                             "switch to a prefix-affinity policy (cache_aware or the cost-based policy)"))
+        if dp_spread:
+            levers.append(Lever("routing.dp_ranks", "radixgate",
+                                f"true as well: {s.dp_workers} workers run data-parallel ranks, each with its own cache"))
     elif mismatched:
         cause = "page_size_mismatch"
         summary = f"{head}: the worker page size does not line up with radixgate's hash block"
+    elif dp_spread:
+        cause = "dp_ranks"
+        summary = (f"{head} with affinity routing ({', '.join(s.policies)}): {s.dp_workers} of {s.workers} "
+                   "workers run data-parallel ranks, each rank with its own cache, and the worker's own "
+                   "controller spreads a prefix's requests over its ranks")
+        levers.append(Lever("routing.dp_ranks", "radixgate",
+                            "true: name each request's rank, so a prefix's followers go to the rank holding it"))
     elif kv_full.holds:
         cause = "cache_eviction"
         summary = f"{head} with affinity routing on and KV usage high: worker caches evict under memory pressure"

@@ -60,8 +60,10 @@ class Diagnoser:
         gpus_per_worker: int = 1,
         gpu: NvmlSampler | None = None,
         min_interval_s: float = 2.0,
+        dp_ranks: bool = False,
     ) -> None:
         self.windows = windows
+        self.dp_ranks = dp_ranks  # routing.dp_ranks: whether the proxy names the workers' DP ranks
         self.params = params or RuleParams()
         self._clock = clock
         self._price = price_per_gpu_hour
@@ -108,7 +110,8 @@ class Diagnoser:
 
     def compute(self, inputs: DiagnosisInputs) -> Diagnosis:
         """Signals, verdict and cost of one copy of the windows; pure, safe to run in a thread."""
-        signals = compute_signals(inputs.records, inputs.samples, inputs.gpu, peer_requests=inputs.peer_requests)
+        signals = compute_signals(inputs.records, inputs.samples, inputs.gpu, peer_requests=inputs.peer_requests,
+                                  dp_ranks=self.dp_ranks)
         workers = [w.url for w in inputs.samples[-1].workers] if inputs.samples else []
         cost = stage_costs(
             inputs.records,

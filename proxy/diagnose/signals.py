@@ -308,6 +308,10 @@ class Signals:
     # Requests the peer replicas routed over the window (routing.peers): the fleet served these
     # too, so this window's cache and shadow figures cover a share of its traffic.
     peer_requests: int = 0
+    # Workers of several data-parallel ranks in the newest snapshot (each rank its own cache), and
+    # whether this proxy names the rank of each request to them (routing.dp_ranks).
+    dp_workers: int = 0
+    dp_ranks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +363,7 @@ def compute_signals(
     capacity_tokens: int | None = None,
     with_shadow: bool = True,
     peer_requests: int = 0,
+    dp_ranks: bool = False,
 ) -> Signals:
     """All signals of one window; ``capacity_tokens`` overrides the capacity read from snapshots."""
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
@@ -383,4 +388,6 @@ def compute_signals(
         workers=len({w.url for w in samples[-1].workers}) if samples else len({r.worker for r in records}),
         kv_doubted=tuple(sorted(w.url for w in samples[-1].workers if w.kv_state in KV_DOUBTED)) if samples else (),
         peer_requests=peer_requests,
+        dp_workers=sum(1 for w in samples[-1].workers if w.dp_size > 1) if samples else 0,
+        dp_ranks=dp_ranks,
     )

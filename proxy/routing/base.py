@@ -63,6 +63,8 @@ class WorkerSnapshot:
     # Its event stream's state when the snapshot was taken (``kv_subscriber.route_state``:
     # live, resynced, connecting, unconfirmed, failed); None where it publishes none.
     kv_state: str | None = None
+    # Its data-parallel ranks (SGLang --dp-size), each a scheduler with its own cache; 1 = one.
+    dp_size: int = 1
 
     @property
     def occupancy(self) -> float | None:

@@ -222,6 +222,7 @@ class WorkerRegistry:
                 models=(w.static_model,) if w.static_model else w.models,
                 kv=self._kv.view(w.url) if self._kv is not None else None,
                 kv_state=self._kv.state(w.url) if self._kv is not None else None,
+                dp_size=e.dp_size or 1,
             ))
         self._published = tuple(snaps)
         self._variants = {}

@@ -87,6 +87,10 @@ async def test_radixgate_with_dp_ranks_names_a_rank_for_every_request_and_keeps_
             assert sorted(moved) == [0, 3], (g, moved)  # a group's requests on one rank
         assert f.named == f.took and sum(f.took) == 24
         assert min(f.took) > 0  # the groups spread over both ranks
+        assert [w.dp_size for w in app.workers.published()] == [2]
+        d = app.diagnosis.diagnoser
+        signals = d.compute(d.inputs()).signals  # what the diagnosis knows of the ranks
+        assert (signals.dp_workers, signals.dp_ranks) == (1, True)
 
 
 async def test_through_the_front_radixgate_follows_each_ranks_kv_events_at_its_offset_port(

@@ -42,6 +42,12 @@ CASES = [
     ("affinity routing that still misses points at its balance threshold",
      {"cache": {"captured": 0.20, "available": 0.70}},
      {"cache_routing"}, rules.TUNE, "routing"),
+    ("affinity routing to workers whose DP ranks it does not name loses prefixes between the ranks",
+     {"cache": {"captured": 0.20, "available": 0.70}, "dp_workers": 2},
+     {"cache_routing"}, rules.TUNE, "dp_ranks"),
+    ("with the ranks named, a miss is the routing's own again",
+     {"cache": {"captured": 0.20, "available": 0.70}, "dp_workers": 2, "dp_ranks": True},
+     {"cache_routing"}, rules.TUNE, "routing"),
     ("a working set larger than the fleet KV is a capacity problem",
      {"cache": {"captured": 0.38, "available": 0.40, "reuse_ceiling": 0.80}},
      {"cache_capacity"}, rules.TUNE, "cache_capacity"),
@@ -170,6 +176,15 @@ def test_round_robin_verdict_names_the_routing_policy_setting() -> None:
     v = rules.verdict(s, P)
     assert v.levers[0].setting == "routing.policy"
     assert v.levers[0].where == "radixgate"
+
+
+def test_dp_workers_name_the_dp_ranks_setting_and_a_blind_policy_gets_it_beside_the_switch() -> None:
+    s = with_(healthy_signals(), cache={"captured": 0.2, "available": 0.7}, dp_workers=3)
+    f = rules.verdict(s, P).findings[0]
+    assert [lv.setting for lv in f.levers] == ["routing.dp_ranks"] and "3 of" in f.summary
+    blind = rules.verdict(dataclasses.replace(s, policies=("round_robin",)), P).findings[0]
+    assert [lv.setting for lv in blind.levers] == ["routing.policy", "routing.dp_ranks"]
+    assert blind.cause == "routing"
 
 
 def test_max_running_requests_verdict_names_the_sglang_flag() -> None:

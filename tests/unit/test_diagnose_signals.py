@@ -177,6 +177,16 @@ def test_compute_signals_collects_policies_block_and_page_sizes() -> None:
     assert s.window.requests == 2
 
 
+def test_workers_of_several_dp_ranks_are_counted_from_the_newest_snapshot() -> None:
+    recs = [record(blocks=chain(1, 2), policy="ttft")]
+    old = SnapshotSample(0.0, (WorkerSnapshot("http://w0", dp_size=4), WorkerSnapshot("http://w1", dp_size=4)))
+    new = SnapshotSample(1.0, (WorkerSnapshot("http://w0", dp_size=4), WorkerSnapshot("http://w1")))
+    s = signals.compute_signals(recs, [old, new], with_shadow=False)
+    assert (s.dp_workers, s.dp_ranks) == (1, False)
+    assert signals.compute_signals(recs, [new], with_shadow=False, dp_ranks=True).dp_ranks is True
+    assert signals.compute_signals(recs, [], with_shadow=False).dp_workers == 0
+
+
 def test_long_prompts_use_the_growing_block_layout_of_prefix_key() -> None:
     # 40 blocks of a 16-token unit cover 32 x 16 + 8 x 32 = 768 tokens (blocks double after 32).
     blocks = chain(1, 40)

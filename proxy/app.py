@@ -61,6 +61,7 @@ from proxy.pipeline import Pipeline
 from proxy.pipeline.holds import Holds
 from proxy.rotation import Rotation, Watched
 from proxy.routing.base import ExplainsModel, WorkerSnapshot
+from proxy.routing.dp_rank import RankBook, affinity_key
 from proxy.routing.registry import build_policy
 from proxy.routing.tokenizer import PromptTokenizer, TokenizerUnavailable
 from proxy.security import (
@@ -150,6 +151,9 @@ class App:
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ),
                               prefill_ended=holds.release, clock=self.clock)
         # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
+        # routing.dp_ranks: where each prompt head went among a worker's ranks, ours and the peers'
+        rank_book = RankBook()
+        self.peers.on_rank = lambda worker, route, rank: rank_book.put(worker, affinity_key(route), rank)
         self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
         self.diagnosis.diagnoser.dp_ranks = config.routing.dp_ranks
         if self.peers.enabled:
@@ -171,7 +175,7 @@ class App:
             route_listeners=[*([self.peers] if self.peers.enabled else []), *([self.kv] if self.kv.enabled else [])],
             upstream_authorization=functools.partial(
                 upstream_authorization, upstream_key=upstream_key, own_keys_checked=bool(self.api_keys)),
-            holds=holds, tokenizer=_tokenizer(config.routing))
+            holds=holds, tokenizer=_tokenizer(config.routing), rank_book=rank_book)
         # Each request's stages as spans over OTLP (telemetry.otlp_traces_endpoint; the otel extra).
         self.tracer = _tracer(config, self.clock, self.rng)
         if self.tracer is not None:

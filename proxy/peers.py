@@ -81,6 +81,7 @@ from proxy.routing.prefix_key import uncached_tokens
 from proxy.security import ApiKeys, presented_key
 from proxy.telemetry.metrics import Metrics
 from proxy.workers.discovery_dns import DnsSource
+from proxy.workers.scrape import MAX_DP
 
 log = logging.getLogger("radixgate.peers")
 
@@ -95,6 +96,7 @@ MIN_BACKOFF_S, MAX_BACKOFF_S = 0.05, 1.0
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_BLOCKS = 4096
 MAX_WORKERS = 4096  # entries of one message's in_flight
+MAX_DP_RANKS = MAX_DP  # a decision's dp_rank is below it (scrape.py's bound on a worker's dp_size)
 MAX_IN_FLIGHT = 65536  # our own requests remembered as in flight (far above admission's bounds)
 # A changed in-flight count with nothing else to send goes out this often at most.
 LOAD_REFRESH_S = 0.1
@@ -112,6 +114,7 @@ class Placement(NamedTuple):
     route: RouteRequest
     ref: str = ""
     uncached: int = 0
+    dp_rank: int | None = None  # the worker's DP rank it was sent to (routing.dp_ranks), if one
 
 
 class Prefilled(NamedTuple):
@@ -137,7 +140,8 @@ def encode(decisions: Iterable[Placement], prefilled: Iterable[Prefilled] = (), 
         "v": VERSION, "from": sender,
         "decisions": [{"worker": d.worker, "model": d.route.model, "block_tokens": d.route.block_tokens,
                        "prompt_tokens": d.route.prompt_tokens, "blocks": list(d.route.block_hashes),
-                       "ref": d.ref, "uncached": d.uncached, "stream": d.route.stream} for d in decisions],
+                       "ref": d.ref, "uncached": d.uncached, "stream": d.route.stream,
+                       **({"dp_rank": d.dp_rank} if d.dp_rank is not None else {})} for d in decisions],
         "prefilled": [{"worker": p.worker, "ref": p.ref} for p in prefilled],
     }
     if in_flight is not None:
@@ -202,6 +206,9 @@ def _decision(i: int, item: Any) -> Placement:
     block_tokens = _int(item.get("block_tokens"), f"{where}.block_tokens", least=1)
     prompt_tokens = _int(item.get("prompt_tokens"), f"{where}.prompt_tokens")
     uncached = _int(item.get("uncached", 0), f"{where}.uncached")
+    dp_rank = item.get("dp_rank")
+    if dp_rank is not None and not (type(dp_rank) is int and 0 <= dp_rank < MAX_DP_RANKS):
+        raise BadRequest(f"{where}.dp_rank: expected an integer in [0, {MAX_DP_RANKS}), got {dp_rank!r}")
     stream = item.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"{where}.stream: expected true or false")
@@ -212,7 +219,7 @@ def _decision(i: int, item: Any) -> Placement:
             raise BadRequest(f"{where}.blocks: expected unsigned 64-bit integers, got {h!r}")
     route = RouteRequest(model=model, block_hashes=tuple(blocks), block_tokens=block_tokens,
                          prompt_tokens=prompt_tokens, stream=stream)
-    return Placement(worker, route, ref, uncached)
+    return Placement(worker, route, ref, uncached, dp_rank)
 
 
 def _prefilled(i: int, item: Any) -> Prefilled:
@@ -273,6 +280,9 @@ class PeerSync:
         # diagnose.fleet_view: where the peers' finished requests go (App: the diagnosis window);
         # set, we share ours too (``share``). None: neither.
         self.on_record = on_record
+        # routing.dp_ranks: where a peer's request went among a worker's DP ranks (App: the
+        # pipeline's rank book, so this replica sends that prefix's followers to the same rank)
+        self.on_rank: Callable[[str, RouteRequest, int], None] | None = None
         self._accepted = ApiKeys([key] if key else [])
         self._static = frozenset(p.rstrip("/") for p in config.peers)
         self._discovered: frozenset[str] = frozenset()
@@ -297,7 +307,8 @@ class PeerSync:
         return sorted((self._static | self._discovered) - self._myself)
 
     # -- pipeline.RouteListener -------------------------------------------------------------------
-    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str,
+               dp_rank: int | None = None) -> None:
         self._count(self._mine.pop(rid, None), -1)  # a retry moves it
         self._mine[rid] = worker
         self._count(worker, 1)
@@ -306,7 +317,7 @@ class PeerSync:
             self._count(self._mine.pop(oldest), -1)
         if not route.block_hashes:
             return  # no prompt to tell of; its load goes with the next message
-        decision = Placement(worker, route, rid, uncached_tokens(route, matched_blocks))
+        decision = Placement(worker, route, rid, uncached_tokens(route, matched_blocks), dp_rank)
         for link in self._links.values():
             if len(link.decisions) == MAX_BUFFERED:
                 self.metrics.inc(self.metrics.peer_decisions_dropped)
@@ -508,6 +519,8 @@ class PeerSync:
             self.policy.on_peer_load(peer, message.in_flight)
         for d in message.decisions:
             self.policy.on_peer_decision(d.worker, d.route, d.uncached, (message.sender, d.ref))
+            if d.dp_rank is not None and self.on_rank is not None:
+                self.on_rank(d.worker, d.route, d.dp_rank)
         for n in message.prefilled:
             key = (message.sender, n.ref)
             self.policy.on_peer_prefilled(n.worker, key)

@@ -23,6 +23,7 @@ from proxy.pipeline.transport import Transport
 from proxy.records import CompletedRequest
 from proxy.request import GenerateRequest
 from proxy.routing.base import Policy
+from proxy.routing.dp_rank import RankBook
 from proxy.routing.token_estimate import TokenEstimate
 from proxy.routing.tokenizer import PromptTokenizer
 from proxy.telemetry.logging import RequestLogger
@@ -45,7 +46,8 @@ class Pipeline:
                  observers: Sequence[Callable[[CompletedRequest], None]] = (),
                  route_listeners: Sequence[RouteListener] = (),
                  upstream_authorization: Callable[[str | None], str | None] = _unchanged,
-                 holds: Holds | None = None, tokenizer: PromptTokenizer | None = None) -> None:
+                 holds: Holds | None = None, tokenizer: PromptTokenizer | None = None,
+                 rank_book: RankBook | None = None) -> None:
         self.config, self.clock, self.registry, self.admission = config, clock, registry, admission
         self.policy, self.metrics, self.request_log = policy, metrics, request_log
         self.upstream = upstream  # the transport to workers (workers/upstream.py in the product)
@@ -66,7 +68,8 @@ class Pipeline:
             health_checks=HealthChecks(clock, upstream, endpoint=config.health.endpoint,
                                        reuse_s=config.health.timeout_s),
             live=self._live, route_listeners=tuple(route_listeners),
-            upstream_authorization=upstream_authorization, record=self._record, tokenizer=tokenizer)
+            upstream_authorization=upstream_authorization, record=self._record, tokenizer=tokenizer,
+            rank_book=rank_book if rank_book is not None else RankBook())
 
     @property
     def active(self) -> int:

@@ -201,12 +201,14 @@ class Exchange:
                 continue
             lease.assign(decision.worker)
             self.worker, self.decision = decision.worker, decision
+            ranked = self._on_rank(target, decision.worker, candidates)
             for listener in p.route_listeners:
-                listener.routed(decision.worker, self.route, decision.matched_blocks, self.rid)
+                listener.routed(decision.worker, self.route, decision.matched_blocks, self.rid,
+                                self._rank[1] if self._rank is not None else None)
             t.dispatched = p.clock.now()
             self.phase = Phase.ATTEMPTING
             try:
-                got = await attempt(p, self._on_rank(target, decision.worker, candidates), decision.worker, t)
+                got = await attempt(p, ranked, decision.worker, t)
             except Retry as r:
                 p.failed(decision.worker, r.cause, sick=r.sick)
                 tried.add(decision.worker)
@@ -224,14 +226,20 @@ class Exchange:
         """``target`` naming the DP rank of ``worker`` to take it, where ``routing.dp_ranks`` asks and
         the worker has ranks (``proxy/routing/dp_rank.py``); as it is otherwise."""
         p = self._parts
+        self._release_rank()  # a retry's earlier attempt, to this worker or another, counts no more
         if not p.config.routing.dp_ranks or self.route is None or self.req.dialect not in DP_DIALECTS:
             return target
         engine = p.registry.engine(worker)
         if engine is None or engine.dp_size is None or engine.dp_size < 2:
             return target
-        if any(f in self.req.payload for f in CALLER_FIELDS):
-            return target  # the caller chose the rank
         ours, scraped = p.dp_in_flight, engine.dp_outstanding
+        if any(f in self.req.payload for f in CALLER_FIELDS):  # the caller chose the rank: it stands
+            chosen = next((v for f in CALLER_FIELDS if type(v := self.req.payload.get(f)) is int), None)
+            if chosen is not None and 0 <= chosen < engine.dp_size:  # and the prefix is there now
+                p.rank_book.put(worker, affinity_key(self.route), chosen)
+                self._rank = (worker, chosen)
+                ours[self._rank] = ours.get(self._rank, 0) + 1
+            return target
         loads = [max(scraped[r] if scraped is not None and len(scraped) == engine.dp_size else 0,
                      ours.get((worker, r), 0)) for r in range(engine.dp_size)]
         kv = next((s.kv for s in snaps if s.url == worker), None)
@@ -244,7 +252,6 @@ class Exchange:
         rank = choose_rank(key, engine.dp_size, loads, matched, placed)
         if placed is None:
             p.rank_book.put(worker, key, rank)
-        self._release_rank()
         self._rank = (worker, rank)
         ours[self._rank] = ours.get(self._rank, 0) + 1
         return dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))

@@ -32,7 +32,8 @@ class RouteListener(Protocol):
     """Told of each routing decision, of each streamed answer's first token (its prefill done),
     and of each routed request's end (answered, failed or cancelled: once per request)."""
 
-    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None: ...
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str,
+               dp_rank: int | None = None) -> None: ...
 
     def prefilled(self, worker: str, rid: str) -> None: ...
 
@@ -125,7 +126,8 @@ class Parts:
     # routing.dp_ranks: this proxy's requests in flight per (worker, DP rank), known at once where
     # the workers' per-rank loads are a scrape old.
     dp_in_flight: dict[tuple[str, int], int] = field(default_factory=dict)
-    # and the rank each prompt head went to first, so its followers find it there
+    # and the rank each prompt head went to first, so its followers find it there (shared with
+    # peer sync: the peers' placements are booked too)
     rank_book: RankBook = field(default_factory=RankBook)
 
     def report_sick(self, worker: str) -> None:

@@ -214,7 +214,8 @@ class KvFleet:
 
     # -- RouteListener: the prompts each engine prefilled, as probes of its stream (kv_trust.py) --
 
-    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str) -> None:
+    def routed(self, worker: str, route: RouteRequest, matched_blocks: int, rid: str,
+               dp_rank: int | None = None) -> None:
         view = self._views.get(worker)
         if view is None or not view.subscribers or not route.prompt_ids or route.cache_scoped:
             return

@@ -231,7 +231,8 @@ async def test_each_rank_publishes_its_own_cache_and_followers_go_to_the_rank_th
         for g, prefix in enumerate(prefixes):
             place = {"input_ids": [*prefix, 1, 2, 3], "data_parallel_rank": g % 4,
                      "sampling_params": {"max_new_tokens": 1}}
-            async with client.post(f"{base(app)}/generate", json=place) as r:
+            # placed behind the proxy's back (a rank a caller names through it is booked there)
+            async with client.post(f"{url}/generate", json=place) as r:
                 assert r.status == 200
             if events:
                 await eventually(functools.partial(told, app, url, g % 4, prefix),
@@ -243,8 +244,57 @@ async def test_each_rank_publishes_its_own_cache_and_followers_go_to_the_rank_th
         if events:
             m = await scrape(client, admin(app))
             reported = total(m, "radixgate_routing_reported_cached_tokens_total", policy="ttft")
-            assert reported == 24 * 512  # the placements were new prompts, every follower a hit
+            assert reported == 24 * 512  # every follower a hit
             assert total(m, "radixgate_routing_predicted_cached_tokens_total", policy="ttft") == reported
     # Without: 19 of 24 over 4 runs. The prompts are fixed, so is their hash: 6 of the 8 prefixes were
     # placed off their hash's rank, and a first follower there recomputes it.
     assert hits[True] == 24 and hits[False] <= 20, hits
+
+
+async def test_a_rank_named_through_one_replica_is_where_its_peers_send_the_prefixs_followers(
+    harness: Harness, client: aiohttp.ClientSession
+) -> None:
+    """Two replicas sharing decisions (routing.peers) in front of a simulated worker of 4 DP ranks:
+    8 prefixes placed through replica a on ranks their callers chose, mostly not the ranks b would
+    pick; b's followers, naming none, go where a said each went. Without the peers, b's own choice:
+    recomputed where it differs."""
+    import random
+
+    from loadtests.bench_overhead import free_port
+    from proxy.sim.config import SimConfig
+    from tests.integration.conftest import FAST, admin
+    from tests.integration.reliability import scrape, total
+
+    rng = random.Random(5)
+    prefixes = [[rng.randrange(1, 30_000) for _ in range(512)] for _ in range(8)]
+    hits: dict[bool, int] = {}
+    for peered in (True, False):
+        fleet = await harness.fleet([SimConfig(time_scale=FAST, dp_size=4, page_size=16, enable_cache_report=True)])
+        url = fleet.urls[0]
+        common = {"routing.policy": "ttft", "routing.dp_ranks": True, "scrape.interval_s": 0.05}
+        a_admin = free_port()
+        b = await harness.proxy(fleet.urls, **common,
+                                **({"routing.peers": [f"http://127.0.0.1:{a_admin}"]} if peered else {}))
+        a = await harness.proxy(fleet.urls, **common, **{"server.admin_port": a_admin},
+                                **({"routing.peers": [admin(b)], "routing.peer_heartbeat_s": 0.5} if peered else {}))
+        for app in (a, b):
+            async def scraped(app: App = app, url: str = url) -> bool:
+                return (e := app.workers.engine(url)) is not None and e.dp_size == 4
+            await eventually(scraped, what="the worker's ranks to be scraped")
+        for g, prefix in enumerate(prefixes):
+            place = {"input_ids": [*prefix, 1, 2, 3], "data_parallel_rank": (g + 1) % 4,
+                     "sampling_params": {"max_new_tokens": 1}}
+            async with client.post(f"{base(a)}/generate", json=place) as r:
+                assert r.status == 200
+        if peered:
+            async def b_heard_all(b: App = b) -> bool:
+                return total(await scrape(client, admin(b)), "radixgate_peer_decisions_received_total",
+                             outcome="applied") >= len(prefixes)
+            await eventually(b_heard_all, what="b to hear every placement")
+        hits[peered] = 0
+        for g, prefix in enumerate(prefixes):
+            body = {"input_ids": [*prefix, 100 + g, 7, 7], "sampling_params": {"max_new_tokens": 1}}
+            async with client.post(f"{base(b)}/generate", json=body) as r:
+                assert r.status == 200
+                hits[peered] += (await r.json())["meta_info"]["cached_tokens"] >= 512
+    assert hits[True] == 8 and hits[False] <= 4, hits

@@ -27,7 +27,8 @@ routes = st.builds(
 )
 
 
-decisions = st.builds(Placement, st.text(min_size=1, max_size=30), routes, st.text(max_size=10), st.integers(0, 10**6))
+decisions = st.builds(Placement, st.text(min_size=1, max_size=30), routes, st.text(max_size=10), st.integers(0, 10**6),
+                      st.none() | st.integers(0, 63))
 notices = st.builds(Prefilled, st.text(max_size=30), st.text(max_size=10))
 
 
@@ -45,6 +46,11 @@ def test_a_message_from_an_older_peer_tells_no_load() -> None:
 
 def test_a_decision_from_an_older_peer_without_stream_is_not_streamed() -> None:
     assert decode(one()).decisions[0].route.stream is False
+
+
+def test_a_decision_from_an_older_peer_names_no_rank() -> None:
+    assert decode(one()).decisions[0].dp_rank is None
+    assert decode(one(dp_rank=3)).decisions[0].dp_rank == 3
 
 
 def one(**change: object) -> bytes:
@@ -71,6 +77,10 @@ def one(**change: object) -> bytes:
     (one(uncached=-3), "decisions[0].uncached"),
     (one(ref=5), "decisions[0].ref"),
     (one(stream="yes"), "decisions[0].stream"),
+    (one(dp_rank=-1), "decisions[0].dp_rank"),
+    (one(dp_rank=True), "decisions[0].dp_rank"),
+    (one(dp_rank=1.0), "decisions[0].dp_rank"),
+    (one(dp_rank=10**6), "decisions[0].dp_rank"),
     (b'{"v": 1, "prefilled": {}}', "prefilled"),
     (b'{"v": 1, "prefilled": [{"worker": "http://w"}]}', "prefilled[0]"),
     (b'{"v": 1, "in_flight": [1]}', "in_flight"),

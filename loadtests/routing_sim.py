@@ -46,6 +46,7 @@ from proxy.clock import ManualClock
 from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, Decision, FirstToken, Policy, RouteRequest, WorkerSnapshot
+from proxy.routing.dp_rank import RankBook, affinity_key, choose_rank
 from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.routing.prefix_key import build_route_request, prefix_tokens, uncached_tokens
 from proxy.routing.registry import build_named
@@ -134,6 +135,26 @@ class VirtualWorker:
         return step_parts(self.engine.profile, self.step.work)
 
 
+def dp_snapshot(url: str, ranks: Sequence[VirtualWorker]) -> WorkerSnapshot:
+    """One worker of several data-parallel ranks as its scrape reads it: the ranks' states summed
+    (``scrape.parse_loads`` over ``/v1/loads``), their pools together."""
+    snaps = [r.snapshot() for r in ranks]
+    if len(snaps) == 1:
+        return dataclasses.replace(snaps[0], url=url)
+    first = snaps[0]
+
+    def total(name: str) -> int | None:
+        values = [getattr(x, name) for x in snaps]
+        return None if any(v is None for v in values) else sum(values)
+    usage = [x.token_usage for x in snaps]
+    return dataclasses.replace(
+        first, url=url, running=total("running"), queued=total("queued"),
+        waiting_uncached_tokens=total("waiting_uncached_tokens"),
+        token_usage=None if any(u is None for u in usage) else sum(usage) / len(usage),  # type: ignore[arg-type]
+        max_running_requests=total("max_running_requests"), max_total_tokens=total("max_total_tokens"),
+        dp_size=len(snaps))
+
+
 def prompt_ids(spec: RequestSpec, encode: Callable[[str], list[int]] = tokenizer.encode,
                encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None) -> list[int]:
     if spec.messages is not None:
@@ -189,6 +210,8 @@ def simulate(
     generation: int = 0,
     worker_tokens: int = 0,
     steal_after_s: float = math.inf,
+    dp: int = 1,
+    dp_ranks: bool = False,
 ) -> tuple[list[Outcome], list[VirtualWorker]]:
     """Run one trace through ``replicas`` instances of a policy in front of ``workers`` workers.
 
@@ -211,18 +234,49 @@ def simulate(
     per chosen worker, first in first out; a worker with room and nothing queued for it takes the
     oldest request queued for another once that one has waited ``steal_after_s`` (work stealing
     with a locality delay; the policy is asked again with that worker alone: branch ``steal``).
-    One replica only."""
+    One replica only.
+    ``dp``: each worker is that many data-parallel ranks (SGLang ``--dp-size``: an engine and a
+    cache each, behind one URL; the policy sees the worker, its scrape the ranks summed); a rank
+    is chosen per request as the proxy's ``routing.dp_ranks`` does (``dp_ranks``: each replica's
+    own requests in flight per rank and its ``RankBook``; no KV events), else round robin, as the
+    worker's own controller does."""
     sim = sim or SimConfig()
     if worker_tokens > 0 and replicas > 1:
         raise ValueError("worker_tokens: one replica only")
-    fleet = engines or [VirtualWorker(f"http://w{i}", sim, minimal_reports, generation) for i in range(workers)]
+    if dp > 1 and kv_events:
+        raise ValueError("dp: KV events per rank are not simulated")
+    fleet = engines or [VirtualWorker(f"http://w{i}" if dp == 1 else f"http://w{i}/dp{r}", sim, minimal_reports,
+                                      generation) for i in range(workers) for r in range(dp)]
     # the GPU(s) of this run: every step of the previous run (``engines``) has ended
     gpu = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)
     tokens = TokenEstimate(4.0) if encode is not None else None
-    by_url = {w.url: w for w in fleet}
+    engine_of = {w.url: w for w in fleet}
+    # the workers the policy sees (each with its ranks, in rank order), and an engine's worker
+    ranks_of: dict[str, list[VirtualWorker]] = {}
+    for w in fleet:
+        ranks_of.setdefault(w.url.rsplit("/dp", 1)[0] if dp > 1 else w.url, []).append(w)
+    worker_of = {e.url: u for u, rs in ranks_of.items() for e in rs}
+    books = [RankBook() for _ in range(replicas)]
+    rank_in_flight: list[dict[str, int]] = [dict.fromkeys(engine_of, 0) for _ in range(replicas)]
+    turns = dict.fromkeys(ranks_of, 0)
+
+    def rank_for(replica: int, url: str, route: RouteRequest) -> VirtualWorker:
+        ranks = ranks_of[url]
+        if len(ranks) == 1:
+            return ranks[0]
+        if not dp_ranks:  # the worker's controller: round robin
+            turns[url] += 1
+            return ranks[(turns[url] - 1) % len(ranks)]
+        key = affinity_key(route)
+        placed = books[replica].get(url, key)
+        loads = [rank_in_flight[replica][r.url] for r in ranks]
+        rank = choose_rank(key, len(ranks), loads, None, placed)
+        if placed is None:
+            books[replica].put(url, key, rank)
+        return ranks[rank]
     views: dict[str, _EventsView] = {}
     if kv_events:
-        for w in fleet:
+        for w in fleet:  # (dp 1: an engine is its worker)
             if w.kv_table is None:
                 w.engine.cache.events, w.kv_table = [], EngineBlocks()
             views[w.url] = _EventsView(w.kv_table)
@@ -231,8 +285,8 @@ def simulate(
         for r in range(replicas)]
     if kept is not None and not kept:
         kept.extend(policies)
-    in_flight: list[dict[str, int]] = [dict.fromkeys(by_url, 0) for _ in range(replicas)]
-    scraped = {w.url: w.snapshot() for w in fleet}
+    in_flight: list[dict[str, int]] = [dict.fromkeys(ranks_of, 0) for _ in range(replicas)]
+    scraped = {u: dp_snapshot(u, rs) for u, rs in ranks_of.items()}
     for policy in policies:  # as the registry tells the policy of the worker set at start-up
         policy.on_worker_change(list(scraped.values()))
     outcomes: list[Outcome] = []
@@ -249,8 +303,8 @@ def simulate(
     hold_ends: list[tuple[float, int, Hashable]] = []  # (release by, tiebreak, key)
     # worker_tokens: requests queued at the proxy per chosen worker (index, route, arrival,
     # queued at, decision), each worker's prompt tokens in flight, and when to look for steals
-    waiting: dict[str, deque[tuple[int, RouteRequest, float, float, Decision]]] = {u: deque() for u in by_url}
-    load = dict.fromkeys(by_url, 0)
+    waiting: dict[str, deque[tuple[int, RouteRequest, float, float, Decision]]] = {u: deque() for u in ranks_of}
+    load = dict.fromkeys(ranks_of, 0)
     steal_checks: list[float] = []
 
     def room(url: str, tokens: int) -> bool:
@@ -292,7 +346,7 @@ def simulate(
     def dispatch(i: int, route: RouteRequest, arrival: float, now: float) -> None:
         nonlocal seq
         replica = i % replicas
-        snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u], kv=views.get(u)) for u in by_url]
+        snaps = [dataclasses.replace(scraped[u], in_flight=in_flight[replica][u], kv=views.get(u)) for u in ranks_of]
         decision = policies[replica].select(route, snaps)
         if decision.after is not None:
             held.setdefault(decision.after, []).append((i, route, arrival, now + hold_max_s))
@@ -309,21 +363,23 @@ def simulate(
     def submit(i: int, route: RouteRequest, arrival: float, now: float, decision: Decision) -> None:
         nonlocal seq
         spec, replica = specs[i], i % replicas
-        worker = by_url[decision.worker]
+        url = decision.worker
+        worker = rank_for(replica, url, route)
         if peer_sync_s is not None and replicas > 1:
             seq += 1
             uncached = uncached_tokens(route, decision.matched_blocks)
-            heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, worker.url, route, uncached, f"r{i}"))
+            heapq.heappush(peer_events, (now + peer_sync_s, seq, replica, url, route, uncached, f"r{i}"))
         req = SimRequest(rid=f"r{i}", input_ids=prompt_ids(spec, encode or tokenizer.encode, encode_chat),
                          max_new_tokens=spec.max_new_tokens)
         predicted = (decision.matched_tokens if decision.matched_tokens is not None
                      else min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens))
-        outcome = Outcome(spec.group, arrival, worker.url, branch=decision.branch, held_s=now - arrival,
+        outcome = Outcome(spec.group, arrival, url, branch=decision.branch, held_s=now - arrival,
                           predicted=predicted, est_prompt_tokens=route.prompt_tokens)
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
-        in_flight[replica][worker.url] += 1
-        load[worker.url] += route.prompt_tokens
+        in_flight[replica][url] += 1
+        rank_in_flight[replica][worker.url] += 1
+        load[url] += route.prompt_tokens
         tell_load(replica, now)
         worker.requests += 1
         worker.scheduler.submit(req, now)
@@ -339,7 +395,7 @@ def simulate(
     def step_done(worker: VirtualWorker, now: float) -> None:
         """Apply a finished step: first tokens, token gaps, completions; then the next step."""
         nonlocal seq
-        url = worker.url
+        url = worker_of[worker.url]
         assert worker.step is not None
         for req in worker.scheduler.finish_step(worker.step, now):
             outcome, route, replica, _ = live[req.rid]
@@ -359,6 +415,7 @@ def simulate(
             if req.finished:
                 del live[req.rid]
                 in_flight[replica][url] -= 1
+                rank_in_flight[replica][worker.url] -= 1
                 load[url] -= route.prompt_tokens
                 tell_load(replica, now)
                 if tokens is not None:
@@ -391,7 +448,7 @@ def simulate(
             continue
         if steal_checks and steal_checks[0] <= min(t_arrival, t_step):
             at = heapq.heappop(steal_checks)
-            for u in by_url:
+            for u in ranks_of:
                 if not waiting[u]:
                     drain(u, at)
             continue
@@ -401,7 +458,7 @@ def simulate(
                 release(key, at, expired=True)
             continue
         if next_scrape <= min(t_arrival, t_step):
-            scraped = {w.url: w.snapshot() for w in fleet}
+            scraped = {u: dp_snapshot(u, rs) for u, rs in ranks_of.items()}
             next_scrape += scrape_interval_s
             continue
         if t_arrival <= t_step:
@@ -414,5 +471,5 @@ def simulate(
             continue
         now = t_step
         for url in gpu.done(now):
-            step_done(by_url[str(url)], now)
+            step_done(engine_of[str(url)], now)
     return outcomes, fleet

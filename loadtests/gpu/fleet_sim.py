@@ -94,7 +94,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          encoder: Encoder, minimal: bool, engines: list[VirtualWorker] | None = None,
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
-         chat: bool = False, profile: str = PROFILE, own_gpus: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
+         chat: bool = False, profile: str = PROFILE, own_gpus: bool = False,
+         dp: int = 1) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -103,7 +104,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     it), as a GPU cell's proxy processes live through its ``--repeat`` rounds; ``generation``: the
     fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28);
     ``own_gpus``: each engine on a GPU of its own (the fleet ``nvidia-h200-x4`` would run), not
-    the four on one."""
+    the four on one; ``dp``: the engines as workers of that many data-parallel ranks each
+    (``run_fleet.sh`` DP=: ``workers`` engines in ``workers / dp`` workers)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -115,6 +117,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
     name, params = section.pop("policy"), section.pop("params")
     hold = float(section.pop("hold_max_s", 0.0))
+    dp_ranks = bool(section.pop("dp_ranks", False))
     if section.pop("tokenizer", None) is not None:  # the proxies tokenize with the engines' tokenizer
         ids = True
     if section:
@@ -131,13 +134,13 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
     config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
-    return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers, sim=config,  # type: ignore[arg-type]
+    return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
                     minimal_reports=minimal, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
                     kept=carried, generation=generation, worker_tokens=int(what_if.get("worker_tokens", 0)),
-                    steal_after_s=what_if.get("steal_after_s", math.inf))
+                    steal_after_s=what_if.get("steal_after_s", math.inf), dp=dp, dp_ranks=dp_ranks)
 
 
 def forget(policies: Sequence[Policy], what: str) -> None:
@@ -236,7 +239,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
     p.add_argument("--phase-s", type=float, default=25.0)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=4, help="engines")
+    p.add_argument("--dp", type=int, default=1,
+                   help="the engines as workers of this many data-parallel ranks each (run_fleet.sh DP=)")
     p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
     p.add_argument("--phase-base", type=int, default=None,
                    help="draw each rate's text as a GPU cell with this --phase-base did (its prompts exactly)")
@@ -276,7 +281,8 @@ def main() -> None:
     shape = Shape()
     names = a.routers.split(",")
     gpus = "each on a simulated H200 of its own" if a.own_gpus else "sharing one simulated H200"
-    print(f"virtual time, {a.workers} engines {gpus} ({a.profile}), reports={a.reports}; "
+    workers = f" as {a.workers // a.dp} workers of {a.dp} DP ranks" if a.dp > 1 else ""
+    print(f"virtual time, {a.workers} engines{workers} {gpus} ({a.profile}), reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
@@ -305,7 +311,7 @@ def main() -> None:
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
-                                           profile=a.profile, own_gpus=a.own_gpus)
+                                           profile=a.profile, own_gpus=a.own_gpus, dp=a.dp)
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:

@@ -202,3 +202,19 @@ def test_the_geometric_mean_ratio_skips_phases_that_did_not_finish() -> None:
     assert fleet_sim.geomean_ratio([2.0, 0.5], [1.0, 1.0]) == pytest.approx(1.0)
     assert fleet_sim.geomean_ratio([2.0, float("inf")], [1.0, 3.0]) == pytest.approx(2.0)
     assert fleet_sim.geomean_ratio([float("inf")], [1.0]) != fleet_sim.geomean_ratio([float("inf")], [1.0])  # nan
+
+
+def test_workers_of_dp_ranks_lose_reuse_between_their_ranks_unless_the_proxy_names_them() -> None:
+    """``dp``: 4 engines as 2 workers of 2 ranks; round robin inside a worker (its controller) spreads
+    a group over both ranks' caches, ``dp_ranks`` keeps it on one."""
+    def run(router: str) -> tuple[float, list]:  # type: ignore[type-arg]
+        outcomes, engines = fleet_sim.cell(router, 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
+                                           encoder=Encoder(str(TOKENIZER)), minimal=True, ids=True, dp=2)
+        assert outcomes and all(o.first is not None for o in outcomes)
+        assert {o.worker for o in outcomes} <= {"http://w0", "http://w1"}  # the policy sees 2 workers
+        return sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes), engines
+    spread, engines = run("ttft")
+    pinned, _ = run("ttft/dp_ranks=true")
+    assert [e.url for e in engines] == ["http://w0/dp0", "http://w0/dp1", "http://w1/dp0", "http://w1/dp1"]
+    assert all(e.requests > 0 for e in engines)  # round robin reaches every rank
+    assert pinned > spread + 0.1

@@ -268,7 +268,7 @@ def simulate(
             turns[url] += 1
             return ranks[(turns[url] - 1) % len(ranks)]
         key = affinity_key(route)
-        placed = books[replica].get(url, key)
+        placed = books[replica].get(url, key, len(ranks))
         loads = [rank_in_flight[replica][r.url] for r in ranks]
         rank = choose_rank(key, len(ranks), loads, None, placed)
         if placed is None:

@@ -232,29 +232,27 @@ class Exchange:
         engine = p.registry.engine(worker)
         if engine is None or engine.dp_size is None or engine.dp_size < 2:
             return target
-        ours, scraped = p.dp_in_flight, engine.dp_outstanding
-        if any(f in self.req.payload for f in CALLER_FIELDS):  # the caller chose the rank: it stands
-            chosen = next((v for f in CALLER_FIELDS if type(v := self.req.payload.get(f)) is int), None)
-            if chosen is not None and 0 <= chosen < engine.dp_size:  # and the prefix is there now
-                p.rank_book.put(worker, affinity_key(self.route), chosen)
-                self._rank = (worker, chosen)
-                ours[self._rank] = ours.get(self._rank, 0) + 1
-            return target
-        loads = [max(scraped[r] if scraped is not None and len(scraped) == engine.dp_size else 0,
-                     ours.get((worker, r), 0)) for r in range(engine.dp_size)]
-        kv = next((s.kv for s in snaps if s.url == worker), None)
-        matched = kv.rank_matches(self.route.prompt_ids) if kv is not None and self.route.prompt_ids \
-            and not self.route.cache_scoped else None
-        key = affinity_key(self.route)
-        placed = p.rank_book.get(worker, key)
-        if placed is not None and placed >= engine.dp_size:
-            placed = None  # placed before the rank count changed
-        rank = choose_rank(key, engine.dp_size, loads, matched, placed)
-        if placed is None:
+        n, ours, key = engine.dp_size, p.dp_in_flight, affinity_key(self.route)
+        field = next((f for f in CALLER_FIELDS if f in self.req.payload), None)
+        if field is not None:  # the caller chose the rank: it stands, and the prefix is there now
+            rank = self.req.payload[field]
+            if type(rank) is not int or not 0 <= rank < n:
+                return target
             p.rank_book.put(worker, key, rank)
+        else:
+            scraped = engine.dp_outstanding
+            loads = [max(scraped[r] if scraped is not None and len(scraped) == n else 0, ours.get((worker, r), 0))
+                     for r in range(n)]
+            kv = next((s.kv for s in snaps if s.url == worker), None)
+            matched = kv.rank_matches(self.route.prompt_ids) if kv is not None and self.route.prompt_ids \
+                and not self.route.cache_scoped else None
+            placed = p.rank_book.get(worker, key, n)
+            rank = choose_rank(key, n, loads, matched, placed)
+            if placed is None:
+                p.rank_book.put(worker, key, rank)
         self._rank = (worker, rank)
         ours[self._rank] = ours.get(self._rank, 0) + 1
-        return dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))
+        return target if field is not None else dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))
 
     def _release_rank(self) -> None:
         if self._rank is not None:

@@ -55,11 +55,11 @@ def affinity_key(route: RouteRequest) -> int | None:
 
 
 def choose_rank(key: int | None, ranks: int, outstanding: Sequence[int] | None = None,
-                matched: Sequence[int] | None = None, placed: int | None = -1) -> int:
+                matched: Sequence[int] | None = None, placed: int | None = None) -> int:
     """The rank (0 .. ranks-1) for a request with affinity ``key``; ``outstanding`` per rank if
     known; ``matched``: the prompt's leading tokens each rank holds, from its KV events, if known;
-    ``placed``: the rank this key was placed on before (``RankBook``), None for a key not seen
-    (it goes to the least loaded rank), -1 for no book (the hash places it)."""
+    ``placed``: the rank this key was placed on before (``RankBook``), None for a key not placed
+    (it goes to the least loaded rank; without loads, the hash's first)."""
     loads = outstanding if outstanding is not None and len(outstanding) == ranks else None
     held = matched if matched is not None and len(matched) == ranks and any(matched) else None
     if key is None and held is None:
@@ -69,7 +69,7 @@ def choose_rank(key: int | None, ranks: int, outstanding: Sequence[int] | None =
         order.sort(key=lambda r: xxhash.xxh3_64_intdigest(key.to_bytes(8, "little"), seed=r), reverse=True)
         if held is None and placed is None and loads is not None:
             return min(order, key=lambda r: loads[r])  # a new head: least loaded, the hash's order among equals
-        if placed is not None and 0 <= placed < ranks:
+        if placed is not None:
             order.remove(placed)
             order.insert(0, placed)
     if held is not None:
@@ -88,12 +88,15 @@ class RankBook:
         self.capacity = capacity
         self._book: OrderedDict[tuple[str, int], int] = OrderedDict()
 
-    def get(self, worker: str, key: int | None) -> int | None:
+    def get(self, worker: str, key: int | None, ranks: int) -> int | None:
+        """The rank ``key`` was placed on, if below ``ranks`` (one placed before the worker's rank
+        count changed is not placed now)."""
         if key is None:
             return None
         rank = self._book.get((worker, key))
-        if rank is not None:
-            self._book.move_to_end((worker, key))
+        if rank is None or rank >= ranks:
+            return None
+        self._book.move_to_end((worker, key))
         return rank
 
     def put(self, worker: str, key: int | None, rank: int) -> None:

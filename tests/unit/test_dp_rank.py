@@ -34,12 +34,12 @@ def test_a_rank_past_the_bound_is_passed_over_for_the_next_in_the_keys_order() -
     key = 12345
     first = choose_rank(key, 4)
     busy = [2, 2, 2, 2]
-    assert choose_rank(key, 4, busy) == first  # balanced: its own rank
+    assert choose_rank(key, 4, busy, placed=first) == first  # balanced: its own rank
     busy[first] = 30  # mean 9: bound max(13.5, 13) — passed over
-    second = choose_rank(key, 4, busy)
+    second = choose_rank(key, 4, busy, placed=first)
     assert second != first and busy[second] <= 13.5
     busy[first] = 7  # mean 3.25: within max(4.9, 7.25), kept
-    assert choose_rank(key, 4, busy) == first
+    assert choose_rank(key, 4, busy, placed=first) == first
     assert choose_rank(None, 4, [5, 1, 7, 3]) == 1 and choose_rank(None, 4) == 0
     assert choose_rank(key, 4, [1, 2]) == first  # loads of another rank count: ignored
 
@@ -59,19 +59,19 @@ def test_a_new_head_goes_to_the_least_loaded_rank_and_its_followers_to_where_it_
     held = [0, 0, 0, 0]
     held[hashed] = 512
     assert choose_rank(key, 4, [4, 4, 4, 4], held, placed=new) == hashed  # the events know better
-    assert choose_rank(key, 4, [9, 0, 0, 0], placed=-1) == choose_rank(key, 4, [9, 0, 0, 0])  # no book
 
 
 def test_the_rank_book_remembers_per_worker_and_forgets_the_least_recent_past_its_capacity() -> None:
     book = RankBook(capacity=2)
     book.put("a", 1, 3)
     book.put("b", 1, 0)
-    assert (book.get("a", 1), book.get("b", 1), book.get("a", 2), book.get("a", None)) == (3, 0, None, None)
-    book.get("a", 1)  # used: "b" is now the least recent
+    assert (book.get("a", 1, 4), book.get("b", 1, 4), book.get("a", 2, 4), book.get("a", None, 4)) == (3, 0, None, None)
+    assert book.get("a", 1, 2) is None  # placed on rank 3 when the worker had more ranks
+    book.get("a", 1, 4)  # used: "b" is now the least recent
     book.put("a", 2, 1)
-    assert (book.get("a", 1), book.get("b", 1), book.get("a", 2)) == (3, None, 1)
+    assert (book.get("a", 1, 4), book.get("b", 1, 4), book.get("a", 2, 4)) == (3, None, 1)
     book.put("a", None, 2)  # a keyless prompt is not booked
-    assert book.get("a", 2) == 1
+    assert book.get("a", 2, 4) == 1
 
 
 def test_the_scrape_reads_ranks_and_their_loads() -> None:

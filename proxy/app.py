@@ -150,10 +150,10 @@ class App:
         holds = Holds(self.clock)
         self.peers = PeerSync(config.routing, self.policy, self.metrics, key=_peer_key(config.routing, os.environ),
                               prefill_ended=holds.release, clock=self.clock)
-        # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
         # routing.dp_ranks: where each prompt head went among a worker's ranks, ours and the peers'
         rank_book = RankBook()
         self.peers.on_rank = lambda worker, route, rank: rank_book.put(worker, affinity_key(route), rank)
+        # GET /diagnosis, diagnosis gauges, NVML sampler: fed by every finished request and snapshot.
         self.diagnosis = DiagnosisService(config.diagnose, self.clock, snapshot_interval_s=config.scrape.interval_s)
         self.diagnosis.diagnoser.dp_ranks = config.routing.dp_ranks
         if self.peers.enabled:

@@ -40,6 +40,7 @@ from loadtests.gpu.fleet import (
 )
 from loadtests.gpu.fleet_report import argv_value, pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
+from proxy.config_sections import RoutingConfig
 from proxy.loadgen.workloads import RequestSpec
 from proxy.routing.base import Decision, IgnoresFeedback, Policy, RouteRequest, WorkerSnapshot
 from proxy.sim import perf
@@ -117,7 +118,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
     name, params = section.pop("policy"), section.pop("params")
     hold = float(section.pop("hold_max_s", 0.0))
-    dp_ranks = bool(section.pop("dp_ranks", False))
+    dp_ranks = bool(section.pop("dp_ranks", RoutingConfig().dp_ranks))
     if section.pop("tokenizer", None) is not None:  # the proxies tokenize with the engines' tokenizer
         ids = True
     if section:

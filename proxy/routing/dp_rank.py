@@ -20,7 +20,7 @@ by the hash alone drew uneven ranks: on simulated engines (2 workers of 2 ranks,
 H200, token ids, 4.5 req/s, seeds 51-53) TTFT p95 1.40x the worker-level policy without ranks
 (geometric mean), placing by load 0.88x; over seeds 51-61, 0.91x (0.27-2.02x, 95% interval
 0.59-1.41x), p50 0.67x, reuse 64-69% against 45-52%
-(``python -m loadtests.gpu.fleet --sim 4 --sim-dp 2 --routers ttft/dp_ranks=true,ttft``).
+(``python -m loadtests.gpu.fleet --sim 4 --sim-dp 2 --routers ttft/dp_ranks=true,ttft/dp_ranks=false``).
 Without per-rank loads the hash places a key. A prompt too short for a full block has no key: the
 least loaded rank, else rank 0. O(N) per request.
 

@@ -66,11 +66,11 @@ async def test_requests_sharing_a_head_go_to_one_rank_and_groups_spread_over_the
     assert bodies[37]["data_parallel_rank"] == 3 and bodies[37]["_raw"].count(b"data_parallel_rank") == 1
 
 
-async def test_off_by_default_and_for_workers_without_ranks(harness: Harness, client: aiohttp.ClientSession) -> None:
+async def test_off_and_for_workers_without_ranks_no_rank_is_named(harness: Harness, client: aiohttp.ClientSession) -> None:
     bodies: list[dict[str, Any]] = []
     async with BrokenWorker.running() as w, BrokenWorker.running() as plain:
         dp_worker(w, bodies)
-        app = await harness.proxy([w.url], **QUIET)  # routing.dp_ranks off
+        app = await harness.proxy([w.url], **QUIET, **{"routing.dp_ranks": False})
         async with client.post(f"{base(app)}/generate", json={"text": "x " * 400}) as r:
             assert r.status == 200
         assert "data_parallel_rank" not in bodies[-1]

@@ -213,8 +213,8 @@ def test_workers_of_dp_ranks_lose_reuse_between_their_ranks_unless_the_proxy_nam
         assert outcomes and all(o.first is not None for o in outcomes)
         assert {o.worker for o in outcomes} <= {"http://w0", "http://w1"}  # the policy sees 2 workers
         return sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes), engines
-    spread, engines = run("ttft")
-    pinned, _ = run("ttft/dp_ranks=true")
+    spread, engines = run("ttft/dp_ranks=false")
+    pinned, _ = run("ttft")  # dp_ranks on by default
     assert [e.url for e in engines] == ["http://w0/dp0", "http://w0/dp1", "http://w1/dp0", "http://w1/dp1"]
     assert all(e.requests > 0 for e in engines)  # round robin reaches every rank
     assert pinned > spread + 0.1

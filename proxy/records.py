@@ -42,6 +42,8 @@ class CompletedRequest:
     finish_reason: str | None
     # The request's W3C trace context as passed on to the worker (proxy/tracecontext.py); None without one.
     trace: TraceContext | None = None
+    # The data-parallel rank of ``worker`` it was sent to, where radixgate named one (routing.dp_ranks).
+    dp_rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

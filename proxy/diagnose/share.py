@@ -37,6 +37,7 @@ from typing import Any
 from proxy.diagnose.window import RequestRecord
 from proxy.errors import BadRequest
 from proxy.timing import RequestTiming
+from proxy.workers.scrape import MAX_DP
 
 MAX_GAPS = 1024
 MAX_BLOCKS = 4096
@@ -60,7 +61,7 @@ def to_wire(record: RequestRecord, now: float) -> dict[str, Any]:
         "tokens": [record.prompt_tokens, record.cached_tokens, record.completion_tokens],
         "blocks": list(record.block_hashes[:MAX_BLOCKS]), "block_tokens": record.block_tokens,
         "estimated_prompt_tokens": record.estimated_prompt_tokens, "text": record.text_prompt,
-        "predicted_cached": record.predicted_cached_tokens,
+        "predicted_cached": record.predicted_cached_tokens, "dp_rank": record.dp_rank,
     }
 
 
@@ -93,6 +94,9 @@ def from_wire(item: Any, now: float, *, peer: str, where: str = "finished[0]") -
     text = item.get("text", False)
     if not isinstance(text, bool):
         raise BadRequest(f"{where}.text: expected true or false")
+    dp_rank = item.get("dp_rank")
+    if dp_rank is not None and not (type(dp_rank) is int and 0 <= dp_rank < MAX_DP):
+        raise BadRequest(f"{where}.dp_rank: expected an integer in [0, {MAX_DP}), got {dp_rank!r}")
     timing = RequestTiming(received=received, **at, prefix_hold=_time(item.get("hold", 0.0), f"{where}.hold"),
                            token_gaps=gaps, worker_queue_time=queue, worker_first_token_latency=first,
                            worker_e2e_latency=e2e, prompt_tokens=prompt, cached_tokens=cached,
@@ -104,7 +108,7 @@ def from_wire(item: Any, now: float, *, peer: str, where: str = "finished[0]") -
         estimated_prompt_tokens=_count(item.get("estimated_prompt_tokens", 0), f"{where}.estimated_prompt_tokens") or 0,
         policy=_text(item.get("policy", ""), f"{where}.policy"), text_prompt=text,
         predicted_cached_tokens=_count(item.get("predicted_cached"), f"{where}.predicted_cached"),
-        cause=None if cause is None else _text(cause, f"{where}.cause"), peer=peer[:MAX_TEXT],
+        cause=None if cause is None else _text(cause, f"{where}.cause"), peer=peer[:MAX_TEXT], dp_rank=dp_rank,
     )
 
 

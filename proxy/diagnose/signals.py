@@ -369,12 +369,13 @@ def compute_signals(
     capacity = capacity_tokens if capacity_tokens is not None else fleet_capacity_tokens(samples)
     occupancy = occupancy_signal(samples)
     resets = cache_resets(samples)
+    dp_sizes = {w.url: w.dp_size for w in samples[-1].workers if w.dp_size > 1} if samples else {}
     # The caches as they are now hold nothing from before a fleet-wide reset: replay what came since.
     replayed = replay(resets.since_fleet(records), [w.url for w in samples[-1].workers] if samples else [],
                       capacity) if with_shadow else Replay()
     return Signals(
         window=window_info(records, samples),
-        cache=cache_signal(records, capacity, resets),
+        cache=cache_signal(records, capacity, resets, dp_sizes),
         occupancy=occupancy,
         latency=latency_signal(records),
         gpu=gpu if gpu is not None else GpuReport.unavailable("no GPU sampler"),

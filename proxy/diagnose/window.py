@@ -61,6 +61,9 @@ class RequestRecord:
     # To find its log line and spans (GET /diagnosis/tail); not shared with peers.
     rid: str = ""
     trace_id: str | None = None
+    # The DP rank of ``worker`` radixgate named (routing.dp_ranks); None: one rank, or the worker's
+    # own controller chose.
+    dp_rank: int | None = None
 
     @classmethod
     def of(
@@ -75,6 +78,7 @@ class RequestRecord:
         cause: str | None = None,
         rid: str = "",
         trace_id: str | None = None,
+        dp_rank: int | None = None,
     ) -> RequestRecord:
         """Build a record from the pipeline's objects; token counts come from ``timing``."""
         predicted = None
@@ -98,6 +102,7 @@ class RequestRecord:
             cause=cause,
             rid=rid,
             trace_id=trace_id,
+            dp_rank=dp_rank,
         )
 
     @property

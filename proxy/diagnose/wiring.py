@@ -75,6 +75,7 @@ class DiagnosisService:
             return  # refused before routing: it never reached the fleet
         record = RequestRecord.of(done.timing, worker=done.worker, outcome=done.outcome, route=done.route,
                                   policy=done.policy, decision=done.decision, cause=done.cause, rid=done.rid,
+                                  dp_rank=done.dp_rank,
                                   trace_id=done.trace.trace_id if done.trace is not None else None)
         self.windows.record(record)
         if self.share is not None:

@@ -56,7 +56,7 @@ def outcome(e: Ending) -> tuple[str, str | None]:
 
 def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: RequestTiming,
            worker: str | None, decision: Decision | None, route: RouteRequest | None, retries: int,
-           lease: Lease | None) -> None:
+           lease: Lease | None, dp_rank: int | None = None) -> None:
     result, cause = outcome(e)
     m, t = e.meta, timing
     t.prompt_tokens, t.cached_tokens, t.completion_tokens = m.prompt_tokens, m.cached_tokens, m.completion_tokens
@@ -81,4 +81,4 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
         policy=parts.policy.name, decision=decision, route=route,
         admission=admission.value if admission is not None else None,
         admission_wait=lease.wait_s if admission is not None and lease is not None else None,
-        timing=t, finish_reason=m.finish_reason, trace=req.trace))
+        timing=t, finish_reason=m.finish_reason, trace=req.trace, dp_rank=dp_rank))

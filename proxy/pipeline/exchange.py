@@ -93,6 +93,7 @@ class Exchange:
         self._error: RadixgateError | None = None  # an answer a frontend could not decode
         self._lease: Lease | None = None
         self._rank: tuple[str, int] | None = None  # (worker, DP rank) counted in parts.dp_in_flight
+        self.dp_rank: int | None = None  # the DP rank the last attempt named (its record's)
         self._held = contextlib.AsyncExitStack()  # the admission lease, entered and left as ``async with``
         self._relay: Relay | None = None
         # An OpenAI stream whose caller did not ask for usage: asked for anyway, not relayed.
@@ -227,6 +228,7 @@ class Exchange:
         the worker has ranks (``proxy/routing/dp_rank.py``); as it is otherwise."""
         p = self._parts
         self._release_rank()  # a retry's earlier attempt, to this worker or another, counts no more
+        self.dp_rank = None
         if not p.config.routing.dp_ranks or self.route is None or self.req.dialect not in DP_DIALECTS:
             return target
         engine = p.registry.engine(worker)
@@ -250,7 +252,7 @@ class Exchange:
             rank = choose_rank(key, n, loads, matched, placed)
             if placed is None:
                 p.rank_book.put(worker, key, rank)
-        self._rank = (worker, rank)
+        self._rank, self.dp_rank = (worker, rank), rank
         ours[self._rank] = ours.get(self._rank, 0) + 1
         return target if field is not None else dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))
 
@@ -403,5 +405,5 @@ class Exchange:
         answered = relay.upstream_done if relay is not None else self.status != 0
         finish(p, Ending(exc, self.error, answered, self.streaming, self.status, self.meta),
                req=self.req, rid=self.rid, timing=self.timing, worker=self.worker, decision=self.decision,
-               route=self.route, retries=self.retries, lease=self._lease)
+               route=self.route, retries=self.retries, lease=self._lease, dp_rank=self.dp_rank)
         p.live.discard(self)

@@ -106,6 +106,7 @@ def request_fields(done: CompletedRequest) -> dict[str, Any]:
         "dialect": done.dialect,
         "stream": done.stream,
         "worker": done.worker,
+        "dp_rank": done.dp_rank,
         "status": done.status,
         "outcome": done.outcome,
         "cause": done.cause,

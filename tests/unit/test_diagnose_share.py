@@ -39,7 +39,8 @@ def records(draw: st.DrawFn) -> RequestRecord:
         block_hashes=tuple(draw(st.lists(st.integers(0, 2**64 - 1), max_size=20))),
         block_tokens=draw(st.integers(1, 64)), estimated_prompt_tokens=draw(st.integers(0, 10**5)),
         policy=draw(st.sampled_from(["", "ttft", "round_robin"])), text_prompt=draw(st.booleans()),
-        predicted_cached_tokens=draw(maybe_count), cause=draw(st.none() | st.just("upstream_timeout")))
+        predicted_cached_tokens=draw(maybe_count), cause=draw(st.none() | st.just("upstream_timeout")),
+        dp_rank=draw(st.none() | st.integers(0, 1023)))
 
 
 def durations(t: RequestTiming) -> tuple[object, ...]:
@@ -61,8 +62,9 @@ def test_a_record_keeps_its_durations_on_another_clock(r: RequestRecord, age: fl
     assert close(durations(got.timing), durations(r.timing))
     assert got.timing.token_gaps == pytest.approx(r.timing.token_gaps, abs=1e-6)
     assert got.peer == "p1"
-    assert (got.worker, got.outcome, got.cause, got.policy, got.block_hashes, got.block_tokens, got.text_prompt) == (
-        r.worker, r.outcome, r.cause, r.policy, r.block_hashes, r.block_tokens, r.text_prompt)
+    assert (got.worker, got.outcome, got.cause, got.policy, got.block_hashes, got.block_tokens, got.text_prompt,
+            got.dp_rank) == (r.worker, r.outcome, r.cause, r.policy, r.block_hashes, r.block_tokens, r.text_prompt,
+                             r.dp_rank)
     assert (got.prompt_tokens, got.cached_tokens, got.completion_tokens, got.predicted_cached_tokens,
             got.estimated_prompt_tokens) == (r.prompt_tokens, r.cached_tokens, r.completion_tokens,
                                              r.predicted_cached_tokens, r.estimated_prompt_tokens)
@@ -121,6 +123,9 @@ def good(**change: object) -> dict[str, object]:
     (good(policy=["ttft"]), "finished[0].policy"),
     (good(predicted_cached=-1), "finished[0].predicted_cached"),
     (good(hold=-0.5), "finished[0].hold"),
+    (good(dp_rank=-1), "finished[0].dp_rank"),
+    (good(dp_rank=1024), "finished[0].dp_rank"),
+    (good(dp_rank=True), "finished[0].dp_rank"),
 ])
 def test_a_malformed_record_names_its_field(item: object, field: str) -> None:
     with pytest.raises(BadRequest) as e:

@@ -81,6 +81,31 @@ def test_without_reports_the_cache_is_estimated_from_each_workers_own_replay() -
     assert cache_signal(predicted, 10_000).captured == pytest.approx(3 * 64 / 192)
 
 
+def test_a_worker_of_dp_ranks_is_one_cache_per_rank_in_the_estimate() -> None:
+    # One prompt four times on a worker of 2 DP ranks. Unnamed, its controller takes the ranks in
+    # turn: each rank computes the prompt once (2 of 4 hit), whatever the decisions predicted
+    # (they saw the worker as one cache). Named rank 1 every time: 3 of 4 hit, as on one cache.
+    ranks = {"http://w0": 2}
+    unnamed = [dataclasses.replace(record(blocks=chain(1, 4), received=float(i), cached=None),
+                                   predicted_cached_tokens=64 if i else 0) for i in range(4)]
+    c = cache_signal(unnamed, 10_000, dp_sizes=ranks)
+    assert c.estimated and c.captured == pytest.approx(2 * 64 / 256)
+    assert cache_signal(unnamed, 10_000).captured == pytest.approx(3 * 64 / 256)  # one rank: as it was
+    named = [dataclasses.replace(r, dp_rank=1) for r in unnamed]
+    assert cache_signal(named, 10_000, dp_sizes=ranks).captured == pytest.approx(3 * 64 / 256)
+    # Each rank holds its share of the worker's KV: of 64 tokens, 32 (2 of the 4 blocks of 16).
+    assert cache_replay.per_worker_matched_blocks(named, 64) == [0, 4, 4, 4]
+    assert cache_replay.per_worker_matched_blocks(named, 64, dp_sizes=ranks) == [0, 2, 2, 2]
+
+
+def test_the_dp_ranks_of_the_newest_snapshot_shape_the_cache_estimate() -> None:
+    recs = [record(blocks=chain(1, 4), received=float(i), cached=None) for i in range(4)]
+    one = SnapshotSample(0.0, (WorkerSnapshot("http://w0", max_total_tokens=10_000),))
+    two = SnapshotSample(1.0, (WorkerSnapshot("http://w0", max_total_tokens=10_000, dp_size=2),))
+    assert signals.compute_signals(recs, [one], with_shadow=False).cache.captured == pytest.approx(3 / 4)
+    assert signals.compute_signals(recs, [one, two], with_shadow=False).cache.captured == pytest.approx(2 / 4)
+
+
 def test_reports_from_any_worker_turn_the_estimate_off() -> None:
     recs = [record(blocks=chain(1, 4), prompt=64, cached=0), record(blocks=chain(1, 4), prompt=64, cached=48)]
     assert not cache_signal(recs, 10_000).estimated

@@ -60,10 +60,10 @@ class Diagnoser:
         gpus_per_worker: int = 1,
         gpu: NvmlSampler | None = None,
         min_interval_s: float = 2.0,
-        dp_ranks: bool = False,
     ) -> None:
         self.windows = windows
-        self.dp_ranks = dp_ranks  # routing.dp_ranks: whether the proxy names the workers' DP ranks
+        # routing.dp_ranks: whether the proxy names the workers' DP ranks (set by the composition root)
+        self.dp_ranks = False
         self.params = params or RuleParams()
         self._clock = clock
         self._price = price_per_gpu_hour

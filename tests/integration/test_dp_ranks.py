@@ -58,6 +58,9 @@ async def test_requests_sharing_a_head_go_to_one_rank_and_groups_spread_over_the
         async with client.post(f"{base(app)}/generate", json=mine) as r:
             assert r.status == 200
         assert app.pipeline._parts.dp_in_flight == {}  # every request counted on its rank was let go
+        # The diagnosis' records name the rank each went to (its cache model is one cache per rank).
+        recorded = [r.dp_rank for r in app.diagnosis.windows.requests.items()]
+    assert recorded == [b["data_parallel_rank"] for b in bodies]
     ranks = [b["data_parallel_rank"] for b in bodies[:36]]
     per_group = [set(ranks[3 * g:3 * g + 3]) for g in range(12)]
     assert all(len(s) == 1 for s in per_group)  # every group on one rank
@@ -74,6 +77,7 @@ async def test_off_and_for_workers_without_ranks_no_rank_is_named(harness: Harne
         async with client.post(f"{base(app)}/generate", json={"text": "x " * 400}) as r:
             assert r.status == 200
         assert "data_parallel_rank" not in bodies[-1]
+        assert [r.dp_rank for r in app.diagnosis.windows.requests.items()] == [None]
         seen: list[dict[str, Any]] = []
         plain.on("/generate", lambda body: (seen.append(json.loads(body)), GOOD_BODY)[1])
         app2 = await harness.proxy([plain.url], **QUIET, **{"routing.dp_ranks": True})  # dp_size not reported

@@ -20,7 +20,7 @@ capacity and never exceeds the ceiling. The cache model (``routing/prefix_index.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -52,7 +52,7 @@ def replay_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int
 
 def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens: int | None,
                               resets: Mapping[str, Sequence[float]] | None = None,
-                              dp_sizes: Mapping[str, int] | None = None) -> list[int]:
+                              dp_sizes: Mapping[str, int] | None = None, workers: Iterable[str] = ()) -> list[int]:
     """Blocks each record would find in its own worker's cache: one LRU per worker, holding an
     equal share of the fleet's KV, fed only the requests routed there (in order), and emptied at
     each of that worker's ``resets`` (clock times: ``CacheResets.by_worker``).
@@ -61,9 +61,10 @@ def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens:
     share of the worker's KV: a record goes to the rank radixgate named, else to the next rank in
     turn, as SGLang's default controller (round robin) sends a request that names none. Modelled
     as one cache, a worker whose controller spread a prefix's requests over its ranks read 67%
-    captured where its engines had 46% (GPU run 68)."""
-    workers = {r.worker for r in records}
-    share = capacity_tokens // len(workers) if capacity_tokens is not None and workers else None
+    captured where its engines had 46% (GPU run 68). ``workers``: the fleet's workers besides
+    those the records went to (each takes its share of the KV)."""
+    urls = set(workers) | {r.worker for r in records}
+    share = capacity_tokens // len(urls) if capacity_tokens is not None and urls else None
     sizes = dp_sizes or {}
     caches: dict[tuple[str, int], FleetCache] = {}
     turn: dict[str, int] = {}  # each worker's next round-robin rank

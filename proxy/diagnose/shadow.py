@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.diagnose import shadow_ttft
+from proxy.diagnose.cache_replay import per_worker_matched_blocks
 from proxy.diagnose.window import RequestRecord
 from proxy.routing.base import Completion, RouteRequest, WorkerSnapshot
 from proxy.routing.prefix_index import FleetCache
@@ -59,7 +60,10 @@ class Replay:
 
 
 def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
-           policies: Sequence[str] = SHADOW_POLICIES) -> Replay:
+           policies: Sequence[str] = SHADOW_POLICIES, dp_sizes: Mapping[str, int] | None = None) -> Replay:
+    """``dp_sizes``: workers of several DP ranks, a cache per rank where the window's own
+    placements are modelled (``cache_replay.per_worker_matched_blocks``); the policies' replays
+    keep a cache per worker (a prefix placed by radixgate stays on one rank, routing.dp_ranks)."""
     window = sorted((r for r in records if r.ok and r.block_hashes and r.timing.dispatched is not None
                      and r.estimated_prompt_tokens > 0), key=lambda r: r.order_key)[-MAX_REQUESTS:]
     urls = sorted(set(workers) | {r.worker for r in window})
@@ -67,7 +71,7 @@ def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_to
         return Replay()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
     runs = [_one(name, window, urls, share) for name in policies]
-    own = _as_placed(window, urls, share)
+    own = _as_placed(window, urls, capacity_tokens, dp_sizes)
     timed = [(p, t) for p, r in zip(own, window, strict=True) if (t := r.timing.upstream_ttft) is not None]
     model = shadow_ttft.fit([p for p, _ in timed], [t for _, t in timed])
     if model is None:
@@ -83,12 +87,12 @@ def _decode_s(r: RequestRecord) -> float:
     return max(0.0, t.done - t.first_token) if t.done is not None and t.first_token is not None else 0.0
 
 
-def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], share: int | None) -> list[shadow_ttft.Placed]:
-    """The window's own placements, each with the cache the per-worker model gives it."""
-    caches = {u: FleetCache(share) for u in urls}
+def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], capacity_tokens: int | None,
+               dp_sizes: Mapping[str, int] | None) -> list[shadow_ttft.Placed]:
+    """The window's own placements, each with the cache the per-worker (per-rank) model gives it."""
     out = []
-    for r in window:
-        matched = caches[r.worker].add(r.block_hashes, r.block_tokens)
+    for r, matched in zip(window, per_worker_matched_blocks(window, capacity_tokens, dp_sizes=dp_sizes, workers=urls),
+                          strict=True):
         cached = min(r.estimated_prompt_tokens, prefix_tokens(matched, r.block_tokens))
         out.append(shadow_ttft.Placed(r.order_key, r.worker, float(r.estimated_prompt_tokens - cached), _decode_s(r)))
     return out

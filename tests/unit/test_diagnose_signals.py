@@ -6,6 +6,7 @@ import pytest
 
 from proxy.diagnose import cache_replay, signals
 from proxy.diagnose.cache_replay import cache_signal, replay_matched_blocks
+from proxy.diagnose.shadow import _as_placed
 from proxy.diagnose.signals import Distribution
 from proxy.diagnose.window import SnapshotSample
 from proxy.routing.base import WorkerSnapshot
@@ -96,6 +97,15 @@ def test_a_worker_of_dp_ranks_is_one_cache_per_rank_in_the_estimate() -> None:
     # Each rank holds its share of the worker's KV: of 64 tokens, 32 (2 of the 4 blocks of 16).
     assert cache_replay.per_worker_matched_blocks(named, 64) == [0, 4, 4, 4]
     assert cache_replay.per_worker_matched_blocks(named, 64, dp_sizes=ranks) == [0, 2, 2, 2]
+
+
+def test_the_shadow_models_the_windows_own_placements_with_a_cache_per_rank() -> None:
+    # The TTFT model is fitted on the window's placements as they were: on a worker of 2 ranks
+    # that named none, the prompt is computed once per rank, not once.
+    recs = [record(blocks=chain(1, 4), received=float(i), cached=None) for i in range(4)]
+    one = [p.uncached for p in _as_placed(recs, ["http://w0"], 10_000, None)]
+    two = [p.uncached for p in _as_placed(recs, ["http://w0"], 10_000, {"http://w0": 2})]
+    assert (one, two) == ([64.0, 0.0, 0.0, 0.0], [64.0, 64.0, 0.0, 0.0])
 
 
 def test_the_dp_ranks_of_the_newest_snapshot_shape_the_cache_estimate() -> None:

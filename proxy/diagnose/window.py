@@ -61,8 +61,8 @@ class RequestRecord:
     # To find its log line and spans (GET /diagnosis/tail); not shared with peers.
     rid: str = ""
     trace_id: str | None = None
-    # The DP rank of ``worker`` radixgate named (routing.dp_ranks); None: one rank, or the worker's
-    # own controller chose.
+    # The DP rank of ``worker`` the request named (radixgate's choice or its caller's, with
+    # routing.dp_ranks on); None: one rank, or the worker's own controller chose.
     dp_rank: int | None = None
 
     @classmethod

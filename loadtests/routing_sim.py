@@ -46,7 +46,7 @@ from proxy.clock import ManualClock
 from proxy.loadgen.workloads import RequestSpec
 from proxy.request import Dialect, GenerateRequest
 from proxy.routing.base import Completion, Decision, FirstToken, Policy, RouteRequest, WorkerSnapshot
-from proxy.routing.dp_rank import RankBook, affinity_key, choose_rank
+from proxy.routing.dp_rank import RankBook, affinity_key
 from proxy.routing.kv_index import EngineBlocks, Match
 from proxy.routing.prefix_key import build_route_request, prefix_tokens, uncached_tokens
 from proxy.routing.registry import build_named
@@ -267,13 +267,8 @@ def simulate(
         if not dp_ranks:  # the worker's controller: round robin
             turns[url] += 1
             return ranks[(turns[url] - 1) % len(ranks)]
-        key = affinity_key(route)
-        placed = books[replica].get(url, key, len(ranks))
         loads = [rank_in_flight[replica][r.url] for r in ranks]
-        rank = choose_rank(key, len(ranks), loads, None, placed)
-        if placed is None:
-            books[replica].put(url, key, rank)
-        return ranks[rank]
+        return ranks[books[replica].place(url, affinity_key(route), len(ranks), loads)]
     views: dict[str, _EventsView] = {}
     if kv_events:
         for w in fleet:  # (dp 1: an engine is its worker)

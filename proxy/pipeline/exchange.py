@@ -39,7 +39,7 @@ from proxy.routing.base import (
     RouteRequest,
     WorkerSnapshot,
 )
-from proxy.routing.dp_rank import CALLER_FIELDS, affinity_key, choose_rank
+from proxy.routing.dp_rank import CALLER_FIELDS, affinity_key
 from proxy.routing.dp_rank import FIELD as DP_FIELD
 from proxy.routing.prefix_key import block_tokens_for, build_route_request
 from proxy.sse import ErrorEvent, EventDecoder, FinalMeta, TextDelta, first_token_counts
@@ -248,10 +248,7 @@ class Exchange:
             kv = next((s.kv for s in snaps if s.url == worker), None)
             matched = kv.rank_matches(self.route.prompt_ids) if kv is not None and self.route.prompt_ids \
                 and not self.route.cache_scoped else None
-            placed = p.rank_book.get(worker, key, n)
-            rank = choose_rank(key, n, loads, matched, placed)
-            if placed is None:
-                p.rank_book.put(worker, key, rank)
+            rank = p.rank_book.place(worker, key, n, loads, matched)
         self._rank, self.dp_rank = (worker, rank), rank
         ours[self._rank] = ours.get(self._rank, 0) + 1
         return target if field is not None else dataclasses.replace(target, body=with_field(target.body, DP_FIELD, rank))

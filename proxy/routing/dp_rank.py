@@ -99,6 +99,16 @@ class RankBook:
         self._book.move_to_end((worker, key))
         return rank
 
+    def place(self, worker: str, key: int | None, ranks: int, outstanding: Sequence[int] | None = None,
+              matched: Sequence[int] | None = None) -> int:
+        """``choose_rank`` for ``key`` on ``worker``, given where it was placed before; a key not
+        placed yet is booked where it goes."""
+        placed = self.get(worker, key, ranks)
+        rank = choose_rank(key, ranks, outstanding, matched, placed)
+        if placed is None:
+            self.put(worker, key, rank)
+        return rank
+
     def put(self, worker: str, key: int | None, rank: int) -> None:
         if key is None:
             return

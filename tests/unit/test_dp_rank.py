@@ -74,6 +74,17 @@ def test_the_rank_book_remembers_per_worker_and_forgets_the_least_recent_past_it
     assert book.get("a", 2, 4) == 1
 
 
+def test_the_book_places_a_new_head_by_load_and_keeps_its_followers_there() -> None:
+    book, key = RankBook(), 777
+    loads = [3, 3, 3, 3]
+    loads[choose_rank(key, 4)] = 5
+    first = book.place("w", key, 4, loads)
+    assert loads[first] == 3 and book.get("w", key, 4) == first  # booked where it went
+    assert book.place("w", key, 4, [0, 0, 0, 0]) == first  # a follower: not re-placed by load
+    book.put("v", key, 3)
+    assert book.place("v", key, 2, [9, 0]) == 1 and book.get("v", key, 4) == 1  # fewer ranks now: placed anew
+
+
 def test_the_scrape_reads_ranks_and_their_loads() -> None:
     loads = {"loads": [{"dp_rank": i, "num_running_reqs": r, "num_waiting_reqs": w}
                        for i, (r, w) in enumerate([(3, 1), (0, 0), (5, 2), (1, 0)])]}

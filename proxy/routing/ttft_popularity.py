@@ -25,7 +25,7 @@ router placed anew, ``loadtests/results/gpu-fleet-popularity-{1,2,3}``), pooled 
 the rule without it and smg 1.13.0: text at 4.5/s 1,648 against 2,215 and 2,302 ms (every round
 under every smg round), token ids at 6/s 3,616 against 3,522 and 3,064, text with full reports at
 6/s 3,087 against 3,524 and 3,320: better at the knee, even past it, as the simulator said. On
-by default since. Tried off again on four new token-id traces where the simulator had turned to
+by default since. Tried off again on new token-id traces where the simulator had turned to
 favour off (run 72, ``gpu-fleet-popularity-5``): off / on 0.86x, 1.07x, 1.08x, so it stays on.
 
 Cost: O(1) per request (counts kept in inflated units with one shared scale, so decay touches

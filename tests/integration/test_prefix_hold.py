@@ -209,7 +209,11 @@ async def test_a_peer_that_never_reports_its_first_token_is_waited_for_once(
 async def test_over_grpc_the_hold_is_a_stage_of_the_final_message(
         harness: Harness, client: aiohttp.ClientSession) -> None:
     fleet = await harness.fleet([SimConfig(time_scale=1.0, enable_metrics=True, enable_cache_report=True)])
-    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0, "server.grpc_port": -1})
+    # As in the HTTP follower test: a prior of half the simulated prefill rate, so the hold's worth
+    # clears A's first token (at the default prior it timed out before it once in CI: 0.166 s held,
+    # B batched with A); and each request sent once the one before it is routed, not after a sleep.
+    app = await harness.proxy(fleet.urls, **{"routing.policy": "ttft", "routing.hold_max_s": 1.0, "server.grpc_port": -1,
+                                             "routing.params": {"prior_prefill_tokens_per_s": 6_000.0}})
     rng = random.Random(7)
     prefix = words(rng, PREFIX)
 
@@ -225,9 +229,9 @@ async def test_over_grpc_the_hold_is_a_stage_of_the_final_message(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
         stub = pb_grpc.GenerationStub(channel)
         c = asyncio.create_task(generate(stub, words(rng, 8000)))
-        await asyncio.sleep(0.02)
+        await routed(client, app, 1)
         a = asyncio.create_task(generate(stub, f"{prefix} {words(rng, 20)}"))
-        await asyncio.sleep(0.01)
+        await routed(client, app, 2)
         b = await generate(stub, f"{prefix} {words(rng, 20)}")
         first, _ = await a, await c
     assert first.cached_tokens < PREFIX <= b.cached_tokens

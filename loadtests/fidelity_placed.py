@@ -133,6 +133,11 @@ def placed_phases(results: Path) -> list[Placed]:
     return out
 
 
+def engine_count(cell: dict[str, Any]) -> int:
+    """The GPU engines behind a cell's workers: more than the workers where each is DP ranks."""
+    return int(cell.get("dp_engines", cell["workers"]))
+
+
 def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any, list[list[int]]],
              into: list[tuple[int, SimRequest]] | None = None,
              steps_into: list[tuple[int, float, int]] | None = None,
@@ -151,7 +156,7 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
     order = sorted(range(len(p.at)), key=lambda k: p.at[k])
     config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
-                  cell["workers"], shape.output_tokens, profile, config,
+                  engine_count(cell), shape.output_tokens, profile, config,
                   float(argv_value(argv, "--drain-s", "20")), into=into, steps_into=steps_into,
                   batches_into=batches_into)
 
@@ -363,7 +368,7 @@ def regress(results: Sequence[Path], profile: perf.Profile, min_rate: float) -> 
         phase_sim = _sim_rows(got, base)
         real.extend(phase_real)
         sim.extend(phase_sim)
-        if p.cell["workers"] > 1:
+        if engine_count(p.cell) > 1:
             tokens = Shape(**p.cell["shape"]).output_tokens
             for name, rows in (("real", phase_real), ("sim", phase_sim)):
                 fx, fy = _itl_features(rows, tokens)
@@ -447,7 +452,7 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
             into: list[tuple[int, SimRequest]] = []
             sim_steps: list[tuple[int, float, int]] = []
             simulate(p, profile, encoder, cache, into=into, steps_into=sim_steps)
-            per_engine: list[list[tuple[float, int]]] = [[] for _ in range(p.cell["workers"])]
+            per_engine: list[list[tuple[float, int]]] = [[] for _ in range(engine_count(p.cell))]
             for e, t, n in sim_steps:
                 per_engine[e].append((t, n))
             got["sim"] += _step_rows(per_engine, _sim_rows(into))

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m loadtests.fidelity_placed --results loadtests/results/gpu-fleet-replicas-2 [--set F=V]
     .venv/bin/python -m loadtests.fidelity_placed --engines --phase 2805 --results loadtests/results/gpu-fleet-default-2
+    .venv/bin/python -m loadtests.fidelity_placed --grid seq_overhead_s=0.001,0.002 --grid gpu_exclusive_host=0.15,0.27 --results DIR...
 
 ``loadtests/fidelity.py`` replays the phases whose placement the trace alone fixes (the oracle, one
 engine alone). A routed phase's placement is in its ``engines.jsonl`` (each engine's requests with
@@ -215,6 +216,37 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     mean = sum(logs) / len(logs) if logs else math.nan
     return (f"profile {profile.name}: {within} of {rounds} rounds within ±30%, mean |log(sim / real)| of TTFT p50 "
             f"and p95 {mean:.3f}\n{tail_bands(tails)}\n" + "\n".join(lines))
+
+
+def grid(results: Sequence[Path], profile: perf.Profile, axes: Sequence[str]) -> str:
+    """One line per combination of ``FIELD=V1,V2`` settings: the fleet's rounds (one engine alone
+    left out: its machine's host judges it) within ±30%, their mean |log(sim / real)| and the tail
+    (``tail_bands``). Phases and prompts are read once for every combination."""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    phases = [p for path in results for p in placed_phases(path) if not p.router.startswith("direct")]
+    names, values = zip(*((a.partition("=")[0], a.partition("=")[2].split(",")) for a in axes), strict=True)
+    lines = []
+    for combo in itertools.product(*values):
+        settings = [f"{n}={v}" for n, v in zip(names, combo, strict=True)]
+        cand = perf.overridden(profile, settings)
+        within, logs, tails = 0, [], []
+        for p in phases:
+            sim = simulate(p, cand, encoder, cache)
+            ok = True
+            for q, key in ((0.5, "ttft_p50"), (0.95, "ttft_p95")):
+                r, s = pct(p.ttft, q), sim[key]
+                ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
+                ok &= abs(ratio - 1) <= TOLERANCE
+                if math.isfinite(ratio) and ratio > 0:
+                    logs.append(abs(math.log(ratio)))
+            tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
+            within += ok
+        mean = sum(logs) / len(logs) if logs else math.nan
+        lines.append(f"{' '.join(settings)}: {within} of {len(phases)} within ±30%, mean |log| {mean:.3f}; "
+                     + tail_bands(tails))
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 def per_engine(results: Sequence[Path], profile: perf.Profile, phase: int | None = None) -> str:
@@ -513,6 +545,8 @@ def main() -> None:
     p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE,
                    help="the simulated engines (figures dated before 2026-12-04: h200-transformers-7b-slices; before 2026-12-03 night: h200-transformers-7b)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="sweep: one summary line per combination, the fleet's rounds only (repeatable)")
     p.add_argument("--regress", type=float, metavar="MIN_RATE", default=None,
                    help="fit one linear TTFT model on the real and on the simulated requests of phases at this rate or more")
     p.add_argument("--engines", action="store_true",
@@ -528,6 +562,9 @@ def main() -> None:
         print(repeatability(a.results))
         return
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)
+    if a.grid:
+        grid(a.results, profile, a.grid)  # prints as it goes
+        return
     if a.steps:
         print(steps_report(a.results, profile))
         return

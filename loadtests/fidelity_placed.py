@@ -187,28 +187,39 @@ def tail_bands(pairs: Sequence[tuple[float, float]]) -> str:
     return "tail, by the GPU's TTFT p95: " + "; ".join(parts) + f"; log-log slope {slope:.2f}"
 
 
+def alone(p: Placed) -> bool:
+    """A round of one engine alone: judged by its machine's host (``fit_steps``), not the fleet's."""
+    return p.router.startswith("direct")
+
+
+def judge(p: Placed, sim: dict[str, float], logs: list[float]) -> tuple[bool, list[str]]:
+    """Whether the round's TTFT p50 and p95 are both within ±30%, and the table's columns (real /
+    sim / ratio); each finite |log(sim / real)| is appended to ``logs``."""
+    ok, cols = True, []
+    for q, key in ((0.5, "ttft_p50"), (0.95, "ttft_p95")):
+        r, s = pct(p.ttft, q), sim[key]
+        ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
+        cols.append(f"{r:.3f} / {s:.3f} / {ratio:.2f}")
+        ok &= abs(ratio - 1) <= TOLERANCE
+        if math.isfinite(ratio) and ratio > 0:
+            logs.append(abs(math.log(ratio)))
+    return ok, cols
+
+
 def report(results: Sequence[Path], profile: perf.Profile) -> str:
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     lines = ["| run | router | rate /s | prompts | engine TTFT p50 real / sim / ratio | p95 real / sim / ratio "
              "| reuse real / sim | verdict |", "|---|---|---|---|---|---|---|---|"]
-    logs = []
+    logs: list[float] = []
     tails: list[tuple[float, float]] = []  # (real, sim) TTFT p95 of the routed rounds
     within = rounds = 0
     for path in results:
         for p in placed_phases(path):
             sim = simulate(p, profile, encoder, cache)
-            real = {"ttft_p50": pct(p.ttft, 0.5), "ttft_p95": pct(p.ttft, 0.95)}
-            if not p.router.startswith("direct"):  # one engine alone is judged by its machine's host
-                tails.append((real["ttft_p95"], sim["ttft_p95"]))
-            cols, ok = [], True
-            for key in ("ttft_p50", "ttft_p95"):
-                r, s = real[key], sim[key]
-                ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
-                cols.append(f"{r:.3f} / {s:.3f} / {ratio:.2f}")
-                ok &= abs(ratio - 1) <= TOLERANCE
-                if math.isfinite(ratio) and ratio > 0:
-                    logs.append(abs(math.log(ratio)))
+            ok, cols = judge(p, sim, logs)
+            if not alone(p):
+                tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
             lines.append(f"| {path.name} | {p.router} | {p.rate:g} | {p.cell['prompts']} | " + " | ".join(cols)
                          + f" | {p.reuse:.0%} / {sim['reuse']:.0%} | {'within ±30%' if ok else 'MISS'} |")
             rounds += 1
@@ -224,7 +235,7 @@ def grid(results: Sequence[Path], profile: perf.Profile, axes: Sequence[str]) ->
     (``tail_bands``). Phases and prompts are read once for every combination."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
-    phases = [p for path in results for p in placed_phases(path) if not p.router.startswith("direct")]
+    phases = [p for path in results for p in placed_phases(path) if not alone(p)]
     names, values = zip(*((a.partition("=")[0], a.partition("=")[2].split(",")) for a in axes), strict=True)
     lines = []
     for combo in itertools.product(*values):
@@ -233,13 +244,7 @@ def grid(results: Sequence[Path], profile: perf.Profile, axes: Sequence[str]) ->
         within, logs, tails = 0, [], []
         for p in phases:
             sim = simulate(p, cand, encoder, cache)
-            ok = True
-            for q, key in ((0.5, "ttft_p50"), (0.95, "ttft_p95")):
-                r, s = pct(p.ttft, q), sim[key]
-                ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
-                ok &= abs(ratio - 1) <= TOLERANCE
-                if math.isfinite(ratio) and ratio > 0:
-                    logs.append(abs(math.log(ratio)))
+            ok, _ = judge(p, sim, logs)
             tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
             within += ok
         mean = sum(logs) / len(logs) if logs else math.nan

@@ -78,6 +78,7 @@ class Outcome:
     est_prompt_tokens: int = 0
     branch: str = ""
     held_s: float = 0.0  # held at the proxy for a prefix being prefilled (Decision.after)
+    index: int = -1  # its place in the trace (outcomes are listed as submitted: holds reorder them)
 
 
 class VirtualWorker:
@@ -369,7 +370,7 @@ def simulate(
         predicted = (decision.matched_tokens if decision.matched_tokens is not None
                      else min(prefix_tokens(decision.matched_blocks, route.block_tokens), route.prompt_tokens))
         outcome = Outcome(spec.group, arrival, url, branch=decision.branch, held_s=now - arrival,
-                          predicted=predicted, est_prompt_tokens=route.prompt_tokens)
+                          predicted=predicted, est_prompt_tokens=route.prompt_tokens, index=i)
         outcomes.append(outcome)
         live[req.rid] = (outcome, route, replica, req)
         in_flight[replica][url] += 1

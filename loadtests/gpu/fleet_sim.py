@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from loadtests.fidelity import TOLERANCE, _phase_of
 from loadtests.gpu.fleet import (
@@ -52,6 +54,11 @@ from proxy.sim.tokenizer import Encoder
 # and an idle worker taking the oldest request queued for another after ``steal_after_s``
 # (``routing_sim.simulate``); ``ttft/worker_tokens=60000/steal_after_s=3``.
 SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s")
+
+# ``--spread``: how far each arrival may move (s). A real client's send times wander by about
+# this much (event-loop and network jitter), and at 6/s it is enough to change which engine a
+# burst lands on: the simulator then gives one trace a spread of tails, as the GPU's rounds do.
+JITTER_S = 0.002
 
 
 def sim_only(spec: str) -> tuple[str, dict[str, float]]:
@@ -96,7 +103,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
          chat: bool = False, profile: str = PROFILE, own_gpus: bool = False,
-         dp: int = 1) -> tuple[list[Outcome], list[VirtualWorker]]:
+         dp: int = 1, jitter: tuple[float, int] | None = None,
+         profile_set: Sequence[str] = ()) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -106,7 +114,10 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     fresh engines' (a round's flush, told to the proxies as ``fleet.py`` tells them since run 28);
     ``own_gpus``: each engine on a GPU of its own (the fleet ``nvidia-h200-x4`` would run), not
     the four on one; ``dp``: the engines as workers of that many data-parallel ranks each
-    (``run_fleet.sh`` DP=: ``workers`` engines in ``workers / dp`` workers)."""
+    (``run_fleet.sh`` DP=: ``workers`` engines in ``workers / dp`` workers); ``jitter`` (seconds,
+    seed): each arrival moved by up to that much either way, as a real client's send times wander
+    (the groups and texts stay the trace's; see ``spread``); ``profile_set``: FIELD=VALUE
+    settings of the engines' profile (``perf.overridden``)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -114,6 +125,10 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                                                                 {"role": "user", "content": q}])
              if chat else RequestSpec(f"g{g}", shape.output_tokens, text=s + "\n\n" + q)
              for (s, q), (_, g) in zip(phase_texts(arrivals, shape, phase), arrivals, strict=True)]
+    if jitter is not None:  # each request keeps its text; two within the jitter may swap places
+        rng = random.Random(jitter[1])
+        moved = sorted(((max(0.0, t + rng.uniform(-jitter[0], jitter[0])), k) for k, (t, _) in enumerate(arrivals)))
+        arrivals, specs = [(t, arrivals[k][1]) for t, k in moved], [specs[k] for _, k in moved]
     router, what_if = sim_only(router)
     section = routing_section(router, TOKENIZER)  # the same spec keys as fleet.py's
     name, params = section.pop("policy"), section.pop("params")
@@ -134,7 +149,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
-    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64,
+                       profile_set=tuple(profile_set))
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
@@ -165,6 +181,40 @@ def forget(policies: Sequence[Policy], what: str) -> None:
 AS_SIMULATED = {"smg": "cache_aware/gate=mean", "sglang-router": "cache_aware"}
 
 
+def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]]:
+    """(cell label, router, rate, the router's first-round GPU summary) of every router phase of
+    a GPU run's shared-prefix cells (its ``summary.jsonl``; ``--repeat`` rounds share a trace),
+    the cell's record as ``_cell`` in the summary."""
+    if not (results / "summary.jsonl").exists():
+        return  # a run that came back without its summary
+    for line in (results / "summary.jsonl").read_text().splitlines():
+        c = json.loads(line)
+        if c["shape"]["workload"] != "shared":
+            continue
+        for rate in c["rates"]:
+            label = f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s"
+            for r in c["routers"]:
+                got = c["summary"].get(r, {}).get(f"{rate:g}")
+                if got is not None and r != "direct0":
+                    yield label, r, rate, {**got, "_cell": c}
+
+
+def phase_p95s(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
+               jitters: Sequence[tuple[float, int] | None] = (None,)) -> list[float]:
+    """The TTFT p95 (s) of ``router``'s first-round phase of GPU cell ``c`` replayed in virtual time
+    on its own trace and prompt text by the policy spec ``as_router``, once per entry of
+    ``jitters`` (``cell``'s)."""
+    shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
+    key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, router, rate))
+    out = []
+    for jitter in jitters:
+        outs, _ = cell(as_router, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
+                       c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
+                       chat=c["prompts"] == "chat", profile=profile, jitter=jitter)
+        out.append(pct([o.first - o.arrival if o.first is not None else math.inf for o in outs], 0.95))
+    return out
+
+
 def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
                  as_simulated: dict[str, str] | None = None) -> list[tuple[str, dict[str, tuple[float, float]]]]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
@@ -172,30 +222,62 @@ def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
     in seconds (smg and sglang-router as ``as_simulated``, default ``AS_SIMULATED``, has them).
     The first phase of each router only (``--repeat`` rounds share a trace)."""
     stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
-    out: list[tuple[str, dict[str, tuple[float, float]]]] = []
-    if not (results / "summary.jsonl").exists():
-        return out  # a run that came back without its summary
-    for line in (results / "summary.jsonl").read_text().splitlines():
-        c = json.loads(line)
-        if c["shape"]["workload"] != "shared":
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    for label, r, rate, got in gpu_phases(results):
+        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r))[0]
+        rows.setdefault(label, {})[r] = (got["ttft_p95"], sim)
+    return list(rows.items())
+
+
+def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITTER_S, profile: str = PROFILE,
+                 as_simulated: dict[str, str] | None = None) -> list[tuple[str, dict[str, tuple[float, list[float]]]]]:
+    """As ``replay_cells``, each phase ``k`` times, each with its arrivals moved by up to
+    ``jitter_s`` (seeds 0..k-1, the same for every router of a cell): the simulator's spread for
+    that trace. One GPU phase is one draw of the same kind, so it should fall inside the ``k``
+    simulated p95s about as often as a new draw would: (k - 1) / (k + 1)."""
+    stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
+    jitters = [(jitter_s, seed) for seed in range(k)]
+    rows: dict[str, dict[str, tuple[float, list[float]]]] = {}
+    for label, r, rate, got in gpu_phases(results):
+        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), jitters)
+        # the GPU's first round (its proxies fresh, as the simulated ones): one draw, not a pool
+        rows.setdefault(label, {})[r] = ((got.get("p95_repeats") or [got["ttft_p95"]])[0], sims)
+    return list(rows.items())
+
+
+def spread_tally(rows: Sequence[tuple[str, dict[str, tuple[float, list[float]]]]], router: str = "ttft",
+                 peer: str = "smg") -> str:
+    """How the simulator's spread holds the GPU: per router, the phases whose GPU p95 lies within
+    the simulated range (against the share a new draw would, (k - 1) / (k + 1)) and the range's
+    width; for ``router`` against ``peer``, the simulator's odds that ``router`` is faster (its
+    draws paired by jitter seed) against what the GPU's one round showed, as a Brier score (a
+    coin scores 0.25) and the cells where those odds were 3 to 1 or longer."""
+    parts = []
+    for name in (peer, router):
+        got = [cells[name] for _, cells in rows if name in cells]
+        got = [(g, [x for x in sims if math.isfinite(x)]) for g, sims in got if math.isfinite(g)]
+        got = [(g, sims) for g, sims in got if len(sims) > 1]
+        if not got:
             continue
-        shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
-        for rate in c["rates"]:
-            row: dict[str, tuple[float, float]] = {}
-            for r in c["routers"]:
-                got = c["summary"].get(r, {}).get(f"{rate:g}")
-                if got is None or r == "direct0":
-                    continue
-                key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, r, rate))
-                outs, _ = cell(stand_ins.get(r, r), rate, shape, c["seed"], key,
-                               float(argv_value(c["argv"], "--phase-s", "30")), c["workers"], encoder,
-                               c["reports"] == "minimal", ids=c["prompts"] == "ids", chat=c["prompts"] == "chat",
-                               profile=profile)
-                ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outs]
-                row[r] = (got["ttft_p95"], pct(ttft, 0.95))
-            if row:
-                out.append((f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s", row))
-    return out
+        k = len(got[0][1])
+        inside = sum(1 for g, sims in got if min(sims) <= g <= max(sims))
+        width = math.exp(sum(math.log(max(sims) / min(sims)) for _, sims in got) / len(got))
+        parts.append(f"{name}: GPU inside the simulated range in {inside} of {len(got)} "
+                     f"(a new draw {(k - 1) / (k + 1):.0%}), range max / min {width:.2f}x")
+    pairs = [(cells[router], cells[peer]) for _, cells in rows if router in cells and peer in cells]
+    odds = []
+    for (g_r, s_r), (g_p, s_p) in pairs:
+        if not (math.isfinite(g_r) and math.isfinite(g_p)) or g_r == g_p:
+            continue
+        p_win = sum(1 for a, b in zip(s_r, s_p, strict=True) if a < b) / len(s_r)
+        odds.append((p_win, g_r < g_p))
+    if odds:
+        brier = sum((p - won) ** 2 for p, won in odds) / len(odds)
+        sure = [(p, won) for p, won in odds if p >= 0.75 or p <= 0.25]
+        right = sum(1 for p, won in sure if (p >= 0.75) == won)
+        parts.append(f"{router} faster than {peer}: Brier {brier:.3f} over {len(odds)} cells (a coin 0.250); "
+                     f"odds 3:1 or longer in {len(sure)}, the GPU's round agreed in {right}")
+    return "; ".join(parts)
 
 
 def cells_tally(rows: Sequence[tuple[str, dict[str, tuple[float, float]]]], router: str = "ttft",
@@ -234,6 +316,12 @@ def main() -> None:
     p.add_argument("--smg-as", metavar="SPEC",
                    help="--cells: the policy spec standing for smg (default: cache_aware/gate=mean; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
+    p.add_argument("--spread", type=int, default=0, metavar="K",
+                   help="each phase K times more, arrivals moved by up to --jitter-s (seeds 0..K-1): the "
+                        "simulated range of the p95; --cells: whether the GPU's first round lies in it")
+    p.add_argument("--jitter-s", type=float, default=JITTER_S)
+    p.add_argument("--save", type=Path, metavar="JSONL",
+                   help="--cells --spread: also write each cell's GPU p95 and simulated draws (s), one line a cell")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
     p.add_argument("--profile", default=PROFILE, help="the simulated engines' performance profile (proxy.sim.perf)")
     p.add_argument("--rates", default="3,4.5")
@@ -271,6 +359,19 @@ def main() -> None:
     encoder = Encoder(str(TOKENIZER))
     if a.cells:
         stand_ins = {**AS_SIMULATED, "smg": a.smg_as} if a.smg_as else AS_SIMULATED
+        if a.spread > 1:
+            spread_rows = []
+            for results in a.cells:
+                for label, spread in spread_cells(results, encoder, a.spread, a.jitter_s, a.profile, stand_ins):
+                    spread_rows.append((label, spread))
+                    if a.save:
+                        with a.save.open("a") as f:
+                            f.write(json.dumps({"cell": label, "routers": spread}) + "\n")
+                    print(f"{label}: " + " | ".join(
+                        f"{r} {g * 1e3:,.0f} / {min(s) * 1e3:,.0f}-{statistics.median(s) * 1e3:,.0f}-{max(s) * 1e3:,.0f}"
+                        for r, (g, s) in spread.items()), flush=True)
+            print(spread_tally(spread_rows))
+            return
         rows = []
         for results in a.cells:
             for label, cells in replay_cells(results, encoder, a.profile, stand_ins):
@@ -288,6 +389,7 @@ def main() -> None:
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
     p95s: dict[str, list[float]] = {}  # router -> each phase's (last round's) TTFT p95
+    spreads: dict[str, list[float]] = {}  # router -> --spread's jittered draws, every phase's
     start = 0.0
     for r, rate in enumerate(float(x) for x in a.rates.split(",")):
         order = names[r % len(names):] + names[: r % len(names)] if a.whole_cell else names
@@ -321,11 +423,23 @@ def main() -> None:
                     reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
                     rounds.append(f"{pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
                 p95s.setdefault(router, []).append(pct(ttft, 0.95))
+                if a.spread > 1 and not carry and a.rounds == 1:  # the same phase, its arrivals moved
+                    draws = [pct([o.first - o.arrival if o.first is not None else math.inf for o in cell(
+                        router, rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
+                        ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
+                        dp=a.dp, jitter=(a.jitter_s, j))[0]], 0.95) for j in range(a.spread)]
+                    spreads.setdefault(router, []).extend(draws)
+                    rounds.append(f"jittered {min(draws) * 1e3:,.0f}-{max(draws) * 1e3:,.0f}")
                 row.append(f"{router} " + "; ".join(rounds))
             print(f"{rate:g}/s seed {seed}: " + " | ".join(row), flush=True)
     if len(p95s.get(names[0], ())) > 1:
         print(f"TTFT p95 against {names[0]}, geometric mean over its phases: " + ", ".join(
             f"{r} {geomean_ratio(p95s[r], p95s[names[0]]):.3f}x" for r in names[1:]))
+    if spreads.get(names[0]):  # paired by phase and jitter seed
+        base = spreads[names[0]]
+        print(f"--spread {a.spread}: the share of jittered draws where {names[0]}'s p95 is under the other's: "
+              + ", ".join(f"{r} {sum(1 for x, y in zip(base, spreads[r], strict=True) if x < y) / len(base):.0%}"
+                          for r in names[1:]))
 
 
 def geomean_ratio(values: Sequence[float], base: Sequence[float]) -> float:

@@ -218,3 +218,22 @@ def test_workers_of_dp_ranks_lose_reuse_between_their_ranks_unless_the_proxy_nam
     assert [e.url for e in engines] == ["http://w0/dp0", "http://w0/dp1", "http://w1/dp0", "http://w1/dp1"]
     assert all(e.requests > 0 for e in engines)  # round robin reaches every rank
     assert pinned > spread + 0.1
+
+
+def test_jittered_arrivals_move_within_the_jitter_and_keep_each_request_its_group_and_index() -> None:
+    common = dict(rate=6.0, shape=Shape(groups=8), seed=3, phase=7, phase_s=6.0, workers=4,
+                  encoder=Encoder(str(TOKENIZER)), minimal=True)
+    plain, _ = fleet_sim.cell("oracle", **common)  # type: ignore[arg-type]
+    moved, _ = fleet_sim.cell("oracle", jitter=(0.05, 2), **common)  # type: ignore[arg-type]
+    assert len(moved) == len(plain) > 20
+    plain_sorted = sorted(plain, key=lambda o: o.arrival)
+    moved_sorted = sorted(moved, key=lambda o: o.arrival)
+    # the same multiset of groups, each arrival within 50 ms of a plain one of its group
+    assert sorted(o.group for o in plain) == sorted(o.group for o in moved)
+    for o in moved:
+        assert any(p.group == o.group and abs(p.arrival - o.arrival) <= 0.05 + 1e-9 for p in plain)
+    assert [o.arrival for o in plain_sorted] != [o.arrival for o in moved_sorted]
+    # the outcomes name their place in the (moved) trace, as fidelity_routing pairs them by it
+    assert sorted(o.index for o in moved) == list(range(len(moved)))
+    again, _ = fleet_sim.cell("oracle", jitter=(0.05, 2), **common)  # type: ignore[arg-type]
+    assert [(o.arrival, o.first) for o in again] == [(o.arrival, o.first) for o in moved]  # seeded

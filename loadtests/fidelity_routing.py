@@ -6,7 +6,7 @@
 each request where the GPU's router really sent it, so the engine model alone is judged. This
 puts the two together, per routed GPU phase whose proxies started fresh (each router's first
 round: later rounds carry what the proxies learned): the same router runs again in the routing
-simulator on the same trace and prompt text (``fleet_sim.cell``), and
+simulator on the same trace and prompt text (``fleet_sim.replay_phase``), and
 
 - **agree**: the share of requests the simulator sent to the same engine as the GPU's router,
   under the relabelling of the engines that matches best (engine numbers mean nothing: which
@@ -36,9 +36,9 @@ from typing import Any
 from loadtests.fidelity import TOLERANCE, _phase_of
 from loadtests.fidelity_placed import Placed, engine_count, placed_phases
 from loadtests.fidelity_placed import simulate as replay_placed
-from loadtests.gpu.fleet import TOKENIZER, Shape, text_key
-from loadtests.gpu.fleet_report import argv_value, pct
-from loadtests.gpu.fleet_sim import AS_SIMULATED, PROFILE, cell
+from loadtests.gpu.fleet import TOKENIZER
+from loadtests.gpu.fleet_report import pct
+from loadtests.gpu.fleet_sim import AS_SIMULATED, PROFILE, replay_phase, ttfts
 from proxy.sim import perf
 from proxy.sim.tokenizer import Encoder
 
@@ -81,24 +81,20 @@ def busiest(engine: Sequence[int], engines: int) -> float:
 
 
 def compare(p: Placed, encoder: Encoder, profile: perf.Profile, cache: dict[Any, list[list[int]]]) -> Compared | None:
-    c, argv = p.cell, p.cell["argv"]
+    c = p.cell
     n = engine_count(c)
     if n != c["workers"] or p.router in FIXED or p.router.startswith("direct"):
         return None
     if p.phase != _phase_of(c, p.router, p.rate):
         return None  # a later round: its proxies carried what the round before taught them
-    shape = Shape(**c["shape"])
-    key = text_key(c.get("text", "fresh"), int(argv_value(argv, "--phase-base", "0")), p.rate, p.phase)
-    outs, _ = cell(AS_SIMULATED.get(p.router, p.router), p.rate, shape, c["seed"], key,
-                   float(argv_value(argv, "--phase-s", "30")), n, encoder, c["reports"] == "minimal",
-                   ids=c["prompts"] == "ids", chat=c["prompts"] == "chat", profile=profile.name)
+    outs = replay_phase(c, p.router, p.rate, encoder, profile.name, AS_SIMULATED.get(p.router, p.router))
     sim_engine = {o.index: int(o.worker.rsplit("w", 1)[1]) for o in outs}
     groups = {o.index: int(o.group[1:]) for o in outs}
     both = [k for k in range(len(p.index)) if p.index[k] in sim_engine]
     gpu_e = [p.engine[k] for k in both]
     sim_e = [sim_engine[p.index[k]] for k in both]
     grp = [groups[p.index[k]] for k in both]
-    own = pct([o.first - o.arrival if o.first is not None else math.inf for o in outs], 0.95)
+    own = pct(ttfts(outs), 0.95)
     placed = replay_placed(p, profile, encoder, cache)["ttft_p95"]
     label = f"{c['prompts']} {c['reports']} seed {c['seed']} {p.rate:g}/s {p.router}"
     return Compared(label, best_agreement(gpu_e, sim_e, n), (whole_share(grp, gpu_e), whole_share(grp, sim_e)),

@@ -107,8 +107,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
          chat: bool = False, profile: str = PROFILE, own_gpus: bool = False,
-         dp: int = 1, jitter: tuple[float, int] | None = None,
-         profile_set: Sequence[str] = ()) -> tuple[list[Outcome], list[VirtualWorker]]:
+         dp: int = 1, jitter: tuple[float, int] | None = None) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -120,8 +119,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     the four on one; ``dp``: the engines as workers of that many data-parallel ranks each
     (``run_fleet.sh`` DP=: ``workers`` engines in ``workers / dp`` workers); ``jitter`` (seconds,
     seed): each arrival moved by up to that much either way, as a real client's send times wander
-    (the groups and texts stay the trace's; see ``spread``); ``profile_set``: FIELD=VALUE
-    settings of the engines' profile (``perf.overridden``)."""
+    (the groups and texts stay the trace's; see ``spread_cells``)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -153,8 +151,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
-    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64,
-                       profile_set=tuple(profile_set))
+    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
@@ -203,20 +200,27 @@ def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]
                     yield label, r, rate, {**got, "_cell": c}
 
 
-def phase_p95s(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
-               jitters: Sequence[tuple[float, int] | None] = (None,)) -> list[float]:
-    """The TTFT p95 (s) of ``router``'s first-round phase of GPU cell ``c`` replayed in virtual time
-    on its own trace and prompt text by the policy spec ``as_router``, once per entry of
-    ``jitters`` (``cell``'s)."""
+def ttfts(outcomes: Sequence[Outcome]) -> list[float]:
+    """Each request's time to first token (s; inf where none came)."""
+    return [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
+
+
+def replay_phase(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
+                 jitter: tuple[float, int] | None = None) -> list[Outcome]:
+    """``router``'s first-round phase of GPU cell ``c`` in virtual time, on its own trace and prompt
+    text, routed by the policy spec ``as_router`` (``cell``'s ``jitter``)."""
     shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
     key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, router, rate))
-    out = []
-    for jitter in jitters:
-        outs, _ = cell(as_router, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
-                       c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
-                       chat=c["prompts"] == "chat", profile=profile, jitter=jitter)
-        out.append(pct([o.first - o.arrival if o.first is not None else math.inf for o in outs], 0.95))
-    return out
+    outs, _ = cell(as_router, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
+                   c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
+                   chat=c["prompts"] == "chat", profile=profile, jitter=jitter)
+    return outs
+
+
+def phase_p95s(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
+               jitters: Sequence[tuple[float, int] | None] = (None,)) -> list[float]:
+    """The TTFT p95 (s) of ``replay_phase``, once per entry of ``jitters``."""
+    return [pct(ttfts(replay_phase(c, router, rate, encoder, profile, as_router, j)), 0.95) for j in jitters]
 
 
 def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
@@ -423,15 +427,15 @@ def main() -> None:
                         engines = fleet
                     if carry or a.rounds > 1:
                         start = max(o.done or o.arrival for o in outcomes) + 5.0
-                    ttft = [o.first - o.arrival if o.first is not None else math.inf for o in outcomes]
+                    ttft = ttfts(outcomes)
                     reuse = sum(o.cached_tokens for o in outcomes) / max(1, sum(o.prompt_tokens for o in outcomes))
                     rounds.append(f"{pct(ttft, 0.5) * 1e3:,.0f} / {pct(ttft, 0.95) * 1e3:,.0f}, {reuse:.0%}")
                 p95s.setdefault(router, []).append(pct(ttft, 0.95))
                 if a.spread > 1 and not carry and a.rounds == 1:  # the same phase, its arrivals moved
-                    draws = [pct([o.first - o.arrival if o.first is not None else math.inf for o in cell(
+                    draws = [pct(ttfts(cell(
                         router, rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
                         ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
-                        dp=a.dp, jitter=(a.jitter_s, j))[0]], 0.95) for j in range(a.spread)]
+                        dp=a.dp, jitter=(a.jitter_s, j))[0]), 0.95) for j in range(a.spread)]
                     spreads.setdefault(router, []).extend(draws)
                     rounds.append(f"jittered {min(draws) * 1e3:,.0f}-{statistics.median(draws) * 1e3:,.0f}-"
                                   f"{max(draws) * 1e3:,.0f}")

@@ -3,7 +3,13 @@
 The window's requests (at most ``MAX_REQUESTS`` of the newest, in dispatch order) are replayed
 through each policy's own pure ``select`` against a model of the fleet: one LRU cache per worker
 holding an equal share of the fleet's KV (``FleetCache``, the model "available" uses), and per
-worker the requests still in flight (each ends when the real one did). The policy hears back as
+worker the requests still in flight (each ends when the real one did). A worker of several
+data-parallel ranks is a cache per rank, as the window's own placements are modelled
+(``cache_replay.per_worker_matched_blocks``), and a replayed request reaches the rank this proxy
+would send it to: the one ``routing.dp_ranks`` names when it is on (``dp_rank.RankBook``), else
+the worker's next rank in turn. Modelled as one cache per worker, the policies' replays were
+credited with hits the ranks never give while the window's own placements were not, so on a
+fleet of DP workers an alternative policy looked better than the one running. The policy hears back as
 the pipeline would tell it (``on_complete`` with the cached tokens the model gave and the request's
 real TTFT). Reported per policy: the share of prompt tokens it would have found cached, its
 spread (max / mean requests per worker) and its predicted TTFT p95 (``shadow_ttft.py``: a model
@@ -28,6 +34,7 @@ from proxy.diagnose import shadow_ttft
 from proxy.diagnose.cache_replay import per_worker_matched_blocks
 from proxy.diagnose.window import RequestRecord
 from proxy.routing.base import Completion, RouteRequest, WorkerSnapshot
+from proxy.routing.dp_rank import RankBook, affinity_key
 from proxy.routing.prefix_index import FleetCache
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.registry import build_named
@@ -60,17 +67,19 @@ class Replay:
 
 
 def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_tokens: int | None,
-           policies: Sequence[str] = SHADOW_POLICIES, dp_sizes: Mapping[str, int] | None = None) -> Replay:
-    """``dp_sizes``: workers of several DP ranks, a cache per rank where the window's own
-    placements are modelled (``cache_replay.per_worker_matched_blocks``); the policies' replays
-    keep a cache per worker (a prefix placed by radixgate stays on one rank, routing.dp_ranks)."""
+           policies: Sequence[str] = SHADOW_POLICIES, dp_sizes: Mapping[str, int] | None = None,
+           dp_ranks: bool = False) -> Replay:
+    """``dp_sizes``: workers of several DP ranks, a cache per rank in the window's own placements
+    and in the policies' replays; ``dp_ranks``: whether this proxy names the rank
+    (``routing.dp_ranks``), which the replays then do as it would."""
     window = sorted((r for r in records if r.ok and r.block_hashes and r.timing.dispatched is not None
                      and r.estimated_prompt_tokens > 0), key=lambda r: r.order_key)[-MAX_REQUESTS:]
     urls = sorted(set(workers) | {r.worker for r in window})
     if not window or not urls:
         return Replay()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
-    runs = [_one(name, window, urls, share) for name in policies]
+    ranks = _Ranks(dp_sizes or {}, dp_ranks)
+    runs = [_one(name, window, urls, share, ranks) for name in policies]
     own = _as_placed(window, urls, capacity_tokens, dp_sizes)
     timed = [(p, t) for p, r in zip(own, window, strict=True) if (t := r.timing.upstream_ttft) is not None]
     model = shadow_ttft.fit([p for p, _ in timed], [t for _, t in timed])
@@ -98,35 +107,69 @@ def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], capacity_to
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Ranks:
+    sizes: Mapping[str, int]
+    named: bool  # routing.dp_ranks
+
+
+class _RankedCaches:
+    """One policy's replay of the fleet's caches: one per worker, one per rank of a DP worker,
+    each rank its share of the worker's; a request goes to the rank the proxy would name, else
+    to the worker's next in turn (SGLang's controller, as ``per_worker_matched_blocks`` has it)."""
+
+    def __init__(self, urls: Sequence[str], share: int | None, ranks: _Ranks) -> None:
+        self.ranks = ranks
+        self.caches = {(u, k): FleetCache(share // n if share is not None else None)
+                       for u in urls for n in [max(1, ranks.sizes.get(u, 1))] for k in range(n)}
+        self.in_flight = dict.fromkeys(self.caches, 0)
+        self.turn = dict.fromkeys(urls, 0)
+        self.book = RankBook()
+
+    def place(self, url: str, route: RouteRequest) -> tuple[str, int]:
+        n = max(1, self.ranks.sizes.get(url, 1))
+        if n == 1:
+            rank = 0
+        elif self.ranks.named:
+            rank = self.book.place(url, affinity_key(route), n, [self.in_flight[(url, k)] for k in range(n)])
+        else:
+            rank = self.turn[url]
+            self.turn[url] = (rank + 1) % n
+        return url, rank
+
+
 def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
-         share: int | None) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
+         share: int | None, ranks: _Ranks) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
     policy = build_named(name, {}, rng=random.Random(0))
     snaps = [WorkerSnapshot(u) for u in urls]
     policy.on_worker_change(snaps)
-    caches = {u: FleetCache(share) for u in urls}
+    fleet = _RankedCaches(urls, share, ranks)
     in_flight = dict.fromkeys(urls, 0)
-    ends: list[tuple[float, int, str, RouteRequest, int, float | None]] = []
+    ends: list[tuple[float, int, tuple[str, int], RouteRequest, int, float | None]] = []
     picks = dict.fromkeys(urls, 0)
     cached_total = prompt_total = 0
     placed: list[shadow_ttft.Placed] = []
     for k, r in enumerate(window):
         start = r.order_key
         while ends and ends[0][0] <= start:
-            _, _, url, route, cached, ttft = heapq.heappop(ends)
+            _, _, (url, rank), route, cached, ttft = heapq.heappop(ends)
             in_flight[url] -= 1
+            fleet.in_flight[(url, rank)] -= 1
             policy.on_complete(Completion(url, route, True, route.prompt_tokens, cached, ttft))
         route = RouteRequest(model="", block_hashes=r.block_hashes, block_tokens=r.block_tokens,
                              prompt_tokens=r.estimated_prompt_tokens, held=True)
         decision = policy.select(route, [WorkerSnapshot(u, in_flight=in_flight[u]) for u in urls])
-        url = decision.worker if decision.worker in caches else urls[0]
-        matched = caches[url].add(r.block_hashes, r.block_tokens)
+        url = decision.worker if decision.worker in in_flight else urls[0]
+        where = fleet.place(url, route)
+        matched = fleet.caches[where].add(r.block_hashes, r.block_tokens)
         cached = min(route.prompt_tokens, prefix_tokens(matched, r.block_tokens))
         cached_total += cached
         prompt_total += route.prompt_tokens
         placed.append(shadow_ttft.Placed(start, url, float(route.prompt_tokens - cached), _decode_s(r)))
         picks[url] += 1
         in_flight[url] += 1
+        fleet.in_flight[where] += 1
         done = r.timing.done if r.timing.done is not None else start
-        heapq.heappush(ends, (done, k, url, route, cached, r.timing.ttft))
+        heapq.heappush(ends, (done, k, where, route, cached, r.timing.ttft))
     mean = len(window) / len(urls)
     return ShadowResult(name, cached_total / max(1, prompt_total), max(picks.values()) / mean, len(window)), placed

@@ -372,7 +372,7 @@ def compute_signals(
     dp_sizes = {w.url: w.dp_size for w in samples[-1].workers if w.dp_size > 1} if samples else {}
     # The caches as they are now hold nothing from before a fleet-wide reset: replay what came since.
     replayed = replay(resets.since_fleet(records), [w.url for w in samples[-1].workers] if samples else [],
-                      capacity, dp_sizes=dp_sizes) if with_shadow else Replay()
+                      capacity, dp_sizes=dp_sizes, dp_ranks=dp_ranks) if with_shadow else Replay()
     return Signals(
         window=window_info(records, samples),
         cache=cache_signal(records, capacity, resets, dp_sizes),

@@ -89,8 +89,13 @@ async def test_radixgate_with_dp_ranks_names_a_rank_for_every_request_and_keeps_
         assert min(f.took) > 0  # the groups spread over both ranks
         assert [w.dp_size for w in app.workers.published()] == [2]
         d = app.diagnosis.diagnoser
-        signals = d.compute(d.inputs()).signals  # what the diagnosis knows of the ranks
-        assert (signals.dp_workers, signals.dp_ranks) == (1, True)
+
+        async def diagnosed() -> bool:
+            # What the diagnosis knows of the ranks, once a snapshot sample after the scrape is kept
+            # (samples are kept at most one per interval, so the newest may predate it).
+            signals = d.compute(d.inputs()).signals
+            return (signals.dp_workers, signals.dp_ranks) == (1, True)
+        await eventually(diagnosed, what="the diagnosis to see one worker of DP ranks that radixgate names")
 
 
 async def test_through_the_front_radixgate_follows_each_ranks_kv_events_at_its_offset_port(

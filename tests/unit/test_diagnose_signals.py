@@ -108,6 +108,27 @@ def test_the_shadow_models_the_windows_own_placements_with_a_cache_per_rank() ->
     assert (one, two) == ([64.0, 0.0, 0.0, 0.0], [64.0, 64.0, 0.0, 0.0])
 
 
+def test_the_shadow_policies_reach_the_ranks_the_proxy_would_send_them_to() -> None:
+    from proxy.diagnose.shadow import replay
+
+    # One 128-token prompt eight times, 2 workers of 2 DP ranks. As one cache per worker, ttft
+    # (affinity) computes it once and round robin twice. Ranks unnamed (routing.dp_ranks off),
+    # each worker's controller takes its ranks in turn: every rank a request reaches computes it.
+    # Named, the rank book keeps the prompt on one rank: as one cache.
+    recs = [record(blocks=chain(1, 8), received=float(i), cached=None) for i in range(8)]
+    urls = ["http://w0", "http://w1"]
+
+    def captured(sizes: dict[str, int] | None, named: bool) -> dict[str, float]:
+        return {r.policy: r.captured for r in replay(recs, urls, 10_000, dp_sizes=sizes, dp_ranks=named).results}
+
+    one = captured(None, False)
+    assert (one["ttft"], one["round_robin"]) == (pytest.approx(7 / 8), pytest.approx(6 / 8))
+    ranks = dict.fromkeys(urls, 2)
+    unnamed = captured(ranks, False)
+    assert (unnamed["ttft"], unnamed["round_robin"]) == (pytest.approx(6 / 8), pytest.approx(4 / 8))
+    assert captured(ranks, True) == pytest.approx(one)
+
+
 def test_the_dp_ranks_of_the_newest_snapshot_shape_the_cache_estimate() -> None:
     recs = [record(blocks=chain(1, 4), received=float(i), cached=None) for i in range(4)]
     one = SnapshotSample(0.0, (WorkerSnapshot("http://w0", max_total_tokens=10_000),))

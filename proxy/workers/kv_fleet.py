@@ -124,7 +124,7 @@ class KvFleet:
         self.ranks = ranks
         self.best_rank = best_rank
         self._views: dict[str, WorkerKv] = {}
-        self._routed: OrderedDict[str, tuple[KvSubscriber, Sequence[int]]] = OrderedDict()  # rid -> probe
+        self._routed: OrderedDict[str, tuple[KvSubscriber, Sequence[int], bool]] = OrderedDict()  # rid -> probe, rank named
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}  # one per rank
         self._ctx: zmq.asyncio.Context | None = None
 
@@ -220,15 +220,19 @@ class KvFleet:
         if view is None or not view.subscribers or not route.prompt_ids or route.cache_scoped:
             return
         # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt;
-        # any rank's subscriber takes it (they share the worker's check)
-        self._routed[rid] = (view.subscribers[0], tuple(route.prompt_ids[:PROBE_TOKENS]))
+        # the named rank's subscriber takes it, to probe its own table; else any rank's (they
+        # share the worker's check, over all their tables)
+        named = dp_rank is not None and 0 <= dp_rank < len(view.subscribers)
+        sub = view.subscribers[dp_rank] if named and dp_rank is not None else view.subscribers[0]
+        self._routed[rid] = (sub, tuple(route.prompt_ids[:PROBE_TOKENS]), named)
         if len(self._routed) > MAX_ROUTED:  # answers that never stream never say "prefilled"
             self._routed.popitem(last=False)
 
     def prefilled(self, worker: str, rid: str) -> None:
         got = self._routed.pop(rid, None)
         if got is not None:
-            got[0].prefilled(got[1])
+            sub, head, named = got
+            sub.prefilled(head, named)
 
     def finished(self, worker: str, rid: str) -> None:
         # ended without a first token (not streamed, or failed): nothing to probe with

@@ -77,7 +77,8 @@ class KvSubscriber:
                  rank: int = 0, trust_table: Table | None = None) -> None:
         """``rank``: the engine's data-parallel rank this stream is of. ``trust`` and
         ``trust_table``: what checks the stream against the prompts prefilled; the ranks of one
-        worker share one, over all their tables (a prompt lands on a rank routing may not know)."""
+        worker share one, over all their tables (a prompt whose rank routing did not name lands
+        on a rank it does not know)."""
         self.url, self.endpoint, self.replay_endpoint = url, endpoint, replay_endpoint
         self.rank = rank
         self.trust_table: Table = trust_table if trust_table is not None else table
@@ -100,7 +101,7 @@ class KvSubscriber:
     @property
     def trusted(self) -> bool:
         """Whether the stream shows the prompts the engine prefilled (probes due now resolved)."""
-        self.trust.check(self.trust_table, self.clock.now())
+        self.trust.check(self.clock.now())
         trusted = self.trust.trusted
         if trusted != self._trusted:
             self._trusted = trusted
@@ -116,9 +117,10 @@ class KvSubscriber:
             return "unconfirmed"
         return self.state
 
-    def prefilled(self, token_ids: Sequence[int]) -> None:
-        """The engine has prefilled this prompt (its first token came back): a probe."""
-        self.trust.expect(token_ids, self.clock.now(), self.trust_table)
+    def prefilled(self, token_ids: Sequence[int], named: bool = False) -> None:
+        """The engine has prefilled this prompt (its first token came back): a probe, of this
+        rank's table where the request named this rank, else of the worker's ``trust_table``."""
+        self.trust.expect(token_ids, self.clock.now(), self.table if named else self.trust_table)
 
     def _socket(self, kind: int, address: str) -> zmq.asyncio.Socket:
         sock = self._ctx.socket(kind)

@@ -30,9 +30,11 @@ class Table(Protocol):
 
 
 class AnyOf:
-    """The tables of one worker's data-parallel ranks as a probe reads them: the engine stored the
-    prompt on some rank (which one, its controller chose where routing did not), so it shows if
-    any rank's table shows it; a clear on any rank makes the probes made before it moot."""
+    """The tables of one worker's data-parallel ranks as a probe of a prompt whose rank routing
+    did not name reads them: the engine stored it on the rank its controller chose, so it shows
+    if any rank's table shows it; a clear on any rank makes the probes made before it moot. A
+    prompt sent to a named rank (``routing.dp_ranks``) is probed on that rank's table alone: any
+    rank's would let one rank's stream vouch for another's."""
 
     def __init__(self, tables: Sequence[Table]) -> None:
         self.tables = tables
@@ -52,6 +54,7 @@ class AnyOf:
 class Probe:
     due: float
     token_ids: Sequence[int]
+    table: Table  # where it must show: the rank's it was sent to, or any of the worker's ranks
     clears: int  # the table's clears when it was made: a clear since makes it moot
 
 
@@ -66,15 +69,15 @@ class StreamTrust:
 
     def expect(self, token_ids: Sequence[int], now: float, table: Table) -> None:
         """The engine prefilled ``token_ids``: its table should show them within ``grace_s``."""
-        self._pending.append(Probe(now + self.grace_s, token_ids, table.clears))
+        self._pending.append(Probe(now + self.grace_s, token_ids, table, table.clears))
 
-    def check(self, table: Table, now: float) -> None:
+    def check(self, now: float) -> None:
         """Resolve the probes whose time has come (they were made in time order)."""
         while self._pending and self._pending[0].due <= now:
             probe = self._pending.popleft()
-            if probe.clears != table.clears:
+            if probe.clears != probe.table.clears:
                 continue  # the engine flushed since: its silence about this prompt proves nothing
-            seen = table.seen(probe.token_ids)
+            seen = probe.table.seen(probe.token_ids)
             if seen is None:
                 continue  # shorter than one block: nothing to see
             self._results.append(seen)

@@ -37,17 +37,17 @@ def test_a_stream_that_shows_nothing_is_doubted_after_enough_probes_and_trusted_
     trust = StreamTrust(grace_s=1.0, window=8, min_probes=4, min_ratio=0.5)
     for i in range(3):
         trust.expect(PROMPT, now=float(i), table=table)
-    trust.check(table, now=10.0)
+    trust.check(now=10.0)
     assert trust.trusted  # 3 misses: fewer than min_probes
     trust.expect(PROMPT, now=10.0, table=table)
-    trust.check(table, now=10.5)
+    trust.check(now=10.5)
     assert trust.trusted  # not due yet
-    trust.check(table, now=11.0)
+    trust.check(now=11.0)
     assert not trust.trusted and trust.status()["probes"] == 4 and trust.status()["confirmed"] == 0
     stored(table, PROMPT)
     for i in range(8):
         trust.expect(PROMPT, now=20.0 + i, table=table)
-    trust.check(table, now=40.0)
+    trust.check(now=40.0)
     assert trust.trusted and trust.status()["recent_confirmed"] == 8
 
 
@@ -57,7 +57,7 @@ def test_a_clear_since_the_prefill_makes_a_probe_moot_and_short_prompts_prove_no
     trust.expect(PROMPT, now=0.0, table=table)
     table.clear()  # the engine flushed before the probe came due
     trust.expect(PROMPT[:10], now=0.0, table=table)
-    trust.check(table, now=5.0)
+    trust.check(now=5.0)
     assert trust.status()["probes"] == 0 and trust.trusted
 
 
@@ -71,11 +71,11 @@ def test_a_workers_ranks_are_checked_together_a_prompt_shows_if_any_rank_stored_
     trust.expect(PROMPT, now=0.0, table=both)
     trust.expect([7] * 64, now=0.0, table=both)
     ranks[0].clear()  # a flush on any rank since the prefills: their probes prove nothing
-    trust.check(both, now=5.0)
+    trust.check(now=5.0)
     assert trust.status()["probes"] == 0
     trust.expect([7] * 64, now=6.0, table=both)  # on no rank
     trust.expect(PROMPT, now=6.0, table=both)
-    trust.check(both, now=10.0)
+    trust.check(now=10.0)
     assert trust.status()["probes"] == 2 and trust.status()["confirmed"] == 1
 
 
@@ -102,3 +102,24 @@ def test_a_worker_of_several_ranks_answers_only_when_every_rank_is_known() -> No
     assert [r["state"] for r in status["ranks"]] == ["live", "resynced"]
     view.subscribers[0].state = "failed"
     assert view.match(PROMPT) is None and view.route_state() == "failed"
+
+
+def test_a_prompt_sent_to_a_named_rank_is_probed_on_that_ranks_table_alone() -> None:
+    clock = ManualClock()
+    tables = [EngineBlocks() for _ in range(2)]
+    trust = StreamTrust(grace_s=1.0, window=8, min_probes=1)
+    subs = [KvSubscriber("http://w", f"tcp://127.0.0.1:{5557 + r}", t, clock, trust=trust, rank=r,
+                         trust_table=AnyOf(tables)) for r, t in enumerate(tables)]
+    stored(tables[1], PROMPT)  # only rank 1's stream tells of it
+    subs[0].prefilled(PROMPT, named=True)  # routing named rank 0: rank 1's stream cannot vouch for it
+    subs[1].prefilled(PROMPT, named=True)
+    subs[0].prefilled(PROMPT)  # no rank named: it shows if any rank's does
+    clock.advance(2.0)
+    assert subs[0].trusted and (trust.status()["probes"], trust.status()["confirmed"]) == (3, 2)
+    # A flush of rank 0 makes moot what was probed there or on any rank, not rank 1's own probes.
+    for r in (0, 1):
+        subs[r].prefilled(PROMPT, named=True)
+    subs[1].prefilled(PROMPT)
+    tables[0].clear()
+    clock.advance(2.0)
+    assert subs[1].trusted and (trust.status()["probes"], trust.status()["confirmed"]) == (4, 3)

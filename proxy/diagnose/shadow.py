@@ -78,8 +78,7 @@ def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_to
     if not window or not urls:
         return Replay()
     share = capacity_tokens // len(urls) if capacity_tokens is not None else None
-    ranks = _Ranks(dp_sizes or {}, dp_ranks)
-    runs = [_one(name, window, urls, share, ranks) for name in policies]
+    runs = [_one(name, window, urls, share, dp_sizes or {}, dp_ranks) for name in policies]
     own = _as_placed(window, urls, capacity_tokens, dp_sizes)
     timed = [(p, t) for p, r in zip(own, window, strict=True) if (t := r.timing.upstream_ttft) is not None]
     model = shadow_ttft.fit([p for p, _ in timed], [t for _, t in timed])
@@ -107,30 +106,24 @@ def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], capacity_to
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Ranks:
-    sizes: Mapping[str, int]
-    named: bool  # routing.dp_ranks
-
-
 class _RankedCaches:
     """One policy's replay of the fleet's caches: one per worker, one per rank of a DP worker,
     each rank its share of the worker's; a request goes to the rank the proxy would name, else
     to the worker's next in turn (SGLang's controller, as ``per_worker_matched_blocks`` has it)."""
 
-    def __init__(self, urls: Sequence[str], share: int | None, ranks: _Ranks) -> None:
-        self.ranks = ranks
+    def __init__(self, urls: Sequence[str], share: int | None, dp_sizes: Mapping[str, int], named: bool) -> None:
+        self.sizes, self.named = dp_sizes, named  # named: routing.dp_ranks
         self.caches = {(u, k): FleetCache(share // n if share is not None else None)
-                       for u in urls for n in [max(1, ranks.sizes.get(u, 1))] for k in range(n)}
+                       for u in urls for n in [max(1, dp_sizes.get(u, 1))] for k in range(n)}
         self.in_flight = dict.fromkeys(self.caches, 0)
         self.turn = dict.fromkeys(urls, 0)
         self.book = RankBook()
 
     def place(self, url: str, route: RouteRequest) -> tuple[str, int]:
-        n = max(1, self.ranks.sizes.get(url, 1))
+        n = max(1, self.sizes.get(url, 1))
         if n == 1:
             rank = 0
-        elif self.ranks.named:
+        elif self.named:
             rank = self.book.place(url, affinity_key(route), n, [self.in_flight[(url, k)] for k in range(n)])
         else:
             rank = self.turn[url]
@@ -139,11 +132,12 @@ class _RankedCaches:
 
 
 def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
-         share: int | None, ranks: _Ranks) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
+         share: int | None, dp_sizes: Mapping[str, int],
+         dp_ranks: bool) -> tuple[ShadowResult, list[shadow_ttft.Placed]]:
     policy = build_named(name, {}, rng=random.Random(0))
     snaps = [WorkerSnapshot(u) for u in urls]
     policy.on_worker_change(snaps)
-    fleet = _RankedCaches(urls, share, ranks)
+    fleet = _RankedCaches(urls, share, dp_sizes, dp_ranks)
     in_flight = dict.fromkeys(urls, 0)
     ends: list[tuple[float, int, tuple[str, int], RouteRequest, int, float | None]] = []
     picks = dict.fromkeys(urls, 0)

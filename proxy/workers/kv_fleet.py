@@ -222,9 +222,8 @@ class KvFleet:
         # the head is all a probe reads (its leading block): a bounded copy, not the whole prompt;
         # the named rank's subscriber takes it, to probe its own table; else any rank's (they
         # share the worker's check, over all their tables)
-        named = dp_rank is not None and 0 <= dp_rank < len(view.subscribers)
-        sub = view.subscribers[dp_rank] if named and dp_rank is not None else view.subscribers[0]
-        self._routed[rid] = (sub, tuple(route.prompt_ids[:PROBE_TOKENS]), named)
+        rank = dp_rank if dp_rank is not None and 0 <= dp_rank < len(view.subscribers) else None
+        self._routed[rid] = (view.subscribers[rank or 0], tuple(route.prompt_ids[:PROBE_TOKENS]), rank is not None)
         if len(self._routed) > MAX_ROUTED:  # answers that never stream never say "prefilled"
             self._routed.popitem(last=False)
 

@@ -9,7 +9,7 @@ data-parallel ranks is a cache per rank, as the window's own placements are mode
 would send it to: the one ``routing.dp_ranks`` names when it is on (``dp_rank.RankBook``), else
 the worker's next rank in turn. Modelled as one cache per worker, the policies' replays were
 credited with hits the ranks never give while the window's own placements were not, so on a
-fleet of DP workers an alternative policy looked better than the one running. The policy hears back as
+fleet of DP workers any alternative policy could look better than the one running. The policy hears back as
 the pipeline would tell it (``on_complete`` with the cached tokens the model gave and the request's
 real TTFT). Reported per policy: the share of prompt tokens it would have found cached, its
 spread (max / mean requests per worker) and its predicted TTFT p95 (``shadow_ttft.py``: a model

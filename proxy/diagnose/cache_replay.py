@@ -65,9 +65,7 @@ def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens:
     those the records went to (each takes its share of the KV)."""
     urls = set(workers) | {r.worker for r in records}
     share = capacity_tokens // len(urls) if capacity_tokens is not None and urls else None
-    sizes = dp_sizes or {}
-    caches: dict[tuple[str, int], FleetCache] = {}
-    turn: dict[str, int] = {}  # each worker's next round-robin rank
+    caches = RankCaches(share, dp_sizes or {})
     pending = {url: sorted(times) for url, times in (resets or {}).items()}
     out = []
     for r in records:
@@ -75,17 +73,43 @@ def per_worker_matched_blocks(records: Sequence[RequestRecord], capacity_tokens:
         if times and r.order_key >= times[0]:
             while times and r.order_key >= times[0]:
                 times.pop(0)
-            for key in [k for k in caches if k[0] == r.worker]:
-                del caches[key]  # emptied since its last request
-        n = max(1, sizes.get(r.worker, 1))
-        rank = r.dp_rank if r.dp_rank is not None and r.dp_rank < n else turn.get(r.worker, 0)
-        if r.dp_rank is None and n > 1:
-            turn[r.worker] = (rank + 1) % n
-        cache = caches.get((r.worker, rank))
-        if cache is None:
-            cache = caches[(r.worker, rank)] = FleetCache(share // n if share is not None else None)
-        out.append(cache.add(r.block_hashes, r.block_tokens))
+            caches.empty(r.worker)  # emptied since its last request
+        n = caches.ranks(r.worker)
+        # a rank named beyond the worker's count (it changed) takes the turn's rank without moving it
+        rank = r.dp_rank if r.dp_rank is not None and r.dp_rank < n else caches.next_rank(r.worker, r.dp_rank is None)
+        out.append(caches.cache(r.worker, rank).add(r.block_hashes, r.block_tokens))
     return out
+
+
+class RankCaches:
+    """A cache per worker, per rank of a worker of several DP ranks (``dp_sizes``), each rank
+    ``share // ranks`` of the worker's KV, made when first used; and each worker's next rank in
+    turn, as SGLang's default controller (round robin) sends a request that names none."""
+
+    def __init__(self, share: int | None, dp_sizes: Mapping[str, int]) -> None:
+        self.share, self.sizes = share, dp_sizes
+        self._caches: dict[tuple[str, int], FleetCache] = {}
+        self._turn: dict[str, int] = {}
+
+    def ranks(self, url: str) -> int:
+        return max(1, self.sizes.get(url, 1))
+
+    def next_rank(self, url: str, advance: bool = True) -> int:
+        rank = self._turn.get(url, 0)
+        if advance:
+            self._turn[url] = (rank + 1) % self.ranks(url)
+        return rank
+
+    def cache(self, url: str, rank: int) -> FleetCache:
+        cache = self._caches.get((url, rank))
+        if cache is None:
+            n = self.ranks(url)
+            cache = self._caches[(url, rank)] = FleetCache(self.share // n if self.share is not None else None)
+        return cache
+
+    def empty(self, url: str) -> None:
+        for key in [k for k in self._caches if k[0] == url]:
+            del self._caches[key]
 
 
 def unplaced(record: RequestRecord, dp_sizes: Mapping[str, int]) -> bool:

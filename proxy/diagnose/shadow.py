@@ -27,15 +27,15 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.diagnose import shadow_ttft
-from proxy.diagnose.cache_replay import per_worker_matched_blocks
+from proxy.diagnose.cache_replay import RankCaches, per_worker_matched_blocks
 from proxy.diagnose.window import RequestRecord
 from proxy.routing.base import Completion, RouteRequest, WorkerSnapshot
 from proxy.routing.dp_rank import RankBook, affinity_key
-from proxy.routing.prefix_index import FleetCache
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.registry import build_named
 
@@ -106,29 +106,24 @@ def _as_placed(window: Sequence[RequestRecord], urls: Sequence[str], capacity_to
     return out
 
 
-class _RankedCaches:
-    """One policy's replay of the fleet's caches: one per worker, one per rank of a DP worker,
-    each rank its share of the worker's; a request goes to the rank the proxy would name, else
-    to the worker's next in turn (SGLang's controller, as ``per_worker_matched_blocks`` has it)."""
+class _RankedCaches(RankCaches):
+    """One policy's replay of the fleet's caches (``cache_replay.RankCaches``), with the requests
+    in flight per rank: a request goes to the rank the proxy would name (``routing.dp_ranks``,
+    ``named``), else to the worker's next in turn."""
 
-    def __init__(self, urls: Sequence[str], share: int | None, dp_sizes: Mapping[str, int], named: bool) -> None:
-        self.sizes, self.named = dp_sizes, named  # named: routing.dp_ranks
-        self.caches = {(u, k): FleetCache(share // n if share is not None else None)
-                       for u in urls for n in [max(1, dp_sizes.get(u, 1))] for k in range(n)}
-        self.in_flight = dict.fromkeys(self.caches, 0)
-        self.turn = dict.fromkeys(urls, 0)
+    def __init__(self, share: int | None, dp_sizes: Mapping[str, int], named: bool) -> None:
+        super().__init__(share, dp_sizes)
+        self.named = named
+        self.in_flight: Counter[tuple[str, int]] = Counter()
         self.book = RankBook()
 
     def place(self, url: str, route: RouteRequest) -> tuple[str, int]:
-        n = max(1, self.sizes.get(url, 1))
+        n = self.ranks(url)
         if n == 1:
-            rank = 0
-        elif self.named:
-            rank = self.book.place(url, affinity_key(route), n, [self.in_flight[(url, k)] for k in range(n)])
-        else:
-            rank = self.turn[url]
-            self.turn[url] = (rank + 1) % n
-        return url, rank
+            return url, 0
+        if self.named:
+            return url, self.book.place(url, affinity_key(route), n, [self.in_flight[(url, k)] for k in range(n)])
+        return url, self.next_rank(url)
 
 
 def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
@@ -137,7 +132,7 @@ def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
     policy = build_named(name, {}, rng=random.Random(0))
     snaps = [WorkerSnapshot(u) for u in urls]
     policy.on_worker_change(snaps)
-    fleet = _RankedCaches(urls, share, dp_sizes, dp_ranks)
+    fleet = _RankedCaches(share, dp_sizes, dp_ranks)
     in_flight = dict.fromkeys(urls, 0)
     ends: list[tuple[float, int, tuple[str, int], RouteRequest, int, float | None]] = []
     picks = dict.fromkeys(urls, 0)
@@ -155,7 +150,7 @@ def _one(name: str, window: Sequence[RequestRecord], urls: Sequence[str],
         decision = policy.select(route, [WorkerSnapshot(u, in_flight=in_flight[u]) for u in urls])
         url = decision.worker if decision.worker in in_flight else urls[0]
         where = fleet.place(url, route)
-        matched = fleet.caches[where].add(r.block_hashes, r.block_tokens)
+        matched = fleet.cache(*where).add(r.block_hashes, r.block_tokens)
         cached = min(route.prompt_tokens, prefix_tokens(matched, r.block_tokens))
         cached_total += cached
         prompt_total += route.prompt_tokens

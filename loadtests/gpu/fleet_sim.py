@@ -390,7 +390,8 @@ def main() -> None:
         return
     shape = Shape()
     names = a.routers.split(",")
-    gpus = "each on a simulated H200 of its own" if a.own_gpus else "sharing one simulated H200"
+    gpu = perf.PROFILES[a.profile].gpu.name
+    gpus = f"each on a simulated {gpu} of its own" if a.own_gpus else f"sharing one simulated {gpu}"
     workers = f" as {a.workers // a.dp} workers of {a.dp} DP ranks" if a.dp > 1 else ""
     print(f"virtual time, {a.workers} engines{workers} {gpus} ({a.profile}), reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")

@@ -283,6 +283,19 @@ PROFILES["h200-transformers-7b-dense"] = dataclasses.replace(
     gpu_share_exponent=0.0)
 GPU_FLEET_PROFILE = "h200-transformers-7b-dense"
 
+# The same engine cut to 16 layers, its steps to 4,096 tokens, on an H100 (`engine_server.py --layers
+# 16 --max-batch-tokens 4096`): the fleet's 4 engines of 32 layers reach 28-36 GiB each after load,
+# over an H100's 80 together, and a step's transient memory grows with its tokens. A prediction,
+# not a fit: the model's shape carries the GPU work (half the weights, prefill and attention FLOPs,
+# KV bytes; the H100's bandwidth); the step's host cost and per-sequence work stay the 32-layer
+# engine's, an assumption the engine's batch log on an H100 checks (`loadtests/fit_steps.py`).
+LLAMA_SHAPE_7B_16L = dataclasses.replace(
+    LLAMA_SHAPE_7B, name="llama-3.1-8b-shape-vocab32k-16-layers",
+    params=LLAMA_SHAPE_7B.params - 16 * (LLAMA_SHAPE_7B.block_params / LLAMA_SHAPE_7B.layers), layers=16)
+PROFILES["h100-transformers-16l-dense"] = dataclasses.replace(
+    PROFILES["h200-transformers-7b-dense"], name="h100-transformers-16l-dense", model=LLAMA_SHAPE_7B_16L,
+    gpu=H100_SXM, chunked_prefill_size=4096)
+
 
 def overridden(profile: Profile, settings: Sequence[str]) -> Profile:
     """``profile`` with ``FIELD=VALUE`` settings applied, each value read as the field's type (a

@@ -14,7 +14,10 @@ def test_prefill_time_grows_with_new_tokens(name: str) -> None:
     p = PROFILES[name]
     times = [step_seconds(p, StepWork(prefill=[PrefillChunk(n, 0)])) for n in (1, 64, 512, 4096, 16384)]
     assert times == sorted(times)
-    assert times[-1] > 10 * times[1]
+    # past the step's fixed cost the time follows the tokens: the 12,288 tokens from 4,096 to 16,384
+    # cost more than twice the 4,032 from 64 to 4,096 (a host-bound profile's ratio to the 64-token
+    # step says little: the 16-layer one's is 7x)
+    assert times[-1] - times[-2] > 2 * (times[-2] - times[1]) > 0
 
 
 @pytest.mark.parametrize("name", PHYSICAL)
@@ -32,7 +35,8 @@ def test_a_cached_prefix_costs_no_linear_flops_but_is_still_attended(name: str) 
     cold = step_seconds(p, StepWork(prefill=[PrefillChunk(8256, 0)]))
     warm = step_seconds(p, StepWork(prefill=[PrefillChunk(64, 8192)]))
     tiny = step_seconds(p, StepWork(prefill=[PrefillChunk(64, 0)]))
-    assert warm < cold / 3
+    # measured past the step's fixed cost (the 64-token step), which a host-bound profile is mostly
+    assert warm - tiny < (cold - tiny) / 3
     assert warm > tiny
 
 

@@ -746,13 +746,9 @@ async def main_async(args: argparse.Namespace) -> None:
                           f"p50 {s['ttft_p50']:.3f} p95 {s['ttft_p95']:.3f} reuse {s['reuse'] or 0:.0%} "
                           f"failed {s['failed']}/{s['n']} prompt~{s['prompt_tokens_mean']:.0f}", flush=True)
         finally:
-            await routers.stop()
-            for runner in front_runners:
-                await runner.cleanup()
-            for proc in sims:
-                proc.terminate()
-                await proc.wait()
-            # Even when cut short (SIGTERM from a time limit): the phases measured so far count.
+            # Even when cut short (SIGTERM from a time limit): the phases measured so far count. Written
+            # before any await here: a SIGTERM landing during the clean-up below cancels that await and
+            # would skip the rest (run 74 lost its last cell's summary so).
             # complete: every round of every router at every rate (a cut-short last round too)
             complete = all(len(pooled.get((n, r), ((), ()))[1]) == args.repeat for n in names for r in rates)
             cell = {"argv": args.argv, "prompts": args.prompts, "reports": args.reports, "shape": asdict(shape),
@@ -762,6 +758,12 @@ async def main_async(args: argparse.Namespace) -> None:
             if any(summary.values()):
                 with (out / "summary.jsonl").open("a") as f:
                     f.write(json.dumps(cell) + "\n")
+            await routers.stop()
+            for runner in front_runners:
+                await runner.cleanup()
+            for proc in sims:
+                proc.terminate()
+                await proc.wait()
     print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
           f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")
     print(table(summary, rates, names))

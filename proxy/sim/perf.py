@@ -295,6 +295,15 @@ LLAMA_SHAPE_7B_16L = dataclasses.replace(
 PROFILES["h100-transformers-16l-dense"] = dataclasses.replace(
     PROFILES["h200-transformers-7b-dense"], name="h100-transformers-16l-dense", model=LLAMA_SHAPE_7B_16L,
     gpu=H100_SXM, chunked_prefill_size=4096)
+# What runs 73-74 showed instead (`gpu-fleet-h100-1/2`): beside three busy neighbours the 16-layer
+# engine's steps took 0.57-0.65x the 32-layer one's at the same batch (decodes 100-109 ms against
+# 154-159, prefill steps 125-144 against 221-253), so most of a step's "host" cost is per layer (an
+# eager engine launching each layer's kernels, without CUDA graphs). Scaled after the run, not
+# predicted: the step's fixed and per-sequence costs halved with the layers.
+PROFILES["h100-transformers-16l-dense-scaled"] = dataclasses.replace(
+    PROFILES["h100-transformers-16l-dense"], name="h100-transformers-16l-dense-scaled",
+    step_overhead_s=PROFILES["h200-transformers-7b-dense"].step_overhead_s / 2,
+    seq_overhead_s=PROFILES["h200-transformers-7b-dense"].seq_overhead_s / 2)
 
 
 def overridden(profile: Profile, settings: Sequence[str]) -> Profile:

@@ -3,6 +3,11 @@ workers: a ``fresh=on`` router restarts between rounds with nothing learned kept
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -29,3 +34,24 @@ async def test_a_restarted_router_answers_on_new_ports_and_its_old_process_is_go
             assert r.status == 200
     finally:
         await routers.stop()
+
+
+def test_a_time_limits_sigterm_after_the_last_phase_still_leaves_its_summary(tmp_path: Path) -> None:
+    # run_fleet.sh's BUDGET_S ends a run by SIGTERM; one that lands in the clean-up after the last
+    # phase (stopping the routers) used to skip the summary's write, losing a measured cell.
+    with subprocess.Popen(
+            [sys.executable, "-m", "loadtests.gpu.fleet", "--sim", "2", "--sim-profile", "zero", "--routers",
+             "round_robin", "--rates", "2", "--phase-s", "1", "--drain-s", "2", "--warmup-s", "0", "--prompts", "text",
+             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            deadline = time.monotonic() + 90
+            assert proc.stdout is not None
+            for line in proc.stdout:  # the phase's line is printed once its summary is in memory
+                if "round_robin @ 2/s:" in line or time.monotonic() > deadline:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+    (cell,) = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert cell["summary"]["round_robin"]["2"]["n"] > 0

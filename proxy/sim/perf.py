@@ -299,11 +299,13 @@ PROFILES["h100-transformers-16l-dense"] = dataclasses.replace(
 # engine's steps took 0.57-0.65x the 32-layer one's at the same batch (decodes 100-109 ms against
 # 154-159, prefill steps 125-144 against 221-253), so most of a step's "host" cost is per layer (an
 # eager engine launching each layer's kernels, without CUDA graphs). Scaled after the run, not
-# predicted: the step's fixed and per-sequence costs halved with the layers.
+# predicted: the step's three fitted costs (fixed, per sequence, per context token) halved with the
+# layers. Replayed on the runs' traces it brackets the engine with the version halving only the first
+# two: 6 of 10 phases within ±30% but the knee's 0.18-0.64x (fast), against 4 of 10 and 1.5-3.0x (slow).
+_16L = PROFILES["h100-transformers-16l-dense"]
 PROFILES["h100-transformers-16l-dense-scaled"] = dataclasses.replace(
-    PROFILES["h100-transformers-16l-dense"], name="h100-transformers-16l-dense-scaled",
-    step_overhead_s=PROFILES["h200-transformers-7b-dense"].step_overhead_s / 2,
-    seq_overhead_s=PROFILES["h200-transformers-7b-dense"].seq_overhead_s / 2)
+    _16L, name="h100-transformers-16l-dense-scaled",
+    **{k: getattr(_16L, k) / 2 for k in ("step_overhead_s", "seq_overhead_s", "ctx_overhead_s")})
 
 
 def overridden(profile: Profile, settings: Sequence[str]) -> Profile:

@@ -758,11 +758,13 @@ async def main_async(args: argparse.Namespace) -> None:
             if any(summary.values()):
                 with (out / "summary.jsonl").open("a") as f:
                     f.write(json.dumps(cell) + "\n")
-            await routers.stop()
+            for proc in sims:  # signalled before any await too: a cancelled wait leaves none running
+                if proc.returncode is None:
+                    proc.terminate()
+            await routers.stop()  # signals every router before its first await
             for runner in front_runners:
                 await runner.cleanup()
             for proc in sims:
-                proc.terminate()
                 await proc.wait()
     print(f"\n{cell['engine']}, {len(workers)} workers, prompts={args.prompts}, reports={args.reports}, "
           f"workload={shape.workload}, seed {args.seed}; TTFT p50 / p95 / ITL p50 (ms), prefix reuse captured")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from loadtests.gpu.fleet import TOKENIZER, Routers
 from proxy.sim.config import SimConfig
@@ -49,9 +50,12 @@ def test_a_time_limits_sigterm_after_the_last_phase_still_leaves_its_summary(tmp
             for line in proc.stdout:  # the phase's line is printed once its summary is in memory
                 if "round_robin @ 2/s:" in line or time.monotonic() > deadline:
                     break
+            children = psutil.Process(proc.pid).children(recursive=True)  # the simulated workers, the router
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         finally:
             proc.kill()
     (cell,) = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
     assert cell["summary"]["round_robin"]["2"]["n"] > 0
+    _, alive = psutil.wait_procs(children, timeout=15)  # and none of its processes outlives it
+    assert children and not alive

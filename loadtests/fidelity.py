@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_order, phase_texts, text_key, trace
-from loadtests.gpu.fleet_report import argv_value, pct
+from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
 from loadtests.jsonl import exists, read_jsonl
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
@@ -365,8 +365,8 @@ def main() -> None:
                    help="with --sweep: the values of one field to sweep (replaces the default grid)")
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
-    points = [pt for results in a.results for pt in real_points(results)]
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)
+    points = [pt for results in on_profile_gpu(a.results, profile.gpu.name) for pt in real_points(results)]
     if a.sweep:
         grid = {k: tuple(float(v) for v in vs.split(",")) for k, vs in (g.split("=", 1) for g in a.grid)}
         sweep(points, profile, encoder, grid or None)

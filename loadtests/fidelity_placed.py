@@ -28,7 +28,7 @@ from typing import Any
 
 from loadtests.fidelity import TOLERANCE, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
-from loadtests.gpu.fleet_report import argv_value, pct
+from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
 from loadtests.jsonl import exists, read_jsonl, read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
@@ -567,6 +567,7 @@ def main() -> None:
         print(repeatability(a.results))
         return
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)
+    a.results = on_profile_gpu(a.results, profile.gpu.name)
     if a.grid:
         grid(a.results, profile, a.grid)  # prints as it goes
         return

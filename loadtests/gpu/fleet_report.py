@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,41 @@ def pct(values: list[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def gpu_model(name: str) -> str | None:
+    """The GPU's model in a name as nvidia-smi or a profile writes it ("NVIDIA H100 80GB HBM3",
+    "NVIDIA H200 SXM 141GB" -> "H100", "H200"); None where none is named."""
+    m = re.search(r"\b([A-Z]\d{2,3})\b", name)
+    return m.group(1) if m else None
+
+
+def run_gpu(results: Path) -> str | None:
+    """The GPU model a run's engines ran on, from its ``gpu.txt`` (run_fleet.sh writes nvidia-smi's
+    line there); None for a run without one (the first few, all on an H200)."""
+    path = results / "gpu.txt"
+    if not path.exists():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("NVIDIA"):
+            return gpu_model(line)
+    return None
+
+
+def on_profile_gpu(runs: list[Path], profile_gpu: str, default: str = "H200") -> list[Path]:
+    """The runs whose engines ran on the profile's GPU model (a run that names none counts as
+    ``default``); each other one is named on stderr and left out, so a glob over every committed
+    run replays no H100 run with an H200 profile, nor the reverse."""
+    want = gpu_model(profile_gpu)
+    kept = []
+    for run in runs:
+        got = run_gpu(run) or default
+        if want is None or got == want:
+            kept.append(run)
+        else:
+            print(f"{run}: left out, its engines ran on an {got}, the profile models an {want} (--profile)",
+                  file=sys.stderr)
+    return kept
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]], rates: list[float], routers: list[str]) -> str:

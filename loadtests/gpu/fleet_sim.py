@@ -40,7 +40,7 @@ from loadtests.gpu.fleet import (
     text_key,
     trace,
 )
-from loadtests.gpu.fleet_report import argv_value, pct
+from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.config_sections import RoutingConfig
 from proxy.loadgen.workloads import RequestSpec
@@ -366,6 +366,7 @@ def main() -> None:
     a = p.parse_args()
     encoder = Encoder(str(TOKENIZER))
     if a.cells:
+        a.cells = on_profile_gpu(a.cells, perf.PROFILES[a.profile].gpu.name)
         stand_ins = {**AS_SIMULATED, "smg": a.smg_as} if a.smg_as else AS_SIMULATED
         if a.spread > 1:
             spread_rows = []

@@ -301,3 +301,30 @@ def test_the_balanced_placement_spreads_groups_by_the_requests_they_will_bring()
     trace_ = trace(4.5, 25.0, Shape(), seed=3)
     placed = balanced_placement(trace_, 4)
     assert set(placed) == {g for _, g in trace_} and set(placed.values()) <= {0, 1, 2, 3}
+
+
+def test_a_replay_leaves_out_the_runs_whose_engines_ran_on_another_gpu(tmp_path: Path, capsys) -> None:
+    from loadtests.gpu.fleet_report import on_profile_gpu
+    from proxy.sim import perf
+
+    h100, h200, unnamed = tmp_path / "h100", tmp_path / "h200", tmp_path / "old"
+    for run in (h100, h200, unnamed):
+        run.mkdir()
+    # gpu.txt as run_fleet.sh writes it: nvidia-smi's CSV header, then the card
+    (h100 / "gpu.txt").write_text("name, memory.total [MiB], driver_version\nNVIDIA H100 80GB HBM3, 81559 MiB, 580\n")
+    (h200 / "gpu.txt").write_text("name, memory.total [MiB], driver_version\nNVIDIA H200, 143771 MiB, 570\n")
+    runs = [h100, h200, unnamed]
+    assert on_profile_gpu(runs, perf.PROFILES[perf.GPU_FLEET_PROFILE].gpu.name) == [h200, unnamed]
+    assert on_profile_gpu(runs, perf.PROFILES["h100-transformers-16l-dense-fit"].gpu.name) == [h100]
+    assert "h100: left out, its engines ran on an H100" in capsys.readouterr().err
+
+
+def test_every_committed_run_names_the_gpu_its_engines_ran_on_or_ran_before_the_h100() -> None:
+    """The replays' filter reads gpu.txt; a run without one is taken for an H200 run, which every
+    such run is (the H100 runs started on 2026-12-06, each with its gpu.txt)."""
+    from loadtests.gpu.fleet_report import run_gpu
+
+    results = Path(__file__).resolve().parents[2] / "loadtests" / "results"
+    named = {run.name: run_gpu(run) for run in results.glob("gpu-fleet*") if run.is_dir()}
+    assert {"H100", "H200"} <= set(named.values())
+    assert all(gpu == "H100" for name, gpu in named.items() if name.startswith("gpu-fleet-h100"))

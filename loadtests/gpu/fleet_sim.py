@@ -253,6 +253,19 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     return list(rows.items())
 
 
+def calibrated_brier(odds: Sequence[float]) -> tuple[float, float]:
+    """The Brier score that odds ``p`` earn, and its standard deviation, where each outcome is drawn
+    with its own odds (the GPU's round one more draw of the simulated spread): p(1 - p) a cell on
+    average. A score near it says the odds are as good as the cells allow (near-even cells score
+    near 0.25 whoever forecasts them); one well above it, that the odds are overconfident."""
+    if not odds:
+        return math.nan, math.nan
+    mean = sum(p * (1 - p) for p in odds) / len(odds)
+    # a cell scores (1 - p)^2 with probability p, p^2 otherwise
+    var = sum(p * (1 - p) ** 4 + (1 - p) * p ** 4 - (p * (1 - p)) ** 2 for p in odds) / len(odds) ** 2
+    return mean, math.sqrt(var)
+
+
 def spread_tally(rows: Sequence[tuple[str, dict[str, tuple[float, list[float]]]]], router: str = "ttft",
                  peer: str = "smg") -> str:
     """How the simulator's spread holds the GPU: per router, the phases whose GPU p95 lies within
@@ -281,9 +294,11 @@ def spread_tally(rows: Sequence[tuple[str, dict[str, tuple[float, list[float]]]]
         odds.append((p_win, g_r < g_p))
     if odds:
         brier = sum((p - won) ** 2 for p, won in odds) / len(odds)
+        expected, sd = calibrated_brier([p for p, _ in odds])
         sure = [(p, won) for p, won in odds if p >= 0.75 or p <= 0.25]
         right = sum(1 for p, won in sure if (p >= 0.75) == won)
-        parts.append(f"{router} faster than {peer}: Brier {brier:.3f} over {len(odds)} cells (a coin 0.250); "
+        parts.append(f"{router} faster than {peer}: Brier {brier:.3f} over {len(odds)} cells (a coin 0.250; "
+                     f"if the GPU's round were one more draw, {expected:.3f} ± {sd:.3f}); "
                      f"odds 3:1 or longer in {len(sure)}, the GPU's round agreed in {right}")
     return "; ".join(parts)
 
@@ -330,6 +345,8 @@ def main() -> None:
     p.add_argument("--jitter-s", type=float, default=JITTER_S)
     p.add_argument("--save", type=Path, metavar="JSONL",
                    help="--cells --spread: also write each cell's GPU p95 and simulated draws (s), one line a cell")
+    p.add_argument("--tally", type=Path, nargs="+", metavar="JSONL",
+                   help="print the spread's tally of draws saved by --save, without replaying")
     p.add_argument("--routers", default="oracle,ttft,cache_aware")
     p.add_argument("--profile", default=PROFILE, help="the simulated engines' performance profile (proxy.sim.perf)")
     p.add_argument("--rates", default="3,4.5")
@@ -364,6 +381,10 @@ def main() -> None:
     p.add_argument("--whole-cell", action="store_true",
                    help="as --carry-over, across the rates too, routers rotated by one per rate (fleet.py's order)")
     a = p.parse_args()
+    if a.tally:
+        saved = [json.loads(line) for path in a.tally for line in path.read_text().splitlines() if line.strip()]
+        print(spread_tally([(d["cell"], {r: (g, sims) for r, (g, sims) in d["routers"].items()}) for d in saved]))
+        return
     encoder = Encoder(str(TOKENIZER))
     if a.cells:
         a.cells = on_profile_gpu(a.cells, perf.PROFILES[a.profile].gpu.name)

@@ -42,6 +42,8 @@ def test_spread_tally_counts_the_gpu_inside_the_range_and_scores_the_odds() -> N
     assert "ttft: GPU inside the simulated range in 2 of 2" in line
     # paired by jitter seed: cell a 4 of 4 faster (it was: 0), cell b 1 of 4 (it was: (1/4 - 1)^2)
     assert "Brier 0.281 over 2 cells" in line
+    # odds 1 and 1/4: p(1 - p) is 0 and 3/16, so a calibrated forecaster expects 0.094 on average
+    assert "if the GPU's round were one more draw, 0.094 ± " in line
     assert "odds 3:1 or longer in 2, the GPU's round agreed in 1" in line
 
 
@@ -50,3 +52,20 @@ def test_spread_tally_leaves_out_what_did_not_finish() -> None:
     line = spread_tally(rows)
     assert "ttft:" not in line and "smg: GPU inside the simulated range in 1 of 1" in line
     assert "Brier" not in line
+
+
+def test_odds_that_match_the_outcomes_score_what_calibration_expects() -> None:
+    """Outcomes drawn with the odds given: the Brier score lands within a few standard deviations
+    of the expectation; the same odds against outcomes that always go the unlikely way do not."""
+    import random
+
+    from loadtests.gpu.fleet_sim import calibrated_brier
+
+    rng = random.Random(3)
+    odds = [rng.choice((0.125, 0.25, 0.5, 0.75, 0.875)) for _ in range(400)]
+    expected, sd = calibrated_brier(odds)
+    drawn = sum((p - (rng.random() < p)) ** 2 for p in odds) / len(odds)
+    contrary = sum((p - (p < 0.5)) ** 2 for p in odds) / len(odds)
+    assert abs(drawn - expected) < 3 * sd
+    assert contrary - expected > 10 * sd
+    assert calibrated_brier([0.5]) == (0.25, 0.0)

@@ -27,7 +27,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 # 57): the host's CPU and the GPU's clocks and neighbours go with every result.
 { nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,utilization.gpu \
     --format=csv; grep -m1 "model name" /proc/cpuinfo; echo "cpus $(nproc), load $(cut -d' ' -f1-3 /proc/loadavg)"
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv; } >> "$OUT/gpu.txt" 2>&1
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+  # the engine's shape beside its GPU (runs 73-78: 16 layers on an H100): what a replay's profile must match
+  echo "engines $N, ENGINE_ARGS=${ENGINE_ARGS:-}"; } >> "$OUT/gpu.txt" 2>&1
 # And once a second while it runs (in logs.tgz, on the batch logs' clock): SM clock, GPU load, steal.
 python3 loadtests/gpu/sample_host.py --out "$ENGINE_LOGS/host-$T_START.csv" --max-s 600 > /dev/null 2>&1 &
 SAMPLER=$!

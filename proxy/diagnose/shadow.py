@@ -86,8 +86,12 @@ def replay(records: Sequence[RequestRecord], workers: Sequence[str], capacity_to
         return Replay(tuple(result for result, _ in runs))
     as_placed = round(shadow_ttft.p95(model.ttfts(own)), 6)
     unloaded = round(shadow_ttft.p95([model.predict((p.uncached, 0.0, 0.0)) for p in own]), 6)
+    # Zero: the fit gave the load's terms all of the TTFT, none to a prompt's own tokens (a window
+    # loaded throughout: on the H100 fleet at its knee, run 78's text phase), so it cannot say what
+    # an idle engine takes; an estimate of 0 s would hide the load it measured.
     return Replay(tuple(dataclasses.replace(result, ttft_p95=round(shadow_ttft.p95(model.ttfts(placed)), 6),
-                                            as_placed_ttft_p95=as_placed) for result, placed in runs), unloaded)
+                                            as_placed_ttft_p95=as_placed) for result, placed in runs),
+                  unloaded if unloaded > 0 else None)
 
 
 def _decode_s(r: RequestRecord) -> float:

@@ -135,8 +135,16 @@ CASES = [
     ("a tail of twice less than the load ratio is not called load",
      {"latency": {"ttft": dist(2.5, 3.0)}, "unloaded_ttft_p95": 1.8},
      set(), rules.INSUFFICIENT, None),
-    ("without the unloaded estimate, neither load nor a floor is claimed",
+    ("without the unloaded estimate or the big prompts' TTFT, neither load nor a floor is claimed",
      {"latency": {"ttft": dist(2.5, 3.0)}},
+     set(), rules.INSUFFICIENT, None),
+    # The H100 fleet at its knee (run 78, text, minimal reports): the window's fit put all of TTFT on
+    # the load (no idle estimate), p95 8.9 s where the fastest big prompts took 0.37 s.
+    ("without the unloaded estimate, a tail far over the fastest big prompts' TTFT is load",
+     {"latency": {"ttft": dist(2.8, 8.9), "ttft_big_p10": 0.37}},
+     {"load_bound"}, rules.TUNE, "over_capacity"),
+    ("...but not one within twice the fastest big prompts' TTFT",
+     {"latency": {"ttft": dist(2.5, 3.0), "ttft_big_p10": 1.8}},
      set(), rules.INSUFFICIENT, None),
     ("load is not blamed when a cause with its own lever fired",
      {"latency": {"ttft": dist(0.6, 4.1)}, "unloaded_ttft_p95": 0.5,

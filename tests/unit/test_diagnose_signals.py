@@ -344,3 +344,20 @@ def test_one_workers_restart_empties_its_own_cache_model_only() -> None:
     assert c.reporting_requests == 2
     assert c.captured == 0.0  # w0 restarted: its repeat found nothing
     assert c.available == pytest.approx(64 / 128)  # a fleet-wide cache (the others' share) still could
+
+
+def test_a_window_whose_ttft_is_all_load_gives_no_idle_estimate_rather_than_zero() -> None:
+    from proxy.diagnose.shadow import replay
+    from proxy.diagnose.shadow_ttft import Placed, TtftModel
+
+    # TTFT made only of what is ahead and decoding on the worker (the fit puts nothing on a
+    # prompt's own tokens, as on the H100 fleet's knee in run 78): an idle engine's 0 s is no
+    # estimate; the load rule then falls back on what the biggest prompts measured.
+    truth = TtftModel((0.0, 0.0, 0.0004, 0.2))
+    sizes = [4 + i % 9 for i in range(60)]
+    placed = [Placed(0.05 * i, "http://w0", 16.0 * n, 0.5) for i, n in enumerate(sizes)]
+    ttfts = truth.ttfts(placed)
+    assert sorted(ttfts)[57] > 0.5  # loaded: the p95 is well above anything a prompt costs alone
+    recs = [record(blocks=chain(i, n), received=p.at, prefill=t, gaps=(0.25, 0.25))  # decodes of 0.5 s
+            for i, (n, p, t) in enumerate(zip(sizes, placed, ttfts, strict=True))]
+    assert replay(recs, ["http://w0"], None).unloaded_ttft_p95 is None

@@ -272,3 +272,18 @@ def test_the_16_layer_h100_profile_holds_on_runs_its_fit_did_not_see() -> None:
     scaled, _ = _within_on_their_placement(held_out, "h100-transformers-16l-dense-scaled")
     assert rounds >= 20
     assert fit >= 0.75 * rounds and scaled < fit / 2, (fit, scaled, rounds)
+
+
+def test_the_16_layer_h100_profile_predicts_one_engine_alone_it_was_never_fitted_to() -> None:
+    """Fitted to four engines sharing the H100 (runs 73-74); runs 81 and 83 (gpu-fleet-h100-9/11)
+    ran one engine alone, shared and unique prompts, light to overloaded, on a machine whose small
+    steps took their usual 58-79 ms. (Run 79, gpu-fleet-h100-7, the same trace as 83 on the same
+    machine at 103 ms a step, reads 1 of 4: a lone engine runs at its host's speed of the day.)"""
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    profile = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    points = [p for run in ("gpu-fleet-h100-9", "gpu-fleet-h100-11")
+              for p in fidelity.simulate(fidelity.real_points(fidelity.RESULTS.parent / run), profile, encoder, {})]
+    assert len(points) == 11 and {p.cell for p in points} == {"one engine shared", "one engine unique"}
+    verdicts = [fidelity.judge(p) for p in points]
+    assert "overloaded in both" in verdicts
+    assert all(v in ("within ±30%", "overloaded in both") for v in verdicts), verdicts

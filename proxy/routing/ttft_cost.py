@@ -3,15 +3,15 @@
 Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``ttft_model``):
     cached_w   = tokens of the longest prefix w probably holds (``PrefixIndex``), at most P
     uncached_w = P - cached_w
-    unseen_w   = uncached tokens of our requests (and our peers') sent to w since its scraped
-                 state last changed and still without a first token (the engine cannot have
-                 counted them yet); before any scrape, all our in-flight ones
-    queued_w   = the last scrape's ``waiting_uncached_tokens`` (else ``queued`` x the mean
-                 uncached size of our requests); counts other proxies' traffic too
-    running_w  = its decode batch (scraped ``running``, else the requests we and our peers have
-                 in flight there: ``on_peer_load``)
-    waiting_w  = requests ahead there without a first token (ours since the last scrape + its
-                 scraped queue; before any scrape, ours): ``waiting_requests``
+    unseen_w   = uncached tokens of our requests (and our peers') on w still without a first token:
+                 from our books, which know when each has one (``own_exact``; else only ours sent
+                 since its scraped state last changed, the older ones left to the scrape)
+    queued_w   = the other senders' queued tokens: the last scrape's ``waiting_uncached_tokens``
+                 (else ``queued`` x the mean uncached size of our requests) less ours it counted
+    running_w  = its batch: the scrape's less ours it counted, plus ours in flight there (before
+                 any scrape, ours and our peers' in flight there: ``on_peer_load``)
+    waiting_w  = requests there without a first token: the others' in the scrape's queue and ours
+                 (``waiting_requests``)
     kv_wait_w  = seconds it would wait there for room in the KV pool, from the contexts we (and
                  our peers) have in flight there against its ``max_total_tokens`` (``ttft_kv.py``;
                  0 unless ``kv_wait``, off by default: even with the rule without it on the GPU)
@@ -124,7 +124,7 @@ class TtftCost:
             own_at_least_ahead=params.own_at_least_ahead,
         )
         # Prefill the scraped state cannot show yet (ours in flight, our peers'), and tie-break counts.
-        self.pending = PendingWork(params.max_tracked_per_worker)
+        self.pending = PendingWork(params.max_tracked_per_worker, params.own_exact)
         self.picks = PickHistory(params)
         self.popularity = Popularity()
         self.kv_reads = KvReads()

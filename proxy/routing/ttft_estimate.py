@@ -77,8 +77,15 @@ def saturated(worker: WorkerSnapshot, p: TtftParams) -> bool:
 class PendingWork:
     """Our requests in flight per worker (in dispatch order) and our peers' reported work."""
 
-    def __init__(self, max_tracked_per_worker: int) -> None:
+    def __init__(self, max_tracked_per_worker: int, own_exact: bool = True) -> None:
         self._max_tracked = max_tracked_per_worker
+        # True: a scrape's queue stands only for others' requests (``ahead``); ours are counted
+        # from our own books, which know the moment each gets its first token.
+        self._own_exact = own_exact
+        # url -> (scrape signature, its queue and queued tokens less ours it could count): the
+        # other senders' share of the latest scrape (queue, queued tokens, running), taken when it
+        # first reached a decision.
+        self._foreign: dict[str, tuple[tuple[object, ...], int, int, int]] = {}
         # The mean uncached size of our requests: a scraped queue length times this, where the
         # engine reports no queued tokens.
         self.mean_uncached = 1024.0
@@ -103,7 +110,8 @@ class PendingWork:
     def ahead(self, worker: WorkerSnapshot) -> tuple[int, int, int]:
         """What waits on ``worker`` ahead of a new request, in one walk: (unseen, queued) as
         ``pending_prefill``, and the requests still without a first token: ours (and our peers'
-        streamed ones) before any scrape; once scraped, its reported queue plus ours sent since."""
+        streamed ones) before any scrape; once scraped, the others' part of its queue and ours
+        (``_ahead_own_exact``), or without ``own_exact`` its queue plus ours sent since."""
         own = self.in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
         current = signature(worker)
@@ -112,6 +120,8 @@ class PendingWork:
             mine = [e for e in own.values() if not e.prefilled]
             waiting = len(mine) + len(self.peer_pending.get(worker.url, {}))
             return sum(int(e.features.uncached) for e in mine) + peers, 0, waiting
+        if self._own_exact:
+            return self._ahead_own_exact(worker, own, current, peers)
         unseen, waiting = peers, worker.queued or 0
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
@@ -124,6 +134,42 @@ class PendingWork:
         else:
             queued = int((worker.queued or 0) * self.mean_uncached)
         return unseen, queued, waiting
+
+    def _ahead_own_exact(self, worker: WorkerSnapshot, own: Mapping[int, InFlight],
+                         current: tuple[object, ...], peers: int) -> tuple[int, int, int]:
+        """``ahead`` with our requests from our books and only the other senders' from the
+        scrape (``_others``): a scrape is up to an interval old, and its queue still counts ours
+        that have had their first token since (at 10 req/s and 0.5-s scrapes, several a worker).
+        Ours without a first token are unseen prefill, as before any scrape, so with no other
+        sender the inputs are those of a proxy that scrapes nothing."""
+        mine = [e for e in own.values() if not e.prefilled]
+        others, others_tokens, _ = self._others(worker, own, current)
+        return peers + sum(int(e.features.uncached) for e in mine), others_tokens, others + len(mine)
+
+    def _others(self, worker: WorkerSnapshot, own: Mapping[int, InFlight],
+                current: tuple[object, ...]) -> tuple[int, int, int]:
+        """Other senders' (queue, queued tokens, running) on ``worker`` in its latest scrape: the
+        scrape less ours it could count, taken once per scrape, when it first reaches a decision.
+        Ours sent before it without a first token were queued or prefilling then; with one, in
+        the batch. Errs low on the queue by ours the engine had taken into a prefill."""
+        seen = self._foreign.get(worker.url)
+        if seen is not None and seen[0] == current:
+            return seen[1], seen[2], seen[3]
+        waiting = prefilled = waiting_tokens = 0
+        for entry in own.values():
+            if entry.signature == current:
+                continue
+            if entry.prefilled:
+                prefilled += 1
+            else:
+                waiting, waiting_tokens = waiting + 1, waiting_tokens + int(entry.features.uncached)
+        queue, running = worker.queued or 0, worker.running or 0
+        tokens = (worker.waiting_uncached_tokens if worker.waiting_uncached_tokens is not None
+                  else int(queue * self.mean_uncached))
+        others = max(0, queue - waiting)
+        others_running = max(0, running + queue - waiting - prefilled - others)
+        self._foreign[worker.url] = (current, others, max(0, tokens - waiting_tokens), others_running)
+        return others, max(0, tokens - waiting_tokens), others_running
 
     def _peer_unseen(self, url: str, current: tuple[object, ...]) -> int:
         """Peers' prefill sent to ``url`` that the engine has not reported: entries first seen
@@ -143,9 +189,13 @@ class PendingWork:
 
     def running(self, worker: WorkerSnapshot) -> int:
         """Its decode batch: scraped, else the requests ours and our peers' have in flight there."""
+        own = self.in_flight.get(worker.url, {})
         if worker.running is not None:
-            return worker.running
-        return len(self.in_flight.get(worker.url, {})) + self._peer_in_flight.get(worker.url, 0)
+            if not self._own_exact:
+                return worker.running
+            # the other senders' batch, and every request of ours in flight there (as unscraped)
+            return self._others(worker, own, signature(worker))[2] + len(own)
+        return len(own) + self._peer_in_flight.get(worker.url, 0)
 
     def outstanding(self, url: str) -> int:
         """Requests in flight on ``url``: ours, and what our peers last said they have there."""
@@ -229,7 +279,7 @@ class PendingWork:
     def forget(self, present: Iterable[str]) -> None:
         """Drop the workers not in ``present``."""
         keep = set(present)
-        for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts):
+        for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts, self._foreign):
             for url in [u for u in table if u not in keep]:
                 del table[url]
         for peer, load in list(self.peer_load.items()):

@@ -94,6 +94,12 @@ class TtftParams:
     # (a step there reads at most the pool's size of resident KV: the hits wait for running
     # requests to end). False = the feature is always 0 (the fit before it).
     waiting_requests: bool = True
+    # Count our own requests on a worker from our books, the scrape standing only for the other
+    # senders' (ttft_estimate.PendingWork._ahead_own_exact): a 0.5-s scrape still counts ours that
+    # have had their first token, and one proxy routed by it was 1.23x the p95 of the same proxy
+    # without scrapes at the H100 fleet's knee (simulated, 8 seeds; docs/routing.md). False = the
+    # scrape's queue and batch as they are, ours since it added (before 2026-12-06).
+    own_exact: bool = True
     # Hold the fit's cost of a request's own uncached token at least at its cost of an unseen token
     # ahead (ttft_model.py). Why: after a loaded phase the fit puts TTFT on its queue terms and the
     # own-token cost on its floor, so recomputing a prefix elsewhere looks cheaper than the prefill

@@ -126,8 +126,8 @@ def test_when_every_worker_is_saturated_the_best_estimate_still_wins() -> None:
     assert decision.branch == "saturated"
 
 
-def test_own_in_flight_prefill_counts_until_the_engine_reports_it_running() -> None:
-    policy = TtftCost(TtftParams())
+def test_own_in_flight_prefill_counts_until_the_engine_reports_it_running_without_own_books() -> None:
+    policy = TtftCost(TtftParams(own_exact=False))
     big = prompt(1, 200)
     d = policy.select(big, fleet())
     w = d.worker.removeprefix("http://")
@@ -137,6 +137,44 @@ def test_own_in_flight_prefill_counts_until_the_engine_reports_it_running() -> N
     assert policy.pending_prefill(scraped) == (0, 7)
     # The next unique prompt avoids the worker with a queued prefill.
     assert policy.select(prompt(2, 200), fleet()).worker != d.worker
+
+
+def test_our_request_is_ours_until_its_first_token_whatever_a_scrape_says() -> None:
+    """The default: a scrape stands for the other senders only; ours come from our books, which
+    know when each has its first token (a scrape up to 0.5 s old still counts it)."""
+    policy = TtftCost(TtftParams())
+    big = prompt(1, 200)
+    d = policy.select(big, fleet())
+    i, w = URLS.index(d.worker), d.worker.removeprefix("http://")
+    # The scrape taken while ours waited there: its queue is ours, no one else's.
+    at_scrape = fleet(**{w: {"running": 0, "queued": 1, "waiting_uncached_tokens": big.prompt_tokens}})[i]
+    assert policy.pending_prefill(at_scrape) == (big.prompt_tokens, 0)
+    assert policy.running(at_scrape) == 1  # ours, in flight there
+    # Its first token came back; the same scrape, still the latest, no longer counts it.
+    policy.on_first_token(FirstToken(d.worker, big, big.prompt_tokens, 0))
+    assert policy.pending_prefill(at_scrape) == (0, 0)
+    # The old reading kept the scrape's queue until the next scrape.
+    old = TtftCost(TtftParams(own_exact=False))
+    d_old = old.select(big, fleet())
+    assert d_old.worker == d.worker
+    old.on_first_token(FirstToken(d.worker, big, big.prompt_tokens, 0))
+    assert old.pending_prefill(at_scrape) == (0, big.prompt_tokens)
+
+
+def test_what_a_scrape_shows_beyond_our_requests_is_the_other_senders_load() -> None:
+    policy = TtftCost(TtftParams())
+    mine = prompt(1, 40)
+    d = policy.select(mine, fleet())
+    i, w = URLS.index(d.worker), d.worker.removeprefix("http://")
+    # Three more queued there than ours, 3,000 more queued tokens, and two more in the batch.
+    scrape = {"running": 2, "queued": 4, "waiting_uncached_tokens": mine.prompt_tokens + 3000}
+    worker = fleet(**{w: scrape})[i]
+    assert policy.pending_prefill(worker) == (mine.prompt_tokens, 3000)
+    assert policy.running(worker) == 2 + 1
+    # A later scrape with nothing of others' there: only ours remain.
+    quiet = fleet(**{w: {"running": 0, "queued": 1, "waiting_uncached_tokens": mine.prompt_tokens}})[i]
+    assert policy.pending_prefill(quiet) == (mine.prompt_tokens, 0)
+    assert policy.running(quiet) == 1
 
 
 def test_queued_requests_without_token_counts_are_costed_at_the_mean_prefill() -> None:
@@ -495,9 +533,11 @@ TPS = TtftParams().prior_prefill_tokens_per_s
     ("a shorter held prefix is worth less", 40, TPS, {}, (prefix_tokens(40, BT) + prefix_tokens(80, BT)) / TPS),
     ("a faster engine is worth waiting for less", 70, 4 * TPS, {},
      (prefix_tokens(70, BT) + prefix_tokens(80, BT)) / (4 * TPS)),
-    # A scrape since the holder was sent: its queue (counted at half a prefill token) is the wait.
-    ("a scraped queue ahead adds its prefill time", 70, TPS, {"running": 1, "waiting_uncached_tokens": 2400},
-     (prefix_tokens(70, BT) + 2400 / 2) / TPS),
+    # A scrape since the holder was sent: the holder is still ours, and the queue beyond it, the
+    # other senders' (counted at half a prefill token), adds to the wait.
+    ("a scraped queue ahead adds its prefill time", 70, TPS,
+     {"running": 1, "queued": 2, "waiting_uncached_tokens": prefix_tokens(80, BT) + 2400},
+     (prefix_tokens(70, BT) + prefix_tokens(80, BT) + 2400 / 2) / TPS),
 ])
 def test_a_hold_is_worth_the_recompute_it_saves_plus_the_queue_it_waits_for_anyway(
         why: str, shared: int, tokens_per_s: float, home_state: dict[str, int], expected: float) -> None:

@@ -151,7 +151,8 @@ class PendingWork:
         """Other senders' (queue, queued tokens, running) on ``worker`` in its latest scrape: the
         scrape less ours it could count, taken once per scrape, when it first reaches a decision.
         Ours sent before it without a first token were queued or prefilling then; with one, in
-        the batch. Errs low on the queue by ours the engine had taken into a prefill."""
+        the batch. Errs low on the queue by ours the engine had taken into a prefill, high by ours
+        whose first token came between the scrape and the decision that first reads it."""
         seen = self._foreign.get(worker.url)
         if seen is not None and seen[0] == current:
             return seen[1], seen[2], seen[3]

@@ -16,6 +16,10 @@ _V = TypeVar("_V")
 # (~5 KB for a 32k-token prompt), and one whose first-token notice is lost (a peer gone) stays
 # until this bound pushes it out (or a hold on it times out).
 PEER_PENDING_PER_WORKER = 1024
+# With ``own_exact``, a peer's request told of is ahead on its worker until the peer reports its
+# first token; one never reported (a peer gone) is dropped after this many scrapes (~60 s at 0.5 s,
+# past any first token the GPU fleet saw: its TTFT p99 past the knee was ~15 s).
+PEER_WORK_SCRAPES = 120
 
 
 class Estimate(NamedTuple):
@@ -86,13 +90,16 @@ class PendingWork:
         # other senders' share of the latest scrape (queue, queued tokens, running), taken when it
         # first reached a decision.
         self._foreign: dict[str, tuple[tuple[object, ...], int, int, int]] = {}
+        # url -> (the latest scrape signature a decision read, how many it has read): the clock
+        # a peer's request without a notice expires by (``_peer_books``).
+        self._scrapes: dict[str, tuple[tuple[object, ...], int]] = {}
         # The mean uncached size of our requests: a scraped queue length times this, where the
         # engine reports no queued tokens.
         self.mean_uncached = 1024.0
         # url -> {id(request): InFlight}, in dispatch order.
         self.in_flight: dict[str, dict[int, InFlight]] = {}
         # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
-        self.peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | None, int]]] = {}
+        self.peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | int | None, int]]] = {}
         # url -> {peer's key: its streamed request, until the peer reports its first token}
         self.peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
         # peer -> {url: its requests in flight there}, as it last said; and their sum per url
@@ -115,13 +122,13 @@ class PendingWork:
         own = self.in_flight.get(worker.url, {})
         scraped = worker.running is not None or worker.queued is not None or worker.waiting_uncached_tokens is not None
         current = signature(worker)
+        if scraped and self._own_exact:
+            return self._ahead_own_exact(worker, own, current)
         peers = self._peer_unseen(worker.url, current)
         if not scraped:
             mine = [e for e in own.values() if not e.prefilled]
             waiting = len(mine) + len(self.peer_pending.get(worker.url, {}))
             return sum(int(e.features.uncached) for e in mine) + peers, 0, waiting
-        if self._own_exact:
-            return self._ahead_own_exact(worker, own, current, peers)
         unseen, waiting = peers, worker.queued or 0
         for entry in reversed(own.values()):  # newest first; stop at the first the engine saw
             if entry.signature != current:
@@ -136,15 +143,44 @@ class PendingWork:
         return unseen, queued, waiting
 
     def _ahead_own_exact(self, worker: WorkerSnapshot, own: Mapping[int, InFlight],
-                         current: tuple[object, ...], peers: int) -> tuple[int, int, int]:
-        """``ahead`` with our requests from our books and only the other senders' from the
-        scrape (``_others``): a scrape is up to an interval old, and its queue still counts ours
-        that have had their first token since (at 10 req/s and 0.5-s scrapes, several a worker).
-        Ours without a first token are unseen prefill, as before any scrape, so with no other
-        sender the inputs are those of a proxy that scrapes nothing."""
+                         current: tuple[object, ...]) -> tuple[int, int, int]:
+        """``ahead`` with our requests, and our peers' they told us of, from our books and only
+        the other senders' from the scrape (``_others``): a scrape is up to an interval old, and
+        its queue still counts ours that have had their first token since (at 10 req/s and 0.5-s
+        scrapes, several a worker). Ours and theirs without a first token are unseen prefill, as
+        before any scrape, so with no other sender the inputs are those of a proxy that scrapes
+        nothing."""
         mine = [e for e in own.values() if not e.prefilled]
         others, others_tokens, _ = self._others(worker, own, current)
-        return peers + sum(int(e.features.uncached) for e in mine), others_tokens, others + len(mine)
+        peers, peer_tokens = self._peer_books(worker.url, current)
+        unseen = sum(int(e.features.uncached) for e in mine) + peer_tokens
+        return unseen, others_tokens, others + len(mine) + peers
+
+    def _peer_books(self, url: str, current: tuple[object, ...]) -> tuple[int, int]:
+        """Our peers' requests on ``url`` still without a first token, as they told us (count,
+        uncached tokens). One whose notice never came (a peer gone) is dropped
+        ``PEER_WORK_SCRAPES`` scrapes after we first counted it."""
+        table = self.peer_work.get(url)
+        if not table:
+            return 0, 0
+        now = self._scrape_no(url, current)
+        count = tokens = 0
+        for key, (stamp, uncached) in list(table.items()):
+            if stamp is None:
+                table[key] = (now, uncached)
+            elif not isinstance(stamp, int) or now - stamp > PEER_WORK_SCRAPES:
+                del table[key]
+                continue
+            count, tokens = count + 1, tokens + uncached
+        return count, tokens
+
+    def _scrape_no(self, url: str, current: tuple[object, ...]) -> int:
+        """How many scrapes of ``url`` have reached a decision (a new signature counts one)."""
+        sig, n = self._scrapes.get(url, (None, 0))
+        if sig != current:
+            n += 1
+            self._scrapes[url] = (current, n)
+        return n
 
     def _others(self, worker: WorkerSnapshot, own: Mapping[int, InFlight],
                 current: tuple[object, ...]) -> tuple[int, int, int]:
@@ -164,11 +200,14 @@ class PendingWork:
                 prefilled += 1
             else:
                 waiting, waiting_tokens = waiting + 1, waiting_tokens + int(entry.features.uncached)
+        peers, peer_tokens = self._peer_books(worker.url, current)
+        peers_in = max(peers, self._peer_in_flight.get(worker.url, 0))  # theirs then, all told
         queue, running = worker.queued or 0, worker.running or 0
         tokens = (worker.waiting_uncached_tokens if worker.waiting_uncached_tokens is not None
                   else int(queue * self.mean_uncached))
-        others = max(0, queue - waiting)
-        others_running = max(0, running + queue - waiting - prefilled - others)
+        others = max(0, queue - waiting - peers)
+        waiting_tokens += peer_tokens
+        others_running = max(0, running + queue - waiting - prefilled - peers_in - others)
         self._foreign[worker.url] = (current, others, max(0, tokens - waiting_tokens), others_running)
         return others, max(0, tokens - waiting_tokens), others_running
 
@@ -194,8 +233,10 @@ class PendingWork:
         if worker.running is not None:
             if not self._own_exact:
                 return worker.running
-            # the other senders' batch, and every request of ours in flight there (as unscraped)
-            return self._others(worker, own, signature(worker))[2] + len(own)
+            # the other senders' batch, and every request of ours and our peers' in flight there
+            current = signature(worker)
+            peers = max(self._peer_books(worker.url, current)[0], self._peer_in_flight.get(worker.url, 0))
+            return self._others(worker, own, current)[2] + len(own) + peers
         return len(own) + self._peer_in_flight.get(worker.url, 0)
 
     def outstanding(self, url: str) -> int:
@@ -280,7 +321,8 @@ class PendingWork:
     def forget(self, present: Iterable[str]) -> None:
         """Drop the workers not in ``present``."""
         keep = set(present)
-        for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts, self._foreign):
+        for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts, self._foreign,
+                      self._scrapes):
             for url in [u for u in table if u not in keep]:
                 del table[url]
         for peer, load in list(self.peer_load.items()):

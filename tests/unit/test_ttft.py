@@ -12,7 +12,7 @@ from proxy.routing.base import Completion, FirstToken, NoWorkerAvailable, RouteR
 from proxy.routing.kv_index import Match
 from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.ttft_cost import TtftCost, TtftParams
-from proxy.routing.ttft_estimate import PEER_PENDING_PER_WORKER
+from proxy.routing.ttft_estimate import PEER_PENDING_PER_WORKER, PEER_WORK_SCRAPES
 
 URLS = ["http://a", "http://b", "http://c", "http://d"]
 BT = 16
@@ -373,8 +373,8 @@ def test_a_peer_decision_for_an_unknown_worker_is_ignored() -> None:
     assert "http://gone" not in policy.index
 
 
-def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape() -> None:
-    policy = TtftCost(TtftParams())
+def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape_without_books() -> None:
+    policy = TtftCost(TtftParams(own_exact=False))
     for w in fleet():
         policy.index.worker(w.url)
     scraped = fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]
@@ -385,6 +385,27 @@ def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape(
     assert policy.pending_prefill(scraped) == (200, 0)
     rescraped = fleet(a={"running": 1, "queued": 1, "waiting_uncached_tokens": 200})[0]
     assert policy.pending_prefill(rescraped) == (0, 200)  # the engine counts it now
+
+
+def test_a_peers_request_counts_until_its_first_token_whatever_a_scrape_says() -> None:
+    """The default (``own_exact``): what a peer told us of is ahead until its first token, as
+    ours are; a scrape's queue beyond them is the other senders'. One whose notice never comes
+    (a peer gone) is dropped after ``PEER_WORK_SCRAPES`` scrapes."""
+    policy = TtftCost(TtftParams())
+    for w in fleet():
+        policy.index.worker(w.url)
+    scraped = fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]
+    policy.on_peer_decision(URLS[0], prompt(1, 20), uncached=300, key=("p", "r1"))
+    policy.on_peer_decision(URLS[0], prompt(2, 20), uncached=200, key=("p", "r2"))
+    assert policy.pending_prefill(scraped) == (500, 0)
+    policy.on_peer_prefilled(URLS[0], ("p", "r1"))
+    assert policy.pending_prefill(scraped) == (200, 0)
+    # A scrape that counts r2 and 500 tokens of someone else's.
+    rescraped = fleet(a={"running": 1, "queued": 2, "waiting_uncached_tokens": 700})[0]
+    assert policy.pending_prefill(rescraped) == (200, 500)
+    for n in range(PEER_WORK_SCRAPES + 1):  # r2's notice never comes
+        policy.pending_prefill(fleet(a={"running": 0, "queued": 1, "waiting_uncached_tokens": 200 + n})[0])
+    assert policy.pending_prefill(fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]) == (0, 0)
 
 
 def test_new_groups_spread_two_per_worker_by_default() -> None:
@@ -432,7 +453,10 @@ def test_a_peers_requests_in_flight_count_as_load_until_it_says_otherwise_or_goe
     policy.on_peer_load("peer-2", {"http://a": 1})
     a = WorkerSnapshot("http://a")
     assert policy.pending.outstanding("http://a") == 3 and policy.running(a) == 3
-    assert policy.running(dataclasses.replace(a, running=1)) == 1  # a scrape knows better
+    # A scrape up to an interval old: the peers' fresher counts stand, its batch beyond them is others'.
+    assert policy.running(dataclasses.replace(a, running=1)) == 3
+    assert policy.running(dataclasses.replace(a, running=5, queued=0, waiting_uncached_tokens=0)) == 5
+    assert TtftCost(TtftParams(own_exact=False)).running(dataclasses.replace(a, running=1)) == 1
     chosen = []
     for t in range(6):
         r = prompt(200 + t, 120, shared=110, shared_tag=200 + t)

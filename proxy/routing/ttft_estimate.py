@@ -16,10 +16,10 @@ _V = TypeVar("_V")
 # (~5 KB for a 32k-token prompt), and one whose first-token notice is lost (a peer gone) stays
 # until this bound pushes it out (or a hold on it times out).
 PEER_PENDING_PER_WORKER = 1024
-# With ``own_exact``, a peer's request told of is ahead on its worker until the peer reports its
-# first token; one never reported (a peer gone) is dropped after this many scrapes (~60 s at 0.5 s,
-# past any first token the GPU fleet saw: its TTFT p99 past the knee was ~15 s).
-PEER_WORK_SCRAPES = 120
+# With ``own_exact``, a peer's streamed request told of is ahead on its worker until the peer
+# reports its first token; one never reported (it failed first, or the peer is gone) is dropped
+# after this many scrapes (20 s at 0.5 s: past the GPU fleet's TTFT p99 beyond its knee, ~15 s).
+PEER_WORK_SCRAPES = 40
 
 
 class Estimate(NamedTuple):
@@ -158,17 +158,20 @@ class PendingWork:
 
     def _peer_books(self, url: str, current: tuple[object, ...]) -> tuple[int, int]:
         """Our peers' requests on ``url`` still without a first token, as they told us (count,
-        uncached tokens). One whose notice never came (a peer gone) is dropped
-        ``PEER_WORK_SCRAPES`` scrapes after we first counted it."""
+        uncached tokens). A peer reports the first token of a streamed request only: another one
+        counts until a scrape newer than the one it was first counted under (which then counts
+        it, as without ``own_exact``); a streamed one whose notice never comes is dropped
+        ``PEER_WORK_SCRAPES`` scrapes after."""
         table = self.peer_work.get(url)
         if not table:
             return 0, 0
         now = self._scrape_no(url, current)
+        streamed = self.peer_pending.get(url, {})
         count = tokens = 0
         for key, (stamp, uncached) in list(table.items()):
             if stamp is None:
                 table[key] = (now, uncached)
-            elif not isinstance(stamp, int) or now - stamp > PEER_WORK_SCRAPES:
+            elif not isinstance(stamp, int) or now - stamp > (PEER_WORK_SCRAPES if key in streamed else 0):
                 del table[key]
                 continue
             count, tokens = count + 1, tokens + uncached

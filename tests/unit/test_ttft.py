@@ -388,21 +388,23 @@ def test_a_peers_queued_prefill_counts_until_its_first_token_or_the_next_scrape_
 
 
 def test_a_peers_request_counts_until_its_first_token_whatever_a_scrape_says() -> None:
-    """The default (``own_exact``): what a peer told us of is ahead until its first token, as
-    ours are; a scrape's queue beyond them is the other senders'. One whose notice never comes
-    (a peer gone) is dropped after ``PEER_WORK_SCRAPES`` scrapes."""
+    """The default (``own_exact``): a peer's streamed request told of is ahead until its first
+    token, as ours are; a scrape's queue beyond it is the other senders'. A peer reports no first
+    token of an unstreamed one: that one is left to the next scrape, as before. One whose notice
+    never comes (it failed, a peer gone) is dropped after ``PEER_WORK_SCRAPES`` scrapes."""
     policy = TtftCost(TtftParams())
     for w in fleet():
         policy.index.worker(w.url)
     scraped = fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]
-    policy.on_peer_decision(URLS[0], prompt(1, 20), uncached=300, key=("p", "r1"))
-    policy.on_peer_decision(URLS[0], prompt(2, 20), uncached=200, key=("p", "r2"))
-    assert policy.pending_prefill(scraped) == (500, 0)
+    policy.on_peer_decision(URLS[0], streamed(1, 20), uncached=300, key=("p", "r1"))
+    policy.on_peer_decision(URLS[0], streamed(2, 20), uncached=200, key=("p", "r2"))
+    policy.on_peer_decision(URLS[0], prompt(3, 20), uncached=100, key=("p", "r3"))  # not streamed
+    assert policy.pending_prefill(scraped) == (600, 0)
     policy.on_peer_prefilled(URLS[0], ("p", "r1"))
-    assert policy.pending_prefill(scraped) == (200, 0)
-    # A scrape that counts r2 and 500 tokens of someone else's.
-    rescraped = fleet(a={"running": 1, "queued": 2, "waiting_uncached_tokens": 700})[0]
-    assert policy.pending_prefill(rescraped) == (200, 500)
+    assert policy.pending_prefill(scraped) == (300, 0)
+    # A newer scrape counts r2, r3 and 500 tokens of someone else's: r3 is its now, r2 still ours.
+    rescraped = fleet(a={"running": 1, "queued": 3, "waiting_uncached_tokens": 800})[0]
+    assert policy.pending_prefill(rescraped) == (200, 600)
     for n in range(PEER_WORK_SCRAPES + 1):  # r2's notice never comes
         policy.pending_prefill(fleet(a={"running": 0, "queued": 1, "waiting_uncached_tokens": 200 + n})[0])
     assert policy.pending_prefill(fleet(a={"running": 0, "queued": 0, "waiting_uncached_tokens": 0})[0]) == (0, 0)

@@ -86,9 +86,8 @@ class PendingWork:
         # True: a scrape's queue stands only for others' requests (``ahead``); ours are counted
         # from our own books, which know the moment each gets its first token.
         self._own_exact = own_exact
-        # url -> (scrape signature, its queue and queued tokens less ours it could count): the
-        # other senders' share of the latest scrape (queue, queued tokens, running), taken when it
-        # first reached a decision.
+        # url -> (scrape signature, the other senders' queue, queued tokens and batch in it): the
+        # latest scrape less ours it could count, taken when it first reached a decision.
         self._foreign: dict[str, tuple[tuple[object, ...], int, int, int]] = {}
         # url -> (the latest scrape signature a decision read, how many it has read): the clock
         # a peer's request without a notice expires by (``_peer_books``).
@@ -98,7 +97,8 @@ class PendingWork:
         self.mean_uncached = 1024.0
         # url -> {id(request): InFlight}, in dispatch order.
         self.in_flight: dict[str, dict[int, InFlight]] = {}
-        # url -> {peer's key: (scrape signature when first counted, or None; uncached tokens)}
+        # url -> {peer's key: (when first counted: the scrape signature, or with own_exact the
+        # scrape number; None before; uncached tokens)}
         self.peer_work: dict[str, dict[Hashable, tuple[tuple[object, ...] | int | None, int]]] = {}
         # url -> {peer's key: its streamed request, until the peer reports its first token}
         self.peer_pending: dict[str, dict[Hashable, RouteRequest]] = {}
@@ -151,8 +151,8 @@ class PendingWork:
         before any scrape, so with no other sender the inputs are those of a proxy that scrapes
         nothing."""
         mine = [e for e in own.values() if not e.prefilled]
-        others, others_tokens, _ = self._others(worker, own, current)
         peers, peer_tokens = self._peer_books(worker.url, current)
+        others, others_tokens, _ = self._others(worker, own, current, peers, peer_tokens)
         unseen = sum(int(e.features.uncached) for e in mine) + peer_tokens
         return unseen, others_tokens, others + len(mine) + peers
 
@@ -185,10 +185,11 @@ class PendingWork:
             self._scrapes[url] = (current, n)
         return n
 
-    def _others(self, worker: WorkerSnapshot, own: Mapping[int, InFlight],
-                current: tuple[object, ...]) -> tuple[int, int, int]:
+    def _others(self, worker: WorkerSnapshot, own: Mapping[int, InFlight], current: tuple[object, ...],
+                peers: int, peer_tokens: int) -> tuple[int, int, int]:
         """Other senders' (queue, queued tokens, running) on ``worker`` in its latest scrape: the
-        scrape less ours it could count, taken once per scrape, when it first reaches a decision.
+        scrape less ours and our peers' (``peers`` requests of ``peer_tokens`` now in
+        ``_peer_books``) it could count, taken once per scrape, when it first reaches a decision.
         Ours sent before it without a first token were queued or prefilling then; with one, in
         the batch. Errs low on the queue by ours the engine had taken into a prefill, high by ours
         whose first token came between the scrape and the decision that first reads it."""
@@ -203,7 +204,6 @@ class PendingWork:
                 prefilled += 1
             else:
                 waiting, waiting_tokens = waiting + 1, waiting_tokens + int(entry.features.uncached)
-        peers, peer_tokens = self._peer_books(worker.url, current)
         peers_in = max(peers, self._peer_in_flight.get(worker.url, 0))  # theirs then, all told
         queue, running = worker.queued or 0, worker.running or 0
         tokens = (worker.waiting_uncached_tokens if worker.waiting_uncached_tokens is not None
@@ -238,8 +238,9 @@ class PendingWork:
                 return worker.running
             # the other senders' batch, and every request of ours and our peers' in flight there
             current = signature(worker)
-            peers = max(self._peer_books(worker.url, current)[0], self._peer_in_flight.get(worker.url, 0))
-            return self._others(worker, own, current)[2] + len(own) + peers
+            peers, peer_tokens = self._peer_books(worker.url, current)
+            others_running = self._others(worker, own, current, peers, peer_tokens)[2]
+            return others_running + len(own) + max(peers, self._peer_in_flight.get(worker.url, 0))
         return len(own) + self._peer_in_flight.get(worker.url, 0)
 
     def outstanding(self, url: str) -> int:

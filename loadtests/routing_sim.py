@@ -24,6 +24,9 @@ served, or weighted time slices, as the real GPU fleet runs them; a step's end c
 when another engine's step joins, so the loop asks the pool for its next event instead of
 keeping fixed step ends); ``minimal_reports``: engines that report
 only token counts (snapshots without engine state, no ``cached_tokens``), as that fleet's engines;
+``shim_reports``: engines that report their load as the GPU fleet's engine shim does (a request
+waits until its first token, its whole prompt counted; SGLang's queue is only what is not yet
+scheduled, its batch what is);
 ``encode``: the engines' tokenizer, with the proxy's bytes-per-token estimate learned from each
 answer's ``prompt_tokens`` as the pipeline does (``routing/token_estimate.py``); ``encode_chat``:
 its chat template, which chat prompts go through as a worker's (``protocol.chat_prompt_ids``).
@@ -85,8 +88,9 @@ class VirtualWorker:
     """One simulated SGLang worker advanced by the event loop instead of asyncio."""
 
     def __init__(self, url: str, config: SimConfig, minimal_reports: bool = False,
-                 generation: int = 0) -> None:
+                 generation: int = 0, shim_reports: bool = False) -> None:
         self.url = url
+        self.shim_reports = shim_reports
         # What the registry would say of it: a new one after a restart or a flush it was told of.
         self.generation = generation
         self.minimal_reports = minimal_reports
@@ -113,9 +117,13 @@ class VirtualWorker:
             return WorkerSnapshot(url=self.url, max_running_requests=self.engine.limits.max_running_requests,
                                   max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,),
                                   generation=self.generation)
+        if self.shim_reports:  # loadtests/gpu/engine_server.py, Engine.load
+            pending = [*sched.waiting, *sched.prefilling]
+            running, queued, tokens = len(sched.running), len(pending), sum(len(r.input_ids) for r in pending)
+        else:
+            running, queued, tokens = sched.num_running, len(sched.waiting), sched.waiting_uncached_tokens()
         return WorkerSnapshot(
-            url=self.url, running=sched.num_running, queued=len(sched.waiting),
-            waiting_uncached_tokens=sched.waiting_uncached_tokens(),
+            url=self.url, running=running, queued=queued, waiting_uncached_tokens=tokens,
             token_usage=cache.used_tokens / cache.capacity, cache_hit_rate=sched.last_batch_hit_rate,
             max_running_requests=self.engine.limits.max_running_requests,
             max_total_tokens=cache.capacity, page_size=cache.page_size, models=(MODEL,),
@@ -201,6 +209,7 @@ def simulate(
     hold_max_s: float = 1.0,
     shared_gpu: bool = False,
     minimal_reports: bool = False,
+    shim_reports: bool = False,
     encode: Callable[[str], list[int]] | None = None,
     encode_chat: Callable[[list[dict[str, Any]]], list[int] | None] | None = None,
     block_tokens: int = 16,
@@ -247,7 +256,7 @@ def simulate(
     if dp > 1 and kv_events:
         raise ValueError("dp: KV events per rank are not simulated")
     fleet = engines or [VirtualWorker(f"http://w{i}" if dp == 1 else f"http://w{i}/dp{r}", sim, minimal_reports,
-                                      generation) for i in range(workers) for r in range(dp)]
+                                      generation, shim_reports) for i in range(workers) for r in range(dp)]
     # the GPU(s) of this run: every step of the previous run (``engines``) has ended
     gpu = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)
     tokens = TokenEstimate(4.0) if encode is not None else None

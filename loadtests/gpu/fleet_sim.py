@@ -107,7 +107,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          start: float = 0.0, ids: bool = False,
          carried: list[Policy] | None = None, generation: int = 0,
          chat: bool = False, profile: str = PROFILE, own_gpus: bool = False,
-         dp: int = 1, jitter: tuple[float, int] | None = None) -> tuple[list[Outcome], list[VirtualWorker]]:
+         dp: int = 1, jitter: tuple[float, int] | None = None,
+         sglang_reports: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -119,7 +120,9 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     the four on one; ``dp``: the engines as workers of that many data-parallel ranks each
     (``run_fleet.sh`` DP=: ``workers`` engines in ``workers / dp`` workers); ``jitter`` (seconds,
     seed): each arrival moved by up to that much either way, as a real client's send times wander
-    (the groups and texts stay the trace's; see ``spread_cells``)."""
+    (the groups and texts stay the trace's; see ``spread_cells``); the engines report their load
+    as the GPU fleet's shim does, or with ``sglang_reports`` as SGLang does
+    (``routing_sim.VirtualWorker``)."""
     from loadtests.routing_sim import route_of
 
     arrivals = trace(rate, phase_s, shape, seed)
@@ -156,7 +159,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,
-                    minimal_reports=minimal, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
+                    minimal_reports=minimal, shim_reports=not sglang_reports, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
                     kept=carried, generation=generation, worker_tokens=int(what_if.get("worker_tokens", 0)),
                     steal_after_s=what_if.get("steal_after_s", math.inf), dp=dp, dp_ranks=dp_ranks)
 
@@ -356,7 +359,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4, help="engines")
     p.add_argument("--dp", type=int, default=1,
                    help="the engines as workers of this many data-parallel ranks each (run_fleet.sh DP=)")
-    p.add_argument("--reports", choices=("full", "minimal"), default="minimal")
+    p.add_argument("--reports", choices=("full", "minimal", "sglang"), default="minimal",
+                   help="full: engines that report their load as the GPU fleet's shim does (a request waits "
+                        "until its first token); sglang: as SGLang does (its queue is what is not yet scheduled)")
     p.add_argument("--phase-base", type=int, default=None,
                    help="draw each rate's text as a GPU cell with this --phase-base did (its prompts exactly)")
     p.add_argument("--prompts", choices=("text", "ids", "chat"), default="text",
@@ -445,7 +450,8 @@ def main() -> None:
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
-                                           profile=a.profile, own_gpus=a.own_gpus, dp=a.dp)
+                                           profile=a.profile, own_gpus=a.own_gpus, dp=a.dp,
+                                           sglang_reports=a.reports == "sglang")
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:
@@ -458,7 +464,8 @@ def main() -> None:
                     draws = [pct(ttfts(cell(
                         router, rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
                         ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
-                        dp=a.dp, jitter=(a.jitter_s, j))[0]), 0.95) for j in range(a.spread)]
+                        dp=a.dp, jitter=(a.jitter_s, j), sglang_reports=a.reports == "sglang")[0]), 0.95)
+                             for j in range(a.spread)]
                     spreads.setdefault(router, []).extend(draws)
                     rounds.append(f"jittered {min(draws) * 1e3:,.0f}-{statistics.median(draws) * 1e3:,.0f}-"
                                   f"{max(draws) * 1e3:,.0f}")

@@ -97,7 +97,8 @@ class TtftParams:
     # Count our own requests on a worker from our books, the scrape standing only for the other
     # senders' (ttft_estimate.PendingWork._ahead_own_exact): a 0.5-s scrape still counts ours that
     # have had their first token, and one proxy routed by it was 1.23x the p95 of the same proxy
-    # without scrapes at the H100 fleet's knee (simulated, 8 seeds; docs/routing.md). False = the
+    # without scrapes at the H100 fleet's knee (simulated, 8 seeds, engines reporting as SGLang;
+    # 1.09x reporting as the GPU shim; docs/routing.md). False = the
     # scrape's queue and batch as they are, ours since it added (before 2026-12-06).
     own_exact: bool = True
     # Hold the fit's cost of a request's own uncached token at least at its cost of an unseen token

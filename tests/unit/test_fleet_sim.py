@@ -237,3 +237,27 @@ def test_jittered_arrivals_move_within_the_jitter_and_keep_each_request_its_grou
     assert sorted(o.index for o in moved) == list(range(len(moved)))
     again, _ = fleet_sim.cell("oracle", jitter=(0.05, 2), **common)  # type: ignore[arg-type]
     assert [(o.arrival, o.first) for o in again] == [(o.arrival, o.first) for o in moved]  # seeded
+
+
+def test_simulated_engines_report_their_load_as_the_gpu_shim_or_as_sglang_does() -> None:
+    """The GPU fleet's engine shim counts a request as waiting, with its whole prompt, until its
+    first token; SGLang's queue is what is not yet scheduled (its uncached tokens), its batch what
+    is. ``fleet_sim`` models the shim, ``bench_routing`` SGLang."""
+    from loadtests.routing_sim import VirtualWorker
+    from proxy.sim.config import SimConfig
+    from proxy.sim.scheduler import SimRequest
+
+    def after_one_step(shim: bool) -> tuple[int | None, int | None, int | None]:
+        sim = SimConfig(profile="h200-transformers-7b-dense", max_total_tokens=48_000, page_size=32)
+        worker = VirtualWorker("http://w0", sim, shim_reports=shim)
+        for k in range(3):  # more prompt than one step takes: one prefilling, the rest waiting
+            worker.scheduler.submit(SimRequest(f"r{k}", list(range(k * 10_000, k * 10_000 + 3_000)), 4), 0.0)
+        assert worker.start_step(0.0) is not None
+        s = worker.snapshot()
+        return s.running, s.queued, s.waiting_uncached_tokens
+
+    sched_running, sched_queued, sched_tokens = after_one_step(shim=False)
+    shim_running, shim_queued, shim_tokens = after_one_step(shim=True)
+    assert (shim_running, shim_queued, shim_tokens) == (0, 3, 9_000)  # no first token yet: all wait
+    assert sched_running is not None and sched_running >= 1 and sched_queued == 3 - sched_running
+    assert sched_tokens is not None and sched_tokens < shim_tokens

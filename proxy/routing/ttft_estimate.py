@@ -124,7 +124,8 @@ class PendingWork:
         current = signature(worker)
         if scraped and self._own_exact:
             return self._ahead_own_exact(worker, own, current)
-        peers = self._peer_unseen(worker.url, current)
+        # one bookkeeping of the peers' work per reading: the stamps in ``peer_work`` are of one kind
+        peers = self._peer_books(worker.url, current)[1] if self._own_exact else self._peer_unseen(worker.url, current)
         if not scraped:
             mine = [e for e in own.values() if not e.prefilled]
             waiting = len(mine) + len(self.peer_pending.get(worker.url, {}))
@@ -167,6 +168,8 @@ class PendingWork:
             return 0, 0
         now = self._scrape_no(url, current)
         streamed = self.peer_pending.get(url, {})
+        # stamps are scrape numbers here (``_peer_unseen``'s signatures are written only without
+        # own_exact); the isinstance test narrows the type
         count = tokens = 0
         for key, (stamp, uncached) in list(table.items()):
             if stamp is None:

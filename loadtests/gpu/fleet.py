@@ -73,7 +73,9 @@ from proxy.sim import perf
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKENIZER = Path(__file__).parent / "tokenizer"
-PEERS = {"oracle", "balanced", "direct0", "smg", "smg-dp", "sglang-router"}
+PEERS = {"oracle", "balanced", "direct0", "smg", "smg-dp", "smg-open", "smg-blind", "sglang-router"}
+SMG_FLAGS = {"smg": [], "smg-dp": ["--dp-aware"], "smg-open": ["--disable-worker-overload-protection"],
+             "smg-blind": ["--disable-worker-overload-protection", "--disable-load-monitoring"]}
 NO_PROXY = ("oracle", "balanced", "direct0")
 
 
@@ -290,16 +292,18 @@ class Routers:
             await self._spawn(name, log, procs)
 
     async def _spawn(self, name: str, log: Any, procs: list[asyncio.subprocess.Process]) -> None:
-        if name in ("smg", "smg-dp", "sglang-router"):
+        if name in (*SMG_FLAGS, "sglang-router"):
             port = free_port()
-            if name.startswith("smg"):
+            if name in SMG_FLAGS:
                 # smg-dp: --dp-aware, each worker's DP ranks (its /get_server_info dp_size) routed as
-                # workers of their own, the rank named in the request (data_parallel_rank)
+                # workers of their own, the rank named in the request (data_parallel_rank).
+                # smg-open: without its worker-overload protection (on by default in 1.13.0: a
+                # worker reporting >= 8 waiting requests or KV token usage >= 0.8 on /v1/loads
+                # leaves routing while another is under), which the fleet's small KV pools trip
                 cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                        "--worker-urls", *self.workers, "--policy", "cache_aware",
                        "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",
-                       "--prometheus-port", str(free_port()), "--log-level", "warn",
-                       *(["--dp-aware"] if name == "smg-dp" else [])]
+                       "--prometheus-port", str(free_port()), "--log-level", "warn", *SMG_FLAGS[name]]
             else:
                 cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                        "--port", str(port), "--worker-urls", *self.workers, "--policy", "cache_aware",

@@ -328,3 +328,21 @@ def test_every_committed_run_names_the_gpu_its_engines_ran_on_or_ran_before_the_
     named = {run.name: run_gpu(run) for run in results.glob("gpu-fleet*") if run.is_dir()}
     assert {"H100", "H200"} <= set(named.values())
     assert all(gpu == "H100" for name, gpu in named.items() if name.startswith("gpu-fleet-h100"))
+
+
+def test_standing_names_the_cells_where_a_side_lost_requests_instead_of_dropping_them(tmp_path: Path) -> None:
+    inf = math.inf
+
+    def cell(ttft: float, smg: float) -> str:
+        return json.dumps({"prompts": "ids", "reports": "full", "seed": 98, "rates": [10],
+                           "summary": {"ttft": {"10": {"ttft_p95": ttft}}, "smg": {"10": {"ttft_p95": smg}}}})
+    path = tmp_path / "summary.jsonl"
+    path.write_text("\n".join([cell(0.5, 1.0), cell(5.75, inf), cell(inf, 2.0), cell(inf, inf)]) + "\n")
+    out = standing([path])
+    assert "| 10 | 5,750 | smg failed | smg failed | - |" in out
+    assert "| 10 | failed | smg 2,000 | ttft failed | - |" in out
+    assert "| both failed |" in out
+    assert "1 points: geometric mean 0.50x" in out  # only the finite ratio is averaged
+    assert "besides, cells where requests failed: the better peer alone in 1, ttft alone in 1, both in 1" in out
+    path.write_text(cell(0.5, 1.0) + "\n")
+    assert "besides" not in standing([path])

@@ -52,8 +52,10 @@ from proxy.sim.tokenizer import Encoder
 # What-if keys of a spec, simulated only (the proxy has no such admission): its prompt tokens in
 # flight per worker kept within ``worker_tokens``, the rest queued at the proxy for the chosen worker,
 # and an idle worker taking the oldest request queued for another after ``steal_after_s``
-# (``routing_sim.simulate``); ``ttft/worker_tokens=60000/steal_after_s=3``.
-SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s")
+# (``routing_sim.simulate``); ``ttft/worker_tokens=60000/steal_after_s=3``. ``scrape_s``: how often
+# the router reads the engines' load reports (0.5 s, radixgate's ``scrape.interval_s``; smg polls
+# ``/v1/loads`` every 10 s).
+SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s", "scrape_s")
 
 # ``--spread``: how far each arrival may move (s), standing for the timing noise of a real fleet
 # (send times, and steps that vary about their fit: sd of log 0.22 a step). Chosen on runs 33-65's
@@ -161,7 +163,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
                     kv_events=kv_events,
                     minimal_reports=minimal, shim_reports=not sglang_reports, encode=encoder.encode, encode_chat=encoder.encode_chat, block_tokens=32, engines=engines,
                     kept=carried, generation=generation, worker_tokens=int(what_if.get("worker_tokens", 0)),
-                    steal_after_s=what_if.get("steal_after_s", math.inf), dp=dp, dp_ranks=dp_ranks)
+                    steal_after_s=what_if.get("steal_after_s", math.inf), dp=dp, dp_ranks=dp_ranks,
+                    scrape_interval_s=what_if.get("scrape_s", 0.5))
 
 
 def forget(policies: Sequence[Policy], what: str) -> None:
@@ -181,8 +184,13 @@ def forget(policies: Sequence[Policy], what: str) -> None:
 
 # The SGLang gateways are simulated by radixgate's own rendering of their policy: sglang-router
 # 0.3.2's imbalance rule, and smg 1.13.0's spill gate against the fleet's mean (``gate=mean``,
-# proxy/routing/cache_aware.py; the old rule stood for smg too until 2026-12-04).
-AS_SIMULATED = {"smg": "cache_aware/gate=mean", "sglang-router": "cache_aware"}
+# proxy/routing/cache_aware.py; the old rule stood for smg too until 2026-12-04) with its
+# worker-overload protection on its 10-s poll of the engines' reports (since 2026-12-06; no-op
+# where the engines report nothing); ``smg-open`` is smg without the protection, ``smg-blind``
+# without it and not polling (fleet.py).
+SMG = "cache_aware/gate=mean"
+AS_SIMULATED = {"smg": f"{SMG}/overload_waiting=8/overload_usage=0.8/scrape_s=10", "smg-open": SMG,
+                "smg-blind": SMG, "sglang-router": "cache_aware"}
 
 
 def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]]:
@@ -340,7 +348,7 @@ def main() -> None:
                         "(each router name as the code reads it now: a default changed since the run "
                         "is replayed changed, e.g. runs before 33-35 had ttft with popularity off)")
     p.add_argument("--smg-as", metavar="SPEC",
-                   help="--cells: the policy spec standing for smg (default: cache_aware/gate=mean; "
+                   help="--cells: the policy spec standing for smg (default: AS_SIMULATED['smg'], gate=mean with its overload protection; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
     p.add_argument("--spread", type=int, default=0, metavar="K",
                    help="each phase K times more, arrivals moved by up to --jitter-s (seeds 0..K-1): the "

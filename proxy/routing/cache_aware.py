@@ -31,6 +31,13 @@ standard deviations of an in-flight count at that mean, as a Poisson count swing
 least in-flight, as here. On the GPU fleet (run 62, token ids at 6/s) smg 1.13.0's TTFT p95 was
 0.78x this port's with the old gate: the simulator's stand-in for smg is this gate.
 
+``overload_waiting`` / ``overload_usage`` (0 = off) add smg 1.13.0's worker-overload protection,
+on in smg by default at 8 and 0.8 (its ``--worker-overload-*`` help): a worker whose scrape reports
+that many waiting requests, or that KV token usage, is left out of the choice while another is
+under (branch ``overload`` when none is). smg reads them on a 10-s poll; the routing simulator
+renders that with the ``scrape_s=10`` key (``loadtests/gpu/fleet_sim.py``). On the GPU fleet with
+engines reporting load it broke smg's prefix affinity (docs/gpu-fleet.md, runs 86-90).
+
 Complexity: O(prompt chars) per decision for match and insert (edges compared with slice
 equality, so the Python-level work is O(tree depth x log edge length)); memory O(distinct chars
 inserted), bounded by ``max_tree_size`` per worker and tree.
@@ -39,7 +46,8 @@ When to choose it: only as a baseline. It ignores queue depth, prompt length and
 and its load signal is one proxy's own counter (see sglang #21199, #14305).
 
 Params (``CacheAwareParams``, defaults = sglang-router CLI): ``cache_threshold`` 0.3,
-``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``max_tree_size`` 2**26.
+``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``max_tree_size`` 2**26,
+``gate`` spread, ``overload_waiting`` 0, ``overload_usage`` 0.
 """
 
 from __future__ import annotations
@@ -72,10 +80,19 @@ class CacheAwareParams:
     balance_rel_threshold: float = 1.5
     max_tree_size: int = 2**26
     gate: str = "spread"  # "spread": sglang-router's imbalance rule; "mean": smg 1.13.0's spill gate
+    # smg 1.13.0's worker-overload protection (its defaults 8 and 0.8; 0 = off, as here): a worker
+    # whose scrape reports at least this many waiting requests, or this KV token usage, is left
+    # out while another is under; when all are over, the least loaded takes the request.
+    overload_waiting: int = 0
+    overload_usage: float = 0.0
 
     def validate(self) -> None:
         if self.gate not in ("spread", "mean"):
             raise ConfigError("routing.params.gate: must be spread or mean")
+        if self.overload_waiting < 0:
+            raise ConfigError("routing.params.overload_waiting: must be >= 0 (0 = off)")
+        if not 0.0 <= self.overload_usage <= 1.0:
+            raise ConfigError("routing.params.overload_usage: must be in [0, 1] (0 = off)")
         if not 0.0 <= self.cache_threshold <= 1.0:
             raise ConfigError("routing.params.cache_threshold: must be in [0, 1]")
         if self.balance_abs_threshold < 0:
@@ -223,12 +240,17 @@ class CacheAware(IgnoresFeedback):
             raise NoWorkerAvailable("no healthy worker")
         self._decisions += 1
         p = self.params
-        loads = [w.in_flight for w in candidates]
-        least = candidates[loads.index(min(loads))]
         if request.prompt_ids:
             tree, text = self.tree(request.model, "ids"), ids_as_text(request.prompt_ids)
         else:
             tree, text = self.tree(request.model), request.prompt_text
+        under = [w for w in candidates if not self._overloaded(w)]
+        if not under:  # every worker over smg's thresholds: the least loaded of them
+            least = min(candidates, key=lambda w: w.in_flight)
+            return self._decide(request, tree, text, least, "overload", 0, None)
+        candidates = under
+        loads = [w.in_flight for w in candidates]
+        least = candidates[loads.index(min(loads))]
         matched, tenant = 0, None
         if p.gate == "spread" and max(loads) - min(loads) > p.balance_abs_threshold \
                 and max(loads) > min(loads) * p.balance_rel_threshold:
@@ -244,8 +266,19 @@ class CacheAware(IgnoresFeedback):
                     chosen, branch = least, "spill"
             else:
                 chosen, branch = least, "miss"
+        return self._decide(request, tree, text, chosen, branch, matched, tenant)
+
+    def _overloaded(self, w: WorkerSnapshot) -> bool:
+        """Over smg's worker-overload thresholds by the last scrape (never, unscraped)."""
+        p = self.params
+        return bool((p.overload_waiting and w.queued is not None and w.queued >= p.overload_waiting)
+                    or (p.overload_usage and w.token_usage is not None and w.token_usage >= p.overload_usage))
+
+    def _decide(self, request: RouteRequest, tree: CharTree, text: str, chosen: WorkerSnapshot, branch: str,
+                matched: int, tenant: str | None) -> Decision:
+        """The prompt inserted under the pick, whatever the branch, as the router does."""
         tree.insert(text, chosen.url, self._decisions)
-        tree.evict_tenant(chosen.url, p.max_tree_size)
+        tree.evict_tenant(chosen.url, self.params.max_tree_size)
         # What the tree predicts the chosen worker holds, for the predicted-vs-reported metric.
         predicted = matched if tenant == chosen.url else 0
         return Decision(

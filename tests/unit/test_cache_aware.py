@@ -96,6 +96,34 @@ def test_the_mean_gate_spills_a_hit_only_past_the_fleet_mean_by_margin_and_ratio
     assert (miss.worker, miss.branch) == ("http://b", "miss")
 
 
+def test_smgs_overload_protection_leaves_out_workers_whose_scrape_is_over_a_threshold() -> None:
+    # smg 1.13.0's defaults: 8 waiting requests or KV token usage 0.8 (scraped); off by default here
+    smg = CacheAwareParams(gate="mean", overload_waiting=8, overload_usage=0.8)
+
+    def scraped(**over: tuple[int | None, float | None]) -> list[WorkerSnapshot]:
+        return [WorkerSnapshot(u, queued=over.get(u[-1], (0, 0.1))[0], token_usage=over.get(u[-1], (0, 0.1))[1])
+                for u in URLS]
+    policy = CacheAware(smg)
+    assert policy.select(req("h" * 100), scraped()).worker == "http://a"
+    # its prefix holder queues 8: the follower goes elsewhere (the least loaded of the rest)
+    away = policy.select(req("h" * 100), scraped(a=(8, 0.2)))
+    assert (away.worker, away.branch) == ("http://b", "miss")
+    # b now holds it too (inserted under the pick); a at 0.8 usage is out, b is under: a hit on b
+    assert policy.select(req("h" * 100), scraped(a=(0, 0.8))).worker == "http://b"
+    # every worker over: the least loaded by our own count, whatever the tree says
+    everyone = [WorkerSnapshot(u, in_flight=n, queued=9) for u, n in zip(URLS, (3, 5, 1), strict=True)]
+    over = policy.select(req("h" * 100), everyone)
+    assert (over.worker, over.branch) == ("http://c", "overload")
+    # under 8 and 0.8, or never scraped (engines that report nothing), nobody is left out
+    assert policy.select(req("h" * 100), scraped(a=(7, 0.79), b=(7, 0.79))).branch == "hit"
+    blind = [WorkerSnapshot(u) for u in URLS]
+    assert policy.select(req("h" * 100), blind).branch == "hit"
+    # and with the protection off (the default), a worker over both keeps its prefix
+    plain = CacheAware(CacheAwareParams(gate="mean"))
+    plain.select(req("h" * 100), scraped())
+    assert plain.select(req("h" * 100), scraped(a=(20, 0.95))).worker == "http://a"
+
+
 def test_a_hit_on_an_unhealthy_tenant_falls_back_to_least_load() -> None:
     policy = CacheAware(CacheAwareParams())
     policy.select(req("z" * 100), workers())
@@ -171,7 +199,7 @@ def test_no_healthy_worker_raises() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("cache_threshold", 1.5), ("balance_abs_threshold", -1), ("balance_rel_threshold", 0.5), ("max_tree_size", 0),
-     ("gate", "max")],
+     ("gate", "max"), ("overload_waiting", -1), ("overload_usage", 1.5)],
 )
 def test_bad_params_name_their_field(field, value) -> None:
     with pytest.raises(ConfigError, match=f"routing.params.{field}"):

@@ -261,3 +261,26 @@ def test_simulated_engines_report_their_load_as_the_gpu_shim_or_as_sglang_does()
     assert (shim_running, shim_queued, shim_tokens) == (0, 3, 9_000)  # no first token yet: all wait
     assert sched_running is not None and sched_running >= 1 and sched_queued == 3 - sched_running
     assert sched_tokens is not None and sched_tokens < shim_tokens
+
+
+def test_smgs_stand_in_leaves_loaded_workers_out_only_where_the_engines_report_their_load() -> None:
+    # smg 1.13.0's worker-overload protection on its 10-s poll (fleet_sim.AS_SIMULATED): at the
+    # H100 fleet's knee it sends followers away from their prefix where the engines report load;
+    # where they report nothing it is smg without it, decision for decision.
+    common = dict(rate=10.0, shape=Shape(), seed=96, phase=7, phase_s=25.0, workers=4,
+                  encoder=Encoder(str(TOKENIZER)), ids=True, profile="h100-transformers-16l-dense-fit")
+
+    def run(spec: str, minimal: bool) -> list:
+        outcomes, _ = fleet_sim.cell(spec, minimal=minimal, **common)  # type: ignore[arg-type]
+        assert outcomes and all(o.done is not None for o in outcomes)
+        return outcomes
+
+    smg, smg_open = fleet_sim.AS_SIMULATED["smg"], fleet_sim.AS_SIMULATED["smg-open"]
+    assert [o.worker for o in run(smg, True)] == [o.worker for o in run(smg_open, True)]
+    protected, plain = run(smg, False), run(smg_open, False)
+    misses = [sum(o.branch == "miss" for o in outs) for outs in (protected, plain)]
+    assert misses[0] > misses[1]  # followers whose holder was left out start their prefix elsewhere
+    assert sum(o.cached_tokens for o in protected) < sum(o.cached_tokens for o in plain)
+    # scrape_s reaches the simulator: the same rule on a 0.5-s read decides otherwise
+    fresh = run(smg.replace("scrape_s=10", "scrape_s=0.5"), False)
+    assert [o.worker for o in fresh] != [o.worker for o in protected]

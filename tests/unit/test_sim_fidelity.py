@@ -274,6 +274,16 @@ def test_the_16_layer_h100_profile_holds_on_runs_its_fit_did_not_see() -> None:
     assert fit >= 0.75 * rounds and scaled < fit / 2, (fit, scaled, rounds)
 
 
+def test_the_16_layer_h100_profile_holds_on_replicas_and_load_reporting_engines_it_never_saw() -> None:
+    """Runs 85-90 (gpu-fleet-h100-14 to -19), a session after the fit: four proxy replicas on the
+    engines' KV events, with peers and sharing nothing, and engines reporting their load (full
+    reports); 26 of their 30 rounds within ±30% on their own placement."""
+    held_out = tuple(f"gpu-fleet-h100-{n}" for n in range(14, 20))
+    within, rounds = _within_on_their_placement(held_out, "h100-transformers-16l-dense-fit")
+    assert rounds == 30
+    assert within >= 0.8 * rounds, (within, rounds)
+
+
 def test_the_16_layer_h100_profile_predicts_one_engine_alone_it_was_never_fitted_to() -> None:
     """Fitted to four engines sharing the H100 (runs 73-74); runs 81 and 83 (gpu-fleet-h100-9/11)
     ran one engine alone, shared and unique prompts, light to overloaded, on a machine whose small

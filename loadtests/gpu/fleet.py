@@ -298,8 +298,9 @@ class Routers:
                 # smg-dp: --dp-aware, each worker's DP ranks (its /get_server_info dp_size) routed as
                 # workers of their own, the rank named in the request (data_parallel_rank).
                 # smg-open: without its worker-overload protection (on by default in 1.13.0: a
-                # worker reporting >= 8 waiting requests or KV token usage >= 0.8 on /v1/loads
-                # leaves routing while another is under), which the fleet's small KV pools trip
+                # worker reporting >= 8 waiting requests or KV token usage >= 0.8 on its 10-s poll
+                # of /v1/loads leaves routing while another is under), which the fleet's knee
+                # trips (runs 86-90); smg-blind: without it and without polling the engines
                 cmd = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                        "--worker-urls", *self.workers, "--policy", "cache_aware",
                        "--tokenizer-path", str(self.tokenizer), "--prometheus-host", "127.0.0.1",

@@ -245,12 +245,11 @@ class CacheAware(IgnoresFeedback):
         else:
             tree, text = self.tree(request.model), request.prompt_text
         under = [w for w in candidates if not self._overloaded(w)]
-        if not under:  # every worker over smg's thresholds: the least loaded of them
-            least = min(candidates, key=lambda w: w.in_flight)
-            return self._decide(request, tree, text, least, "overload", 0, None)
-        candidates = under
+        candidates = under or candidates
         loads = [w.in_flight for w in candidates]
         least = candidates[loads.index(min(loads))]
+        if not under:  # every worker over smg's thresholds: the least loaded of them
+            return self._decide(request, tree, text, least, "overload", 0, None)
         matched, tenant = 0, None
         if p.gate == "spread" and max(loads) - min(loads) > p.balance_abs_threshold \
                 and max(loads) > min(loads) * p.balance_rel_threshold:

@@ -1,11 +1,12 @@
-"""loadtests/gpu/wheels.py: a wheel rewritten without its libraries' symbol tables still names
-each file's hash and size in RECORD, so pip installs it as published."""
+"""loadtests/gpu/wheels.py: a wheel rewritten without its libraries' symbol tables, LZMA-compressed,
+still names each file's hash and size in RECORD, and pip installs it as published."""
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -34,7 +35,9 @@ def test_a_stripped_wheel_is_smaller_and_its_record_matches_every_file(tmp_path:
         pytest.skip("binutils' strip is not installed")
     lib = an_unstripped_library(tmp_path).read_bytes()
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
-    files = {"pkg/__init__.py": b"", "pkg/native.so": lib}
+    files = {"pkg/__init__.py": b"", "pkg/native.so": lib,
+             "pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n",
+             "pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, data in files.items():
             zf.writestr(name, data)
@@ -50,4 +53,11 @@ def test_a_stripped_wheel_is_smaller_and_its_record_matches_every_file(tmp_path:
     assert record_line("pkg/native.so", native) in record
     assert record_line("pkg/__init__.py", b"") in record
     assert "pkg-1.0.dist-info/RECORD,," in record
-    assert strip_wheel(wheel) == 0  # nothing left to strip
+    with zipfile.ZipFile(wheel) as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_LZMA}
+    assert strip_wheel(wheel) == 0  # nothing left to strip, and LZMA again is the same size
+    # pip reads the LZMA members: the library lands as the RECORD says
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    assert (site / "pkg" / "native.so").read_bytes() == native

@@ -358,7 +358,9 @@ def main() -> None:
                    help="--cells --spread: also write each cell's GPU p95 and simulated draws (s), one line a cell")
     p.add_argument("--tally", type=Path, nargs="+", metavar="JSONL",
                    help="print the spread's tally of draws saved by --save, without replaying")
-    p.add_argument("--routers", default="oracle,ttft,cache_aware")
+    p.add_argument("--routers", default="oracle,ttft,cache_aware",
+                   help="policy specs, or the gateways by the harness's names (smg, smg-open, smg-blind, sglang-router: "
+                        "their stand-ins, AS_SIMULATED)")
     p.add_argument("--profile", default=PROFILE, help="the simulated engines' performance profile (proxy.sim.perf)")
     p.add_argument("--rates", default="3,4.5")
     p.add_argument("--seed", type=int, default=1)
@@ -454,7 +456,7 @@ def main() -> None:
                 for k_round in range(a.rounds):
                     if k_round and a.reset:
                         forget(carried, a.reset)
-                    outcomes, fleet = cell(router, rate, shape, seed, phase, a.phase_s, a.workers, encoder,
+                    outcomes, fleet = cell(AS_SIMULATED.get(router, router), rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
@@ -470,7 +472,7 @@ def main() -> None:
                 p95s.setdefault(router, []).append(pct(ttft, 0.95))
                 if a.spread > 1 and not carry and a.rounds == 1:  # the same phase, its arrivals moved
                     draws = [pct(ttfts(cell(
-                        router, rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
+                        AS_SIMULATED.get(router, router), rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
                         ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
                         dp=a.dp, jitter=(a.jitter_s, j), sglang_reports=a.reports == "sglang")[0]), 0.95)
                              for j in range(a.spread)]

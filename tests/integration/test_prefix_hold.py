@@ -123,7 +123,10 @@ async def test_a_hold_ends_once_waiting_costs_more_than_recomputing_the_prefix(
     # 3-15 ms: B's recompute of the prefix (~3 ms at the prior's rate) plus the prefill still ahead
     # of it, which is C's and A's until a scrape shows C running (3.4 ms once in CI); far below 1 s
     assert 0.001 < held < 0.1
-    assert cached_tokens(b) < PREFIX  # not worth waiting for: it computed the prefix itself
+    # B was sent well before A's first token (~0.2 s), so it did not wait for the prefix. Whether
+    # the engine then batched it with A or after A's prefill is the engine's timing, not the
+    # proxy's decision: on a loaded 2-core CI box B once found A's prefix cached (2,001 tokens).
+    assert held < a.elapsed_s
     assert accounting(m) == (3, 3, 0)
 
 

@@ -502,6 +502,18 @@ def _step_rows(steps: Sequence[Sequence[tuple[float, int]]], rows: Sequence[Row]
     return out
 
 
+def _sim_step_rows(p: Placed, profile: perf.Profile, encoder: Encoder,
+                   cache: dict[Any, list[list[int]]]) -> list[StepRow]:
+    """``_step_rows`` of the round replayed on its own placement."""
+    into: list[tuple[int, SimRequest]] = []
+    sim_steps: list[tuple[int, float, int]] = []
+    simulate(p, profile, encoder, cache, into=into, steps_into=sim_steps)
+    per_engine: list[list[tuple[float, int]]] = [[] for _ in range(engine_count(p.cell))]
+    for e, t, n in sim_steps:
+        per_engine[e].append((t, n))
+    return _step_rows(per_engine, _sim_rows(into))
+
+
 StepCost = tuple[int, float, float, float, float]  # steps, median s, c0 s, s per request decoding, s per 1,000 tokens
 
 
@@ -518,13 +530,7 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
             if not any(p.steps):
                 continue
             got["real"] += _step_rows(p.steps, _real_rows(p))
-            into: list[tuple[int, SimRequest]] = []
-            sim_steps: list[tuple[int, float, int]] = []
-            simulate(p, profile, encoder, cache, into=into, steps_into=sim_steps)
-            per_engine: list[list[tuple[float, int]]] = [[] for _ in range(engine_count(p.cell))]
-            for e, t, n in sim_steps:
-                per_engine[e].append((t, n))
-            got["sim"] += _step_rows(per_engine, _sim_rows(into))
+            got["sim"] += _sim_step_rows(p, profile, encoder, cache)
     out: dict[tuple[int, str], StepCost] = {}
     for busy in range(4):
         for side, rows in got.items():
@@ -533,6 +539,47 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
                  if len(mine) >= 10 else None) or [math.nan] * 3
             out[(busy, side)] = (len(mine), pct([r[0] for r in mine], 0.5), c[0], c[1], c[2])
     return out
+
+
+def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: float = 0.001) -> float | None:
+    """The step's fixed host cost (``step_overhead_s``) that makes the replayed engines' median step
+    beside ``busy`` busy neighbours what this run's engines clocked (their shim's step log): the
+    simulator calibrated to the machine of the day from its step clock, never from the TTFTs it is
+    then judged on. One H100 stepped 16% slower than another on the same engines (runs 90 and 91),
+    which past the knee is a 1.5-2x longer tail. None where the run logged no steps."""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    phases = [p for p in placed_phases(results) if any(p.steps) and not alone(p)]
+    real = [r for p in phases for r in _step_rows(p.steps, _real_rows(p)) if r[3] == busy]
+    if len(real) < 10:
+        return None
+    target = pct([r[0] for r in real], 0.5)
+
+    def median_step(overhead: float) -> float:
+        cand = dataclasses.replace(profile, step_overhead_s=overhead)
+        rows = [r for p in phases for r in _sim_step_rows(p, cand, encoder, cache) if r[3] == busy]
+        return pct([r[0] for r in rows], 0.5) if rows else math.nan
+
+    lo, hi = 0.0, 4 * profile.step_overhead_s  # the median step grows with the fixed cost
+    while hi - lo > tol_s:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if median_step(mid) < target else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
+def calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
+    """``report`` with each run replayed on its own machine's step cost (``calibrate_host``)."""
+    out = []
+    for path in results:
+        overhead = calibrate_host(path, profile)
+        if overhead is None:
+            out.append(f"{path.name}: no step log to calibrate on; {profile.name} as it is")
+            out.append(report([path], profile))
+            continue
+        out.append(f"{path.name}: step_overhead_s {overhead:.4f} (the profile's {profile.step_overhead_s:.4f}), "
+                   "from its median step beside 3 busy neighbours")
+        out.append(report([path], dataclasses.replace(profile, step_overhead_s=overhead)))
+    return "\n".join(out)
 
 
 def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
@@ -560,6 +607,9 @@ def main() -> None:
     p.add_argument("--steps", action="store_true",
                    help="step cost by its content and the engines sharing the GPU, real against simulated "
                         "(runs whose shim recorded its steps)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="replay each run with the step's fixed host cost fitted to its own step clock "
+                        "(the median step beside 3 busy neighbours), not the profile's")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
@@ -580,7 +630,7 @@ def main() -> None:
     if a.engines:
         print(per_engine(a.results, profile, a.phase))
         return
-    print(report(a.results, profile))
+    print(calibrated_report(a.results, profile) if a.calibrate else report(a.results, profile))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ prompts and arrival times and runs the simulated engines on a virtual clock (loa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -247,7 +248,7 @@ def test_a_run_that_came_back_without_its_summary_has_no_points(tmp_path: Path) 
     assert fidelity.real_points(tmp_path) == []
 
 
-def _within_on_their_placement(runs: tuple[str, ...], profile: str) -> tuple[int, int]:
+def _within_on_their_placement(runs: tuple[str, ...], profile: str | perf.Profile) -> tuple[int, int]:
     """Routed rounds of these GPU runs, each request replayed on the engine it really reached
     (``loadtests.fidelity_placed``): how many have TTFT p50 and p95 both within ±30%, of how many."""
     from loadtests import fidelity_placed
@@ -255,9 +256,10 @@ def _within_on_their_placement(runs: tuple[str, ...], profile: str) -> tuple[int
     encoder = Encoder(str(fidelity.TOKENIZER))
     cache: dict = {}
     within = rounds = 0
+    chosen = perf.PROFILES[profile] if isinstance(profile, str) else profile
     for run in runs:
         for p in fidelity_placed.placed_phases(fidelity.RESULTS.parent / run):
-            ok, _ = fidelity_placed.judge(p, fidelity_placed.simulate(p, perf.PROFILES[profile], encoder, cache), [])
+            ok, _ = fidelity_placed.judge(p, fidelity_placed.simulate(p, chosen, encoder, cache), [])
             within, rounds = within + ok, rounds + 1
     return within, rounds
 
@@ -293,6 +295,25 @@ def test_the_h200_profile_holds_on_runs_its_refit_never_saw() -> None:
     within, rounds = _within_on_their_placement(held_out, perf.GPU_FLEET_PROFILE)
     assert rounds == 18
     assert within >= 0.8 * rounds, (within, rounds)
+
+
+def test_a_slower_machine_is_found_on_its_step_clock_and_its_tails_follow() -> None:
+    """Run 92 (gpu-fleet-h100-21) ran on an H100 whose engines stepped ~16% slower than the fit's
+    machines (median busy step 221-227 ms against 190-199): at 10/s, past the knee, its tails were
+    1.4-1.6x the profile's. Fitting the step's fixed cost to the run's own median step (its step
+    log, not its TTFTs) finds the slower host, and the replay's tails follow; on run 95's H200,
+    a machine like the fit's, the same calibration stays near the profile."""
+    from loadtests import fidelity_placed
+
+    results = fidelity.RESULTS.parent
+    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    slow = fidelity_placed.calibrate_host(results / "gpu-fleet-h100-21", h100)
+    assert slow is not None and 0.08 <= slow <= 0.1, slow
+    assert _within_on_their_placement(("gpu-fleet-h100-21",), h100) == (0, 3)
+    assert _within_on_their_placement(("gpu-fleet-h100-21",), dataclasses.replace(h100, step_overhead_s=slow)) == (3, 3)
+    h200 = perf.PROFILES[perf.GPU_FLEET_PROFILE]
+    usual = fidelity_placed.calibrate_host(results / "gpu-fleet-h200-3", h200)
+    assert usual is not None and abs(usual / h200.step_overhead_s - 1) < 0.15, usual
 
 
 def test_the_16_layer_h100_profile_predicts_one_engine_alone_it_was_never_fitted_to() -> None:

@@ -22,11 +22,13 @@ import json
 import math
 import random
 import statistics
+import sys
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from loadtests.fidelity import TOLERANCE, _phase_of
+from loadtests.fidelity_placed import calibrate_host
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,
@@ -110,7 +112,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
          carried: list[Policy] | None = None, generation: int = 0,
          chat: bool = False, profile: str = PROFILE, own_gpus: bool = False,
          dp: int = 1, jitter: tuple[float, int] | None = None,
-         sglang_reports: bool = False) -> tuple[list[Outcome], list[VirtualWorker]]:
+         sglang_reports: bool = False, profile_set: tuple[str, ...] = ()) -> tuple[list[Outcome], list[VirtualWorker]]:
     """One phase; ``engines``/``start``: go on with an earlier phase's engines from time ``start``;
     ``ids``: the proxies route the prompts' token ids (the GPU cells' ``ids``), else their text;
     ``chat``: OpenAI chat, a system and a user message (the GPU cells' ``chat``: the proxies route
@@ -156,7 +158,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
-    config = SimConfig(profile=profile, max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    config = SimConfig(profile=profile, profile_set=profile_set, max_total_tokens=48_000, page_size=32,
+                       max_running_requests=64)
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,  # type: ignore[arg-type]
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
@@ -217,25 +220,26 @@ def ttfts(outcomes: Sequence[Outcome]) -> list[float]:
 
 
 def replay_phase(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
-                 jitter: tuple[float, int] | None = None) -> list[Outcome]:
+                 jitter: tuple[float, int] | None = None, profile_set: tuple[str, ...] = ()) -> list[Outcome]:
     """``router``'s first-round phase of GPU cell ``c`` in virtual time, on its own trace and prompt
-    text, routed by the policy spec ``as_router`` (``cell``'s ``jitter``)."""
+    text, routed by the policy spec ``as_router`` (``cell``'s ``jitter`` and ``profile_set``)."""
     shape, base = Shape(**c["shape"]), int(argv_value(c["argv"], "--phase-base", "0"))
     key = text_key(c.get("text", "fresh"), base, rate, _phase_of(c, router, rate))
     outs, _ = cell(as_router, rate, shape, c["seed"], key, float(argv_value(c["argv"], "--phase-s", "30")),
                    c["workers"], encoder, c["reports"] == "minimal", ids=c["prompts"] == "ids",
-                   chat=c["prompts"] == "chat", profile=profile, jitter=jitter)
+                   chat=c["prompts"] == "chat", profile=profile, jitter=jitter, profile_set=profile_set)
     return outs
 
 
 def phase_p95s(c: dict[str, Any], router: str, rate: float, encoder: Encoder, profile: str, as_router: str,
-               jitters: Sequence[tuple[float, int] | None] = (None,)) -> list[float]:
+               jitters: Sequence[tuple[float, int] | None] = (None,), profile_set: tuple[str, ...] = ()) -> list[float]:
     """The TTFT p95 (s) of ``replay_phase``, once per entry of ``jitters``."""
-    return [pct(ttfts(replay_phase(c, router, rate, encoder, profile, as_router, j)), 0.95) for j in jitters]
+    return [pct(ttfts(replay_phase(c, router, rate, encoder, profile, as_router, j, profile_set)), 0.95)
+            for j in jitters]
 
 
-def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
-                 as_simulated: dict[str, str] | None = None) -> list[tuple[str, dict[str, tuple[float, float]]]]:
+def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE, as_simulated: dict[str, str] | None = None,
+                 profile_set: tuple[str, ...] = ()) -> list[tuple[str, dict[str, tuple[float, float]]]]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
     trace and prompt text: per cell and rate, a label and each router's (GPU, simulated) TTFT p95
     in seconds (smg and sglang-router as ``as_simulated``, default ``AS_SIMULATED``, has them).
@@ -243,13 +247,14 @@ def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE,
     stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
     rows: dict[str, dict[str, tuple[float, float]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r))[0]
+        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), profile_set=profile_set)[0]
         rows.setdefault(label, {})[r] = (got["ttft_p95"], sim)
     return list(rows.items())
 
 
 def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITTER_S, profile: str = PROFILE,
-                 as_simulated: dict[str, str] | None = None) -> list[tuple[str, dict[str, tuple[float, list[float]]]]]:
+                 as_simulated: dict[str, str] | None = None,
+                 profile_set: tuple[str, ...] = ()) -> list[tuple[str, dict[str, tuple[float, list[float]]]]]:
     """As ``replay_cells``, each phase ``k`` times, each with its arrivals moved by up to
     ``jitter_s`` (seeds 0..k-1, the same for every router of a cell): the simulator's spread for
     that trace. One GPU phase is one draw of the same kind, so it should fall inside the ``k``
@@ -258,10 +263,21 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     jitters = [(jitter_s, seed) for seed in range(k)]
     rows: dict[str, dict[str, tuple[float, list[float]]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), jitters)
+        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), jitters, profile_set)
         # the GPU's first round (its proxies fresh, as the simulated ones): one draw, not a pool
         rows.setdefault(label, {})[r] = ((got.get("p95_repeats") or [got["ttft_p95"]])[0], sims)
     return list(rows.items())
+
+
+def machine(results: Path, profile: str, calibrate: bool) -> tuple[str, ...]:
+    """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``;
+    said on stderr), or none."""
+    if not calibrate:
+        return ()
+    overhead = calibrate_host(results, perf.PROFILES[profile])
+    print(f"{results.name}: step_overhead_s {overhead} (the profile's {perf.PROFILES[profile].step_overhead_s})",
+          file=sys.stderr, flush=True)
+    return () if overhead is None else (f"step_overhead_s={overhead}",)
 
 
 def calibrated_brier(odds: Sequence[float]) -> tuple[float, float]:
@@ -350,6 +366,9 @@ def main() -> None:
     p.add_argument("--smg-as", metavar="SPEC",
                    help="--cells: the policy spec standing for smg (default: AS_SIMULATED['smg'], gate=mean with its overload protection; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="--cells: each run on its own machine's step cost (fidelity_placed --calibrate: the "
+                        "step's fixed host cost fitted to the run's median busy step), not the profile's")
     p.add_argument("--spread", type=int, default=0, metavar="K",
                    help="each phase K times more, arrivals moved by up to --jitter-s (seeds 0..K-1): the "
                         "simulated range of the p95; --cells: whether the GPU's first round lies in it")
@@ -407,7 +426,8 @@ def main() -> None:
         if a.spread > 1:
             spread_rows = []
             for results in a.cells:
-                for label, spread in spread_cells(results, encoder, a.spread, a.jitter_s, a.profile, stand_ins):
+                for label, spread in spread_cells(results, encoder, a.spread, a.jitter_s, a.profile, stand_ins,
+                                                  machine(results, a.profile, a.calibrate)):
                     spread_rows.append((label, spread))
                     if a.save:
                         with a.save.open("a") as f:
@@ -419,7 +439,8 @@ def main() -> None:
             return
         rows = []
         for results in a.cells:
-            for label, cells in replay_cells(results, encoder, a.profile, stand_ins):
+            for label, cells in replay_cells(results, encoder, a.profile, stand_ins,
+                                             machine(results, a.profile, a.calibrate)):
                 rows.append((label, cells))
                 print(f"{label}: " + " | ".join(f"{r} {g * 1e3:,.0f} / {s * 1e3:,.0f}" for r, (g, s) in cells.items()),
                       flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadtests import fidelity
 from loadtests.gpu import fleet_sim
 from loadtests.gpu.fleet import TOKENIZER, Shape
 from proxy.config import ConfigError
@@ -284,3 +285,19 @@ def test_smgs_stand_in_leaves_loaded_workers_out_only_where_the_engines_report_t
     # scrape_s reaches the simulator: the same rule on a 0.5-s read decides otherwise
     fresh = run(smg.replace("scrape_s=10", "scrape_s=0.5"), False)
     assert [o.worker for o in fresh] != [o.worker for o in protected]
+
+
+def test_a_gpu_cell_replays_on_its_own_machines_step_cost_when_asked() -> None:
+    """``fleet_sim --cells --calibrate``: run 92's H100 stepped slower than the profile's machine;
+    its one-proxy phase replayed with the fitted fixed step cost takes longer to first tokens, and
+    without the setting replays as the profile has it."""
+    results = fidelity.RESULTS.parent / "gpu-fleet-h100-21"
+    profile = "h100-transformers-16l-dense-fit"
+    _, router, rate, got = next(p for p in fleet_sim.gpu_phases(results) if p[1] == "ttft")
+    encoder = Encoder(str(TOKENIZER))
+    plain = fleet_sim.phase_p95s(got["_cell"], router, rate, encoder, profile, router)[0]
+    assert fleet_sim.machine(results, profile, calibrate=False) == ()
+    slow = fleet_sim.machine(results, profile, calibrate=True)
+    assert slow and slow[0].startswith("step_overhead_s=0.0")
+    calibrated = fleet_sim.phase_p95s(got["_cell"], router, rate, encoder, profile, router, profile_set=slow)[0]
+    assert calibrated > 1.2 * plain, (plain, calibrated)

@@ -61,6 +61,8 @@ class Placed:
     steps: list[list[tuple[float, int]]] = dataclasses.field(default_factory=list)
     # per engine, its scheduler's batches (loadtests/gpu/batch_log.FIELDS), times s from t0 (runs since 2026-12-03)
     batches: list[list[list[Any]]] = dataclasses.field(default_factory=list)
+    # per request, the client's median gap between tokens (s; None where it saw fewer than two)
+    itl: list[float | None] = dataclasses.field(default_factory=list)
 
     @property
     def ttft(self) -> list[float]:
@@ -119,6 +121,7 @@ def placed_phases(results: Path) -> list[Placed]:
         if cell is None:
             continue
         client = [r for r in recs if r["phase"] == doc["phase"] and r["router"] == doc["router"]]
+        itl_of = {int(r["i"]): r.get("itl") for r in client}
         pairs = match(client, doc["engines"])
         if not pairs:
             continue
@@ -130,7 +133,8 @@ def placed_phases(results: Path) -> list[Placed]:
               None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs],
             [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]],
             [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
-             for e in doc["engines"]]))
+             for e in doc["engines"]],
+            [itl_of.get(i) for i, _, _ in pairs]))
     return out
 
 
@@ -210,23 +214,30 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     lines = ["| run | router | rate /s | prompts | engine TTFT p50 real / sim / ratio | p95 real / sim / ratio "
-             "| reuse real / sim | verdict |", "|---|---|---|---|---|---|---|---|"]
+             "| ITL p50 real / sim / ratio | reuse real / sim | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     logs: list[float] = []
     tails: list[tuple[float, float]] = []  # (real, sim) TTFT p95 of the routed rounds
-    within = rounds = 0
+    within = rounds = itl_within = itl_rounds = 0
     for path in results:
         for p in placed_phases(path):
             sim = simulate(p, profile, encoder, cache)
             ok, cols = judge(p, sim, logs)
             if not alone(p):
                 tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
+            real_itl = pct([x for x in p.itl if x is not None], 0.5) if any(x is not None for x in p.itl) else math.nan
+            itl_ratio = sim["itl_p50"] / real_itl if real_itl > 0 else math.nan
+            if math.isfinite(itl_ratio):
+                itl_rounds += 1
+                itl_within += abs(itl_ratio - 1) <= TOLERANCE
             lines.append(f"| {path.name} | {p.router} | {p.rate:g} | {p.cell['prompts']} | " + " | ".join(cols)
+                         + f" | {real_itl:.3f} / {sim['itl_p50']:.3f} / {itl_ratio:.2f}"
                          + f" | {p.reuse:.0%} / {sim['reuse']:.0%} | {'within ±30%' if ok else 'MISS'} |")
             rounds += 1
             within += ok
     mean = sum(logs) / len(logs) if logs else math.nan
     return (f"profile {profile.name}: {within} of {rounds} rounds within ±30%, mean |log(sim / real)| of TTFT p50 "
-            f"and p95 {mean:.3f}\n{tail_bands(tails)}\n" + "\n".join(lines))
+            f"and p95 {mean:.3f}; ITL p50 within ±30% in {itl_within} of {itl_rounds}\n{tail_bands(tails)}\n"
+            + "\n".join(lines))
 
 
 def grid(results: Sequence[Path], profile: perf.Profile, axes: Sequence[str]) -> str:

@@ -69,6 +69,12 @@ class Placed:
         return [math.inf if first is None else first - at for at, (_, _, first, _) in zip(self.at, self.engine_rows, strict=True)]
 
     @property
+    def itl_p50(self) -> float:
+        """The median over requests of the client's median gap between tokens (nan: none saw two)."""
+        gaps = [x for x in self.itl if x is not None]
+        return pct(gaps, 0.5) if gaps else math.nan
+
+    @property
     def reuse(self) -> float:
         prompt = sum(r[0] for r in self.engine_rows)
         return sum(r[1] for r in self.engine_rows) / prompt if prompt else 0.0
@@ -224,7 +230,7 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
             ok, cols = judge(p, sim, logs)
             if not alone(p):
                 tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
-            real_itl = pct([x for x in p.itl if x is not None], 0.5) if any(x is not None for x in p.itl) else math.nan
+            real_itl = p.itl_p50
             itl_ratio = sim["itl_p50"] / real_itl if real_itl > 0 else math.nan
             if math.isfinite(itl_ratio):
                 itl_rounds += 1

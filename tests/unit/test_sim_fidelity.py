@@ -307,10 +307,9 @@ def test_the_inter_token_latency_of_routed_rounds_holds_where_the_tails_do() -> 
     cache: dict = {}
     ratios = []
     for p in fidelity_placed.placed_phases(fidelity.RESULTS.parent / "gpu-fleet-h200-1"):
-        real = [x for x in p.itl if x is not None]
-        assert len(real) >= 0.9 * len(p.itl)  # the clients' gaps reach the placed rounds
+        assert sum(x is not None for x in p.itl) >= 0.9 * len(p.itl)  # the clients' gaps reach the placed rounds
         sim = fidelity_placed.simulate(p, perf.PROFILES[perf.GPU_FLEET_PROFILE], encoder, cache)
-        ratios.append(sim["itl_p50"] / sorted(real)[len(real) // 2])
+        ratios.append(sim["itl_p50"] / p.itl_p50)
     assert len(ratios) == 8
     assert all(abs(r - 1) <= fidelity.TOLERANCE for r in ratios), ratios
 

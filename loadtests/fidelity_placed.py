@@ -558,15 +558,17 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
     return out
 
 
-def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: float = 0.001) -> float | None:
+def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: float = 0.001,
+                   router: str | None = None) -> float | None:
     """The step's fixed host cost (``step_overhead_s``) that makes the replayed engines' median step
     beside ``busy`` busy neighbours what this run's engines clocked (their shim's step log): the
     simulator calibrated to the machine of the day from its step clock, never from the TTFTs it is
     then judged on. One H100 stepped 16% slower than another on the same engines (runs 90 and 91),
-    which past the knee is a 1.5-2x longer tail. None where the run logged no steps."""
+    which past the knee is a 1.5-2x longer tail. ``router``: fitted on that router's phases only, so
+    the others' are judged on a machine fitted without them. None where the run logged no steps."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
-    phases = [p for p in placed_phases(results) if any(p.steps) and not alone(p)]
+    phases = [p for p in placed_phases(results) if any(p.steps) and not alone(p) and router in (None, p.router)]
     real = [r for p in phases for r in _step_rows(p.steps, _real_rows(p)) if r[3] == busy]
     if len(real) < 10:
         return None
@@ -584,17 +586,19 @@ def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: f
     return round((lo + hi) / 2, 4)
 
 
-def calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
-    """``report`` with each run replayed on its own machine's step cost (``calibrate_host``)."""
+def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: str | None = None) -> str:
+    """``report`` with each run replayed on its own machine's step cost (``calibrate_host``, on
+    ``router``'s phases alone where named)."""
     out = []
+    whose = f"the {router} phases'" if router else "its"
     for path in results:
-        overhead = calibrate_host(path, profile)
+        overhead = calibrate_host(path, profile, router=router)
         if overhead is None:
             out.append(f"{path.name}: no step log to calibrate on; {profile.name} as it is")
             out.append(report([path], profile))
             continue
         out.append(f"{path.name}: step_overhead_s {overhead:.4f} (the profile's {profile.step_overhead_s:.4f}), "
-                   "from its median step beside 3 busy neighbours")
+                   f"from {whose} median step beside 3 busy neighbours")
         out.append(report([path], dataclasses.replace(profile, step_overhead_s=overhead)))
     return "\n".join(out)
 
@@ -624,9 +628,10 @@ def main() -> None:
     p.add_argument("--steps", action="store_true",
                    help="step cost by its content and the engines sharing the GPU, real against simulated "
                         "(runs whose shim recorded its steps)")
-    p.add_argument("--calibrate", action="store_true",
+    p.add_argument("--calibrate", nargs="?", const="", default=None, metavar="ROUTER",
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
-                        "(the median step beside 3 busy neighbours), not the profile's")
+                        "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
+                        "that router's phases alone")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
@@ -647,7 +652,8 @@ def main() -> None:
     if a.engines:
         print(per_engine(a.results, profile, a.phase))
         return
-    print(calibrated_report(a.results, profile) if a.calibrate else report(a.results, profile))
+    print(report(a.results, profile) if a.calibrate is None
+          else calibrated_report(a.results, profile, a.calibrate or None))
 
 
 if __name__ == "__main__":

@@ -328,6 +328,14 @@ def test_a_slower_machine_is_found_on_its_step_clock_and_its_tails_follow() -> N
     assert slow is not None and 0.08 <= slow <= 0.1, slow
     assert _within_on_their_placement(("gpu-fleet-h100-21",), h100) == (0, 3)
     assert _within_on_their_placement(("gpu-fleet-h100-21",), dataclasses.replace(h100, step_overhead_s=slow)) == (3, 3)
+    # fitted on the one proxy's phase alone, the machine holds the replicas' phases it did not see
+    on_one = fidelity_placed.calibrate_host(results / "gpu-fleet-h100-21", h100, router="ttft")
+    assert on_one is not None and abs(on_one / slow - 1) < 0.1, (on_one, slow)
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    replicas = [p for p in fidelity_placed.placed_phases(results / "gpu-fleet-h100-21") if p.router != "ttft"]
+    assert len(replicas) == 2
+    fitted = dataclasses.replace(h100, step_overhead_s=on_one)
+    assert all(fidelity_placed.judge(p, fidelity_placed.simulate(p, fitted, encoder, {}), [])[0] for p in replicas)
     h200 = perf.PROFILES[perf.GPU_FLEET_PROFILE]
     usual = fidelity_placed.calibrate_host(results / "gpu-fleet-h200-3", h200)
     assert usual is not None and abs(usual / h200.step_overhead_s - 1) < 0.15, usual

@@ -138,7 +138,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     peers = ("smg", "smg-open", "sglang-router")
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
-    ratios: list[tuple[float, float, str]] = []  # (ratio, rate, prompts)
+    ratios: list[tuple[float, float, str, str]] = []  # (ratio, rate, prompts, reports)
     # A side whose phase lost requests has an infinite p95 and no ratio: such cells are named
     # and counted apart, never dropped in silence (run 90: smg lost 58 of 250, the default none)
     failed = {"ours": 0, "peer": 0, "both": 0}
@@ -164,7 +164,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
                 if math.isfinite(ratio):
-                    ratios.append((ratio, rate, cell["prompts"]))
+                    ratios.append((ratio, rate, cell["prompts"], cell["reports"]))
                     shown = f"{ratio:.2f}x"
                 else:
                     side = "both" if not (math.isfinite(mine) or math.isfinite(best)) else (
@@ -175,14 +175,17 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                             f"{cell.get('text', 'fresh')} | {rate:g} | {ms(mine)} | {name} {ms(best)} | "
                             f"{shown} | {to_oracle} |")
     if ratios:
-        rows.append("\n" + points_line([r for r, _, _ in ratios]))
-        by_rate = sorted({rate for _, rate, _ in ratios})
+        rows.append("\n" + points_line([r for r, _, _, _ in ratios]))
+        by_rate = sorted({rate for _, rate, _, _ in ratios})
         if len(by_rate) > 1:  # the knee and past it apart: a router can win one and not the other
-            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at, _ in ratios if at == rate]) for rate in by_rate)
-        forms = sorted({(rate, form) for _, rate, form in ratios})
+            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at, _, _ in ratios if at == rate]) for rate in by_rate)
+        forms = sorted({(rate, form) for _, rate, form, _ in ratios})
         if len({form for _, form in forms}) > 1:  # and each prompt form at each rate
-            rows.extend(f"{form} at {rate:g}/s: " + points_line([r for r, at, f in ratios if (at, f) == (rate, form)])
+            rows.extend(f"{form} at {rate:g}/s: " + points_line([r for r, at, f, _ in ratios if (at, f) == (rate, form)])
                         for rate, form in forms)
+        modes = sorted({mode for _, _, _, mode in ratios})
+        if len(modes) > 1:  # engines reporting their load or not: smg reads the reports (runs 86-91)
+            rows.extend(f"{mode} reports: " + points_line([r for r, _, _, m in ratios if m == mode]) for mode in modes)
     if any(failed.values()):
         rows.append(f"besides, cells where requests failed: the better peer alone in {failed['peer']}, "
                     f"{router.split(',')[0]} alone in {failed['ours']}, both in {failed['both']}")

@@ -162,6 +162,13 @@ def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     assert "at 6/s: 2 points: geometric mean 1.00x" in out
     assert "ids at 6/s: 1 points: geometric mean 2.00x" in out and "text at 6/s: 1 points: geometric mean 0.50x" in out
     assert "ids at 4.5/s: 1 points: geometric mean 0.50x" in out
+    assert "minimal reports" not in out  # one report mode: no breakdown by it
+    path.write_text(path.read_text() + json.dumps({
+        "prompts": "text", "reports": "full", "seed": 5, "rates": [6],
+        "summary": {"ttft": {"6": {"ttft_p95": 0.25}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n")
+    out = standing([path])
+    assert "full reports: 1 points: geometric mean 0.25x" in out
+    assert "minimal reports: 3 points: geometric mean 0.79x" in out  # (0.5 x 2 x 0.5)^(1/3)
 
 
 def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:

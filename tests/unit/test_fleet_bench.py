@@ -155,18 +155,19 @@ def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     assert "at 4.5/s: 1 points: geometric mean 0.50x, 1 at or under 0.7x" in out
     assert "at 6/s: 1 points: geometric mean 2.00x, 0 at or under 0.7x, 0 under 1.0x" in out
     assert "ids at 4.5/s" not in out  # one prompt form: no breakdown by form
-    path.write_text(path.read_text() + json.dumps({
-        "prompts": "text", "reports": "minimal", "seed": 4, "rates": [6],
-        "summary": {"ttft": {"6": {"ttft_p95": 0.5}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n")
-    out = standing([path])
+
+    def add_text_cell_at_6(reports: str, seed: int, ours: float) -> str:
+        path.write_text(path.read_text() + json.dumps({
+            "prompts": "text", "reports": reports, "seed": seed, "rates": [6],
+            "summary": {"ttft": {"6": {"ttft_p95": ours}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n")
+        return standing([path])
+
+    out = add_text_cell_at_6("minimal", 4, 0.5)
     assert "at 6/s: 2 points: geometric mean 1.00x" in out
     assert "ids at 6/s: 1 points: geometric mean 2.00x" in out and "text at 6/s: 1 points: geometric mean 0.50x" in out
     assert "ids at 4.5/s: 1 points: geometric mean 0.50x" in out
     assert "minimal reports" not in out  # one report mode: no breakdown by it
-    path.write_text(path.read_text() + json.dumps({
-        "prompts": "text", "reports": "full", "seed": 5, "rates": [6],
-        "summary": {"ttft": {"6": {"ttft_p95": 0.25}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n")
-    out = standing([path])
+    out = add_text_cell_at_6("full", 5, 0.25)
     assert "full reports: 1 points: geometric mean 0.25x" in out
     assert "minimal reports: 3 points: geometric mean 0.79x" in out  # (0.5 x 2 x 0.5)^(1/3)
 

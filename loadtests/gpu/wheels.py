@@ -52,11 +52,12 @@ def strip_wheel(wheel: Path, suffix: str = ".so") -> int:
     """Rewrite ``wheel`` LZMA-compressed, with every ``suffix`` library stripped of its symbol table
     (``strip -s``, where there is a ``strip``) and RECORD updated; returns the bytes saved."""
     before = wheel.stat().st_size
+    can_strip = shutil.which("strip") is not None
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as src:
         members = {info.filename: src.read(info) for info in src.infolist()}
         changed = {}
         for name, data in members.items():
-            if not name.endswith(suffix) or shutil.which("strip") is None:
+            if not (can_strip and name.endswith(suffix)):
                 continue
             lib = Path(tmp) / "lib"
             lib.write_bytes(data)

@@ -4,6 +4,7 @@ capacity, the per-engine view and the routers' own verdicts. Pure functions of t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -138,7 +139,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     peers = ("smg", "smg-open", "sglang-router")
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
-    ratios: list[tuple[float, float, str, str]] = []  # (ratio, rate, prompts, reports)
+    ratios: list[tuple[float, float, str, str, str]] = []  # (ratio, rate, prompts, reports, run)
     # A side whose phase lost requests has an infinite p95 and no ratio: such cells are named
     # and counted apart, never dropped in silence (run 90: smg lost 58 of 250, the default none)
     failed = {"ours": 0, "peer": 0, "both": 0}
@@ -164,7 +165,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
                 if math.isfinite(ratio):
-                    ratios.append((ratio, rate, cell["prompts"], cell["reports"]))
+                    ratios.append((ratio, rate, cell["prompts"], cell["reports"], path.parent.name))
                     shown = f"{ratio:.2f}x"
                 else:
                     side = "both" if not (math.isfinite(mine) or math.isfinite(best)) else (
@@ -175,21 +176,40 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                             f"{cell.get('text', 'fresh')} | {rate:g} | {ms(mine)} | {name} {ms(best)} | "
                             f"{shown} | {to_oracle} |")
     if ratios:
-        rows.append("\n" + points_line([r for r, _, _, _ in ratios]))
-        by_rate = sorted({rate for _, rate, _, _ in ratios})
+        rows.append("\n" + points_line([r[0] for r in ratios]))
+        by_rate = sorted({r[1] for r in ratios})
         if len(by_rate) > 1:  # the knee and past it apart: a router can win one and not the other
-            rows.extend(f"at {rate:g}/s: " + points_line([r for r, at, _, _ in ratios if at == rate]) for rate in by_rate)
-        forms = sorted({(rate, form) for _, rate, form, _ in ratios})
+            rows.extend(f"at {rate:g}/s: " + points_line([r[0] for r in ratios if r[1] == rate]) for rate in by_rate)
+        forms = sorted({(r[1], r[2]) for r in ratios})
         if len({form for _, form in forms}) > 1:  # and each prompt form at each rate
-            rows.extend(f"{form} at {rate:g}/s: " + points_line([r for r, at, f, _ in ratios if (at, f) == (rate, form)])
+            rows.extend(f"{form} at {rate:g}/s: " + points_line([r[0] for r in ratios if (r[1], r[2]) == (rate, form)])
                         for rate, form in forms)
-        modes = sorted({mode for _, _, _, mode in ratios})
+            rows.extend(paired_forms(ratios))
+        modes = sorted({r[3] for r in ratios})
         if len(modes) > 1:  # engines reporting their load or not: smg reads the reports (runs 86-91)
-            rows.extend(f"{mode} reports: " + points_line([r for r, _, _, m in ratios if m == mode]) for mode in modes)
+            rows.extend(f"{mode} reports: " + points_line([r[0] for r in ratios if r[3] == mode]) for mode in modes)
     if any(failed.values()):
         rows.append(f"besides, cells where requests failed: the better peer alone in {failed['peer']}, "
                     f"{router.split(',')[0]} alone in {failed['ours']}, both in {failed['both']}")
     return "\n".join(rows)
+
+
+def paired_forms(ratios: list[tuple[float, float, str, str, str]]) -> list[str]:
+    """Two prompt forms against each other within one run and rate: the geometric mean of one
+    form's ratios over the other's, per run, then over the runs. The machine of the day (one H200
+    stepped 1.7x another) and the run's rate weigh on both forms alike there, so what is left
+    between them is the form's own."""
+    logs: dict[tuple[str, float], dict[str, list[float]]] = {}
+    for ratio, rate, form, _, run in ratios:
+        logs.setdefault((run, rate), {}).setdefault(form, []).append(math.log(ratio))
+    out = []
+    for a, b in itertools.combinations(sorted({r[2] for r in ratios}), 2):
+        pairs = [math.exp(sum(got[a]) / len(got[a]) - sum(got[b]) / len(got[b]))
+                 for got in logs.values() if a in got and b in got]
+        if pairs:
+            out.append(f"{a} / {b} within a run and rate: {len(pairs)} runs with both, geometric mean "
+                       f"{geometric_mean(pairs)}, {a} ahead in {sum(r < 1.0 for r in pairs)}{interval(pairs)}")
+    return out
 
 
 def ms(seconds: float) -> str:
@@ -199,16 +219,24 @@ def ms(seconds: float) -> str:
 def points_line(ratios: list[float]) -> str:
     """How many ratios, their geometric mean, how many at or under 0.7x and under 1.0x, the worst,
     and (from three on) the 95% interval of the mean."""
+    line = (f"{len(ratios)} points: geometric mean {geometric_mean(ratios)}, {sum(r <= 0.7 for r in ratios)} at or "
+            f"under 0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
+    return line + interval(ratios)
+
+
+def geometric_mean(ratios: list[float]) -> str:
+    return f"{math.exp(sum(math.log(r) for r in ratios) / len(ratios)):.2f}x"
+
+
+def interval(ratios: list[float]) -> str:
+    """From three ratios on, the 95% interval of their geometric mean, from their own spread (one
+    GPU round's p95 varies by ~0.29 in log for ttft, 0.14 for smg: a single point proves little)."""
+    if len(ratios) < 3:
+        return ""
     logs = [math.log(r) for r in ratios]
     mean = sum(logs) / len(logs)
-    line = (f"{len(ratios)} points: geometric mean {math.exp(mean):.2f}x, {sum(r <= 0.7 for r in ratios)} at or "
-            f"under 0.7x, {sum(r < 1.0 for r in ratios)} under 1.0x, worst {max(ratios):.2f}x")
-    if len(logs) >= 3:
-        # How well the points pin the mean down, from their own spread (one GPU round's p95
-        # varies by ~0.29 in log for ttft, 0.14 for smg: a single point proves little).
-        half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
-        line += f" (95% interval of the mean {math.exp(mean - half):.2f}-{math.exp(mean + half):.2f}x)"
-    return line
+    half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
+    return f" (95% interval of the mean {math.exp(mean - half):.2f}-{math.exp(mean + half):.2f}x)"
 
 
 # Routers whose placement does not learn: run twice on the same phases they route alike, so what

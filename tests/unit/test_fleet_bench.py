@@ -166,10 +166,13 @@ def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     assert "at 6/s: 2 points: geometric mean 1.00x" in out
     assert "ids at 6/s: 1 points: geometric mean 2.00x" in out and "text at 6/s: 1 points: geometric mean 0.50x" in out
     assert "ids at 4.5/s: 1 points: geometric mean 0.50x" in out
+    # the two forms side by side in one run at one rate: the machine of the day weighs on both
+    assert "ids / text within a run and rate: 1 runs with both, geometric mean 4.00x, ids ahead in 0" in out
     assert "minimal reports" not in out  # one report mode: no breakdown by it
     out = add_text_cell_at_6("full", 5, 0.25)
     assert "full reports: 1 points: geometric mean 0.25x" in out
     assert "minimal reports: 3 points: geometric mean 0.79x" in out  # (0.5 x 2 x 0.5)^(1/3)
+    assert "ids / text within a run and rate: 1 runs with both, geometric mean 5.66x" in out  # 2 / (0.5 x 0.25)^(1/2)
 
 
 def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:
@@ -354,3 +357,18 @@ def test_standing_names_the_cells_where_a_side_lost_requests_instead_of_dropping
     assert "besides, cells where requests failed: the better peer alone in 1, ttft alone in 1, both in 1" in out
     path.write_text(cell(0.5, 1.0) + "\n")
     assert "besides" not in standing([path])
+
+
+def test_standing_pairs_prompt_forms_only_within_a_run(tmp_path: Path) -> None:
+    def run(name: str, **form_p95: float) -> Path:
+        path = tmp_path / name / "summary.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps({"prompts": form, "reports": "minimal", "seed": 1, "rates": [6],
+                                            "summary": {"ttft": {"6": {"ttft_p95": p95}}, "smg": {"6": {"ttft_p95": 1.0}}}})
+                                + "\n" for form, p95 in form_p95.items()))
+        return path
+
+    # pooled, ids 2.0x against text 0.5x (the mean of 1.0 and 0.25) reads 4x; within run a, 2x
+    out = standing([run("a", ids=2.0, text=1.0), run("b", text=0.25)])
+    assert "text at 6/s: 2 points: geometric mean 0.50x" in out
+    assert "ids / text within a run and rate: 1 runs with both, geometric mean 2.00x, ids ahead in 0" in out

@@ -341,6 +341,20 @@ def test_a_slower_machine_is_found_on_its_step_clock_and_its_tails_follow() -> N
     assert usual is not None and abs(usual / h200.step_overhead_s - 1) < 0.15, usual
 
 
+def test_a_faster_machine_is_found_too_and_every_held_out_round_then_holds() -> None:
+    """Runs 96-97 (gpu-fleet-h100-22/23, 2026-12-06) came after the fit and the calibration rule
+    were written: an H100 a little faster than the fit's. As fitted, two token-id rounds missed
+    (engine TTFT p50 1.40x and 1.58x); fitted to each run's own step clock, all eight held."""
+    from loadtests import fidelity_placed
+
+    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    for run in ("gpu-fleet-h100-22", "gpu-fleet-h100-23"):
+        fitted = fidelity_placed.calibrate_host(fidelity.RESULTS.parent / run, h100)
+        assert fitted is not None and fitted < h100.step_overhead_s, (run, fitted)
+        assert _within_on_their_placement((run,), dataclasses.replace(h100, step_overhead_s=fitted)) == (4, 4)
+    assert _within_on_their_placement(("gpu-fleet-h100-22",), h100) == (2, 4)
+
+
 def test_the_16_layer_h100_profile_predicts_one_engine_alone_it_was_never_fitted_to() -> None:
     """Fitted to four engines sharing the H100 (runs 73-74); runs 81 and 83 (gpu-fleet-h100-9/11)
     ran one engine alone, shared and unique prompts, light to overloaded, on a machine whose small

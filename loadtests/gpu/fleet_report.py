@@ -10,7 +10,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from loadtests.jsonl import read_text
 
@@ -132,6 +132,16 @@ def standing_list(path: Path = STANDING_LIST) -> list[Path]:
     return [path.parent / name / "summary.jsonl" for name in names if name]
 
 
+class Point(NamedTuple):
+    """One cell at one rate of the standing: our p95 over the better peer's, and where it ran."""
+
+    ratio: float
+    rate: float
+    form: str  # prompts: text, ids or chat
+    reports: str  # what the engines report: full or minimal
+    run: str  # the results directory
+
+
 def standing(paths: list[Path], router: str = "ttft") -> str:
     """``router`` against the better SGLang gateway in the same run, cell by cell and rate by rate
     over these ``summary.jsonl`` files (the routing issue's goal: p95 TTFT <= 0.7x the better of
@@ -139,7 +149,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
     peers = ("smg", "smg-open", "sglang-router")
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
-    ratios: list[tuple[float, float, str, str, str]] = []  # (ratio, rate, prompts, reports, run)
+    ratios: list[Point] = []
     # A side whose phase lost requests has an infinite p95 and no ratio: such cells are named
     # and counted apart, never dropped in silence (run 90: smg lost 58 of 250, the default none)
     failed = {"ours": 0, "peer": 0, "both": 0}
@@ -165,7 +175,7 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
                 if math.isfinite(ratio):
-                    ratios.append((ratio, rate, cell["prompts"], cell["reports"], path.parent.name))
+                    ratios.append(Point(ratio, rate, cell["prompts"], cell["reports"], path.parent.name))
                     shown = f"{ratio:.2f}x"
                 else:
                     side = "both" if not (math.isfinite(mine) or math.isfinite(best)) else (
@@ -176,34 +186,34 @@ def standing(paths: list[Path], router: str = "ttft") -> str:
                             f"{cell.get('text', 'fresh')} | {rate:g} | {ms(mine)} | {name} {ms(best)} | "
                             f"{shown} | {to_oracle} |")
     if ratios:
-        rows.append("\n" + points_line([r[0] for r in ratios]))
-        by_rate = sorted({r[1] for r in ratios})
+        rows.append("\n" + points_line([r.ratio for r in ratios]))
+        by_rate = sorted({r.rate for r in ratios})
         if len(by_rate) > 1:  # the knee and past it apart: a router can win one and not the other
-            rows.extend(f"at {rate:g}/s: " + points_line([r[0] for r in ratios if r[1] == rate]) for rate in by_rate)
-        forms = sorted({(r[1], r[2]) for r in ratios})
+            rows.extend(f"at {rate:g}/s: " + points_line([r.ratio for r in ratios if r.rate == rate]) for rate in by_rate)
+        forms = sorted({(r.rate, r.form) for r in ratios})
         if len({form for _, form in forms}) > 1:  # and each prompt form at each rate
-            rows.extend(f"{form} at {rate:g}/s: " + points_line([r[0] for r in ratios if (r[1], r[2]) == (rate, form)])
+            rows.extend(f"{form} at {rate:g}/s: " + points_line([r.ratio for r in ratios if (r.rate, r.form) == (rate, form)])
                         for rate, form in forms)
             rows.extend(paired_forms(ratios))
-        modes = sorted({r[3] for r in ratios})
+        modes = sorted({r.reports for r in ratios})
         if len(modes) > 1:  # engines reporting their load or not: smg reads the reports (runs 86-91)
-            rows.extend(f"{mode} reports: " + points_line([r[0] for r in ratios if r[3] == mode]) for mode in modes)
+            rows.extend(f"{mode} reports: " + points_line([r.ratio for r in ratios if r.reports == mode]) for mode in modes)
     if any(failed.values()):
         rows.append(f"besides, cells where requests failed: the better peer alone in {failed['peer']}, "
                     f"{router.split(',')[0]} alone in {failed['ours']}, both in {failed['both']}")
     return "\n".join(rows)
 
 
-def paired_forms(ratios: list[tuple[float, float, str, str, str]]) -> list[str]:
+def paired_forms(ratios: list[Point]) -> list[str]:
     """Two prompt forms against each other within one run and rate: the geometric mean of one
     form's ratios over the other's, per run, then over the runs. The machine of the day (one H200
     stepped 1.7x another) and the run's rate weigh on both forms alike there, so what is left
     between them is the form's own."""
     logs: dict[tuple[str, float], dict[str, list[float]]] = {}
-    for ratio, rate, form, _, run in ratios:
-        logs.setdefault((run, rate), {}).setdefault(form, []).append(math.log(ratio))
+    for r in ratios:
+        logs.setdefault((r.run, r.rate), {}).setdefault(r.form, []).append(math.log(r.ratio))
     out = []
-    for a, b in itertools.combinations(sorted({r[2] for r in ratios}), 2):
+    for a, b in itertools.combinations(sorted({r.form for r in ratios}), 2):
         pairs = [math.exp(sum(got[a]) / len(got[a]) - sum(got[b]) / len(got[b]))
                  for got in logs.values() if a in got and b in got]
         if pairs:

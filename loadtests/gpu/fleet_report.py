@@ -235,6 +235,7 @@ def points_line(ratios: list[float]) -> str:
 
 
 def geometric_mean(ratios: list[float]) -> str:
+    """The geometric mean of these ratios as the reports print it ("0.91x")."""
     return f"{math.exp(sum(math.log(r) for r in ratios) / len(ratios)):.2f}x"
 
 

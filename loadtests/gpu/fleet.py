@@ -55,6 +55,7 @@ from aiohttp import web
 from loadtests.bench_overhead import free_port, stop_processes
 from loadtests.gpu.dp_front import Front
 from loadtests.gpu.fleet_report import (
+    STANDING_PEERS,
     diagnoses_report,
     engines_report,
     growth_report,
@@ -822,6 +823,8 @@ def main() -> None:
                    help="print --router against the better of smg and sglang-router in each cell of these files "
                         "(none: the runs loadtests/results/STANDING.txt lists), and exit")
     p.add_argument("--router", default="ttft", help="--standing: the radixgate router to rank (comma-separated: the first a cell ran)")
+    p.add_argument("--peer", default=",".join(STANDING_PEERS),
+                   help="--standing: the gateways to rank against, the better of them each cell (comma-separated)")
     p.add_argument("--repeatability", nargs="+", metavar="SUMMARY",
                    help="print each fixed router's TTFT on the same phases across these runs (the engines' own "
                         "spread between runs), and exit")
@@ -848,7 +851,8 @@ def main() -> None:
         print(tail_report([Path(p) for p in args.tail]))
         return
     if args.standing is not None:
-        print(standing([Path(p) for p in args.standing] or standing_list(), args.router))
+        print(standing([Path(p) for p in args.standing] or standing_list(), args.router,
+                       tuple(n for n in args.peer.split(",") if n)))
         return
     if args.repeatability:
         print(repeatability([Path(p) for p in args.repeatability]))

@@ -142,11 +142,16 @@ class Point(NamedTuple):
     run: str  # the results directory
 
 
-def standing(paths: list[Path], router: str = "ttft") -> str:
+# The SGLang gateways the standing ranks against: smg 1.13.0 as shipped, smg with its worker-overload
+# protection off (runs 91 on) and sglang-router 0.3.2.
+STANDING_PEERS = ("smg", "smg-open", "sglang-router")
+
+
+def standing(paths: list[Path], router: str = "ttft", peers: tuple[str, ...] = STANDING_PEERS) -> str:
     """``router`` against the better SGLang gateway in the same run, cell by cell and rate by rate
     over these ``summary.jsonl`` files (the routing issue's goal: p95 TTFT <= 0.7x the better of
-    smg and sglang-router), with the oracle where the run had one; then the geometric mean."""
-    peers = ("smg", "smg-open", "sglang-router")
+    smg and sglang-router), with the oracle where the run had one; then the geometric mean.
+    ``peers``: the gateways that count (one of them alone: the router against that one)."""
     rows = ["| run | prompts, reports, seed, text | rate | p95 ms | better peer | ratio | to the oracle |",
             "|---|---|---|---|---|---|---|"]
     ratios: list[Point] = []

@@ -145,6 +145,18 @@ def test_standing_ranks_a_router_against_the_better_gateway_of_each_run(tmp_path
     assert "at 4.5/s" not in out  # one rate: no breakdown
 
 
+def test_standing_ranks_against_one_gateway_alone_when_told(tmp_path: Path) -> None:
+    # smg as shipped and with its overload protection off, beside the default in one cell
+    path = tmp_path / "summary.jsonl"
+    path.write_text(json.dumps({"prompts": "ids", "reports": "full", "seed": 121, "rates": [10],
+                                "summary": {"ttft": {"10": {"ttft_p95": 3.0}}, "smg": {"10": {"ttft_p95": 6.0}},
+                                            "smg-open": {"10": {"ttft_p95": 2.0}}}}) + "\n")
+    assert "| smg-open 2,000 | 1.50x |" in standing([path])  # the better of the two
+    assert "| smg 6,000 | 0.50x |" in standing([path], peers=("smg",))
+    assert "| smg-open 2,000 | 1.50x |" in standing([path], peers=("smg-open",))
+    assert "points" not in standing([path], peers=("sglang-router",))  # that gateway never ran here
+
+
 def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     path = tmp_path / "summary.jsonl"
     path.write_text(json.dumps({"prompts": "ids", "reports": "minimal", "seed": 3, "rates": [4.5, 6],

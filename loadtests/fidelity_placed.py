@@ -215,19 +215,24 @@ def rank(values: Sequence[float], x: float) -> float:
     return bisect.bisect_left(ordered, x) / len(ordered) if ordered else math.nan
 
 
-def judge(p: Placed, sim: dict[str, float], logs: list[float]) -> tuple[bool, list[str]]:
+def judge(p: Placed, sim: dict[str, float], logs: list[float],
+          near: list[bool] | None = None) -> tuple[bool, list[str]]:
     """Whether the round's TTFT p50 and p95 are both within ±30%, and the table's columns (real /
     sim / ratio, and in brackets the GPU's percentile the simulated value falls at); each finite
-    |log(sim / real)| is appended to ``logs``."""
-    ok, cols = True, []
+    |log(sim / real)| is appended to ``logs``, and to ``near`` whether both simulated values fall
+    within ``RANK_SLACK`` of their own percentile among the GPU's requests."""
+    ok, close, cols = True, True, []
     for q, key in ((0.5, "ttft_p50"), (0.95, "ttft_p95")):
         r, s = pct(p.ttft, q), sim[key]
         ratio = s / r if r > 0 and math.isfinite(r) and math.isfinite(s) else math.nan
         at = rank(p.ttft, s)
+        close &= abs(at - q) <= RANK_SLACK
         cols.append(f"{r:.3f} / {s:.3f} / {ratio:.2f} (q{100 * at:.0f})")
         ok &= abs(ratio - 1) <= TOLERANCE
         if math.isfinite(ratio) and ratio > 0:
             logs.append(abs(math.log(ratio)))
+    if near is not None:
+        near.append(close)
     return ok, cols
 
 
@@ -242,9 +247,9 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     for path in results:
         for p in placed_phases(path):
             sim = simulate(p, profile, encoder, cache)
-            ok, cols = judge(p, sim, logs)
-            near += not ok and all(abs(rank(p.ttft, sim[key]) - q) <= RANK_SLACK
-                                   for q, key in ((0.5, "ttft_p50"), (0.95, "ttft_p95")))
+            close: list[bool] = []
+            ok, cols = judge(p, sim, logs, close)
+            near += not ok and close[0]
             if not alone(p):
                 tails.append((pct(p.ttft, 0.95), sim["ttft_p95"]))
             real_itl = p.itl_p50

@@ -134,6 +134,41 @@ def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
     assert p95 == float("inf")
 
 
+def test_rounds_of_one_trace_pair_across_runs_only_where_their_text_is_the_same() -> None:
+    from loadtests.fidelity_placed import Placed, trace_identity
+
+    def phase(router: str, phase: int, base: int, text: str, seed: int = 121) -> Placed:
+        cell = {"argv": ["--phase-s", "25", "--phase-base", str(base)], "seed": seed, "prompts": "ids",
+                "reports": "full", "shape": {"groups": 32}, "workers": 4, "text": text}
+        return Placed(router, 10.0, phase, cell, [0], [0], [0.0], [(3000, 0, 0.5, 5.0)])
+
+    a, b = Path("run-a"), Path("run-b")
+    # one text per rate: the cell called again in another run (its routers in another order) pairs
+    assert trace_identity(a, phase("ttft", 11401, 11400, "same")) == trace_identity(b, phase("ttft", 11403, 11400, "same"))
+    assert trace_identity(a, phase("ttft", 11401, 11400, "same")) != trace_identity(b, phase("smg", 11401, 11400, "same"))
+    # another cell's text (its base), or another trace, does not
+    assert trace_identity(a, phase("ttft", 11401, 11400, "same")) != trace_identity(b, phase("ttft", 11501, 11500, "same"))
+    assert trace_identity(a, phase("ttft", 11401, 11400, "same")) != trace_identity(a, phase("ttft", 11401, 11400, "same", 122))
+    # fresh text: rounds pair within one run's cell only
+    assert trace_identity(a, phase("ttft", 11401, 11400, "fresh")) == trace_identity(a, phase("ttft", 11404, 11400, "fresh"))
+    assert trace_identity(a, phase("ttft", 11401, 11400, "fresh")) != trace_identity(b, phase("ttft", 11401, 11400, "fresh"))
+
+
+def test_the_h100_repeats_a_round_called_again_on_its_trace_no_closer_than_the_placed_replay() -> None:
+    """Runs 98-100 called one cell three times on the same warm H100: its rounds pair across the
+    runs, and where a router decided anew the GPU's own p50 moved past ±30% in some pairs."""
+    from loadtests.fidelity_placed import repeatability
+
+    runs = [fidelity.RESULTS.parent / f"gpu-fleet-h100-{n}" for n in (24, 25, 26)]
+    out = repeatability(runs)
+    rows = [line for line in out.splitlines() if line.startswith("| gpu-fleet-h100-2")]
+    assert len(rows) == 18  # 2 traces x 3 routers x 3 pairs of runs
+    assert all(", gpu-fleet-h100-2" in row for row in rows)  # every pair across two runs
+    p50 = [float(row.split("|")[6]) for row in rows]
+    assert sum(abs(r - 1) > 0.3 for r in p50) >= 4
+    assert "placed anew: 18 pairs" in out
+
+
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
     from loadtests.fidelity_placed import _itl_features
 

@@ -169,6 +169,32 @@ def test_the_h100_repeats_a_round_called_again_on_its_trace_no_closer_than_the_p
     assert "placed anew: 18 pairs" in out
 
 
+def test_with_one_placement_kept_the_h100_repeats_its_tail_but_not_its_median_and_the_replay_holds() -> None:
+    """Run 102 (gpu-fleet-h100-28): the oracle three times on one trace and text at the H100's
+    knee. Its p95 repeated within 10%, its p50, on the knee's steep middle, moved past ±30%; the
+    replay on the machine's own step clock (``--calibrate``) holds all three rounds, and 5 of run
+    101's 6 replicas rounds (gpu-fleet-h100-27), both after every fit."""
+    from loadtests.fidelity_placed import calibrate_host, judge, placed_phases, repeatability, simulate
+
+    results = fidelity.RESULTS.parent
+    out = repeatability([results / "gpu-fleet-h100-28"])
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| gpu-fleet-h100-28")]
+    assert len(rows) == 3 and all(row[5].strip() == "100%" for row in rows)  # one placement, every pair
+    p50, p95 = [float(row[6]) for row in rows], [float(row[7]) for row in rows]
+    assert all(abs(r - 1) <= 0.1 for r in p95), p95
+    assert any(abs(r - 1) > fidelity.TOLERANCE for r in p50), p50
+    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    held = {}
+    for run in ("gpu-fleet-h100-28", "gpu-fleet-h100-27"):
+        overhead = calibrate_host(results / run, h100)
+        assert overhead is not None
+        machine = dataclasses.replace(h100, step_overhead_s=overhead)
+        phases = placed_phases(results / run)
+        held[run] = (sum(judge(p, simulate(p, machine, encoder, {}), [])[0] for p in phases), len(phases))
+    assert held == {"gpu-fleet-h100-28": (3, 3), "gpu-fleet-h100-27": (5, 6)}, held
+
+
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
     from loadtests.fidelity_placed import _itl_features
 

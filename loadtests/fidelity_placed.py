@@ -366,41 +366,65 @@ def trace_identity(path: Path, p: Placed) -> str:
                        argv_value(argv, "--phase-s", "30"), engine_count(cell), where], sort_keys=True)
 
 
-def repeatability(results: Sequence[Path]) -> str:
+@dataclasses.dataclass(frozen=True)
+class RoundPair:
+    """Two rounds of one router on one trace and text: where they ran, the share of requests that
+    reached the same engine in both, and the second's engine TTFT p50 and p95 over the first's."""
+
+    runs: tuple[str, str]
+    router: str
+    rate: float
+    phases: tuple[int, int]
+    same: float
+    p50: float
+    p95: float
+
+    @property
+    def kept(self) -> bool:
+        """One placement: (nearly) every request on the same engine in both rounds."""
+        return self.same >= SAME_PLACEMENT
+
+    @property
+    def within(self) -> bool:
+        return abs(self.p50 - 1) <= TOLERANCE and abs(self.p95 - 1) <= TOLERANCE
+
+
+def round_pairs(results: Sequence[Path]) -> list[RoundPair]:
     """The real engine against itself: every pair of rounds of one router on one trace and text
-    (``--repeat`` in one cell, or the same cell called again in other runs: ``trace_identity``),
-    with the share of requests that reached the same engine in both, and the second's engine TTFT
-    p50 and p95 over the first's. Pairs that kept one placement say how close the GPU repeats
-    itself: the bar a simulator of it can be held to, phase by phase; pairs placed anew, how far a
-    round moves when its router decides again. A pair whose percentile falls on an unanswered
-    request (an infinite ratio) is left out."""
-    lines = ["| runs | router | rate /s | phases | same engine | p50 ratio | p95 ratio | both within ±30% |",
-             "|---|---|---|---|---|---|---|---|"]
-    kept: list[tuple[float, float]] = []
-    anew: list[tuple[float, float]] = []
+    (``--repeat`` in one cell, or the same cell called again in other runs: ``trace_identity``).
+    Pairs that kept one placement say how close the GPU repeats itself: the bar a simulator of it
+    can be held to, phase by phase; pairs placed anew, how far a round moves when its router decides
+    again. A pair whose percentile falls on an unanswered request (an infinite ratio) is left out."""
     rounds: dict[str, list[tuple[Path, Placed]]] = {}
     for path in results:
         for ph in placed_phases(path):
             rounds.setdefault(trace_identity(path, ph), []).append((path, ph))
+    pairs = []
     for phases in rounds.values():
         for (pa, a), (pb, b) in itertools.combinations(phases, 2):
-            same, ratios = round_pair(a, b)
-            if not all(math.isfinite(r) and r > 0 for r in ratios):
-                continue
-            (kept if same >= SAME_PLACEMENT else anew).append(ratios)
-            ok = all(abs(r - 1) <= TOLERANCE for r in ratios)
-            runs = pa.name if pa == pb else f"{pa.name}, {pb.name}"
-            lines.append(f"| {runs} | {a.router} | {a.rate:g} | {a.phase}, {b.phase} | {same:.0%} | "
-                         f"{ratios[0]:.2f} | {ratios[1]:.2f} | {'yes' if ok else 'no'} |")
+            same, (p50, p95) = round_pair(a, b)
+            if all(math.isfinite(r) and r > 0 for r in (p50, p95)):
+                pairs.append(RoundPair((pa.name, pb.name), a.router, a.rate, (a.phase, b.phase), same, p50, p95))
+    return pairs
+
+
+def repeatability(results: Sequence[Path]) -> str:
+    """``round_pairs`` as a summary per kind of pair (kept placement, placed anew) and a table."""
+    pairs = round_pairs(results)
     summary = []
-    for name, pairs in ((f"one placement (>= {SAME_PLACEMENT:.0%} of requests on the same engine)", kept),
-                        ("placed anew", anew)):
-        if pairs:
-            within = sum(all(abs(r - 1) <= TOLERANCE for r in pair) for pair in pairs)
-            p50 = sum(abs(pair[0] - 1) <= TOLERANCE for pair in pairs)
-            mean = sum(abs(math.log(r)) for pair in pairs for r in pair) / (2 * len(pairs))
-            summary.append(f"{name}: {len(pairs)} pairs of rounds, {within} with both ratios within ±30% "
-                           f"(p50 alone {p50}), mean |log(ratio)| {mean:.3f}")
+    for name, group in ((f"one placement (>= {SAME_PLACEMENT:.0%} of requests on the same engine)",
+                         [p for p in pairs if p.kept]), ("placed anew", [p for p in pairs if not p.kept])):
+        if group:
+            p50 = sum(abs(p.p50 - 1) <= TOLERANCE for p in group)
+            mean = sum(abs(math.log(p.p50)) + abs(math.log(p.p95)) for p in group) / (2 * len(group))
+            summary.append(f"{name}: {len(group)} pairs of rounds, {sum(p.within for p in group)} with both "
+                           f"ratios within ±30% (p50 alone {p50}), mean |log(ratio)| {mean:.3f}")
+    lines = ["| runs | router | rate /s | phases | same engine | p50 ratio | p95 ratio | both within ±30% |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        runs = p.runs[0] if p.runs[0] == p.runs[1] else ", ".join(p.runs)
+        lines.append(f"| {runs} | {p.router} | {p.rate:g} | {p.phases[0]}, {p.phases[1]} | {p.same:.0%} | "
+                     f"{p.p50:.2f} | {p.p95:.2f} | {'yes' if p.within else 'no'} |")
     return "\n".join(summary + lines)
 
 

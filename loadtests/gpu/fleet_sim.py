@@ -398,6 +398,8 @@ def main() -> None:
                         "or OpenAI chat messages (rendered turn by turn)")
     p.add_argument("--own-gpus", action="store_true",
                    help="each engine on a GPU of its own (one engine per H200), not the four sharing one")
+    p.add_argument("--workload", choices=("shared", "unique"), default="shared",
+                   help="the GPU cell's --workload: every prompt its group's system prompt and a question, or each its own")
     p.add_argument("--text-per-seed", action="store_true",
                    help="each seed draws its own prompt text as well as its own trace (else one text per rate)")
     p.add_argument("--carry-over", action="store_true",
@@ -446,7 +448,7 @@ def main() -> None:
                       flush=True)
         print(cells_tally(rows))
         return
-    shape = Shape()
+    shape = Shape(workload=a.workload)
     names = a.routers.split(",")
     gpu = perf.PROFILES[a.profile].gpu.name
     gpus = f"each on a simulated {gpu} of its own" if a.own_gpus else f"sharing one simulated {gpu}"

@@ -130,12 +130,13 @@ case "${1:-calibrate}" in
     RATES=${RATES:-$(python3 -m loadtests.gpu.fleet --knee "${KNEE_FROM:-loadtests/results/gpu-fleet/summary.jsonl}")}
     base=${PHASE_BASE:-500}
     # CELLS entries may end with ":RATES" (e.g. ids:minimal:oracle,ttft:4.5) to override RATES, and
-    # then ":SEED" to override SEED (several traces in one call: ids:minimal:ttft,smg:4.5:27).
+    # then ":SEED" to override SEED (several traces in one call: ids:minimal:ttft,smg:4.5:27), and
+    # then ":WORKLOAD" (shared or unique: ids:full:oracle:2,3:126:unique).
     for cell in ${CELLS:-text:minimal}; do
-      IFS=: read -r prompts reports routers rates seed <<< "$cell"
+      IFS=: read -r prompts reports routers rates seed workload <<< "$cell"
       fleet --workers "${WORKERS[@]}" --routers "${routers:-${ROUTERS:-oracle,ttft,smg,cache_aware,round_robin}}" \
         --rates "${rates:-$RATES}" --prompts "$prompts" --reports "$reports" --warmup-s "${WARMUP_S:-10}" --phase-base $base \
-        ${seed:+--seed "$seed"}
+        ${seed:+--seed "$seed"} ${workload:+--workload "$workload"}
       base=$((base + 100))
     done
     ;;

@@ -30,6 +30,20 @@ def test_the_oracle_keeps_each_group_on_one_worker_and_reuses_what_round_robin_r
     assert reuse("oracle") > reuse("round_robin") + 0.2
 
 
+def test_a_unique_prompt_cell_shares_nothing_that_the_shared_cell_reuses() -> None:
+    """``--workload unique`` (the GPU cell's): every request its own prompt, so even the oracle
+    finds nothing cached beyond the engine's page-sized accidents; shared prompts reuse most."""
+    def reuse_of(workload: str) -> float:
+        outcomes, _ = fleet_sim.cell("oracle", 3.0, Shape(groups=8, workload=workload), seed=1, phase=7,
+                                     phase_s=8.0, workers=4, encoder=Encoder(str(TOKENIZER)), minimal=True)
+        assert len(outcomes) >= 20 and all(o.first is not None for o in outcomes)
+        if workload == "unique":
+            assert len({o.group for o in outcomes}) == len(outcomes)
+        return sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes)
+
+    assert reuse_of("unique") < 0.02 < 0.5 < reuse_of("shared")
+
+
 def test_the_balanced_reference_keeps_groups_whole_and_evens_the_workers_requests() -> None:
     outcomes, _ = fleet_sim.cell("balanced", 3.0, Shape(groups=8), seed=1, phase=7, phase_s=8.0, workers=4,
                                  encoder=Encoder(str(TOKENIZER)), minimal=True)

@@ -137,7 +137,7 @@ class Point(NamedTuple):
 
     ratio: float
     rate: float
-    form: str  # prompts: text, ids or chat
+    form: str  # prompts: text, ids or chat; "ids unique" where nothing is shared (``--workload unique``)
     reports: str  # what the engines report: full or minimal
     run: str  # the results directory
 
@@ -179,15 +179,18 @@ def standing(paths: list[Path], router: str = "ttft", peers: tuple[str, ...] = S
                 ratio = mine / best if math.isfinite(mine) and math.isfinite(best) else math.nan
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
+                # unique prompts rank load balancing alone: a form of their own, never pooled
+                # with the same prompts' shared-prefix cells in the per-form lines
+                form = cell["prompts"] + (" unique" if cell.get("shape", {}).get("workload") == "unique" else "")
                 if math.isfinite(ratio):
-                    ratios.append(Point(ratio, rate, cell["prompts"], cell["reports"], path.parent.name))
+                    ratios.append(Point(ratio, rate, form, cell["reports"], path.parent.name))
                     shown = f"{ratio:.2f}x"
                 else:
                     side = "both" if not (math.isfinite(mine) or math.isfinite(best)) else (
                         "peer" if math.isfinite(mine) else "ours")
                     failed[side] += 1
                     shown = {"both": "both failed", "peer": f"{name} failed", "ours": f"{name_here} failed"}[side]
-                rows.append(f"| {path.parent.name} | {cell['prompts']}, {cell['reports']}, {cell['seed']}, "
+                rows.append(f"| {path.parent.name} | {form}, {cell['reports']}, {cell['seed']}, "
                             f"{cell.get('text', 'fresh')} | {rate:g} | {ms(mine)} | {name} {ms(best)} | "
                             f"{shown} | {to_oracle} |")
     if ratios:

@@ -198,16 +198,15 @@ AS_SIMULATED = {"smg": f"{SMG}/overload_waiting=8/overload_usage=0.8/scrape_s=10
 
 def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]]:
     """(cell label, router, rate, the router's first-round GPU summary) of every router phase of
-    a GPU run's shared-prefix cells (its ``summary.jsonl``; ``--repeat`` rounds share a trace),
-    the cell's record as ``_cell`` in the summary."""
+    a GPU run's cells (its ``summary.jsonl``; ``--repeat`` rounds share a trace), the cell's record
+    as ``_cell`` in the summary; a unique-prompt cell's label says so."""
     if not (results / "summary.jsonl").exists():
         return  # a run that came back without its summary
     for line in (results / "summary.jsonl").read_text().splitlines():
         c = json.loads(line)
-        if c["shape"]["workload"] != "shared":
-            continue
+        unique = " unique" if c["shape"]["workload"] == "unique" else ""
         for rate in c["rates"]:
-            label = f"{results.name} {c['prompts']} {c['reports']} seed {c['seed']} {rate:g}/s"
+            label = f"{results.name} {c['prompts']}{unique} {c['reports']} seed {c['seed']} {rate:g}/s"
             for r in c["routers"]:
                 got = c["summary"].get(r, {}).get(f"{rate:g}")
                 if got is not None and r != "direct0":

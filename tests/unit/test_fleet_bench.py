@@ -187,6 +187,21 @@ def test_standing_gives_each_rate_its_own_mean_too(tmp_path: Path) -> None:
     assert "ids / text within a run and rate: 1 runs with both, geometric mean 5.66x" in out  # 2 / (0.5 x 0.25)^(1/2)
 
 
+def test_standing_keeps_unique_prompt_cells_a_form_of_their_own(tmp_path: Path) -> None:
+    """Unique prompts (nothing to reuse) rank load balancing alone: their points are counted, but
+    the per-form lines never pool them with the same prompts' shared-prefix cells."""
+    path = tmp_path / "summary.jsonl"
+    path.write_text("".join(json.dumps({
+        "prompts": "ids", "reports": "full", "seed": seed, "rates": [6], "shape": {"workload": workload},
+        "summary": {"ttft": {"6": {"ttft_p95": ours}}, "smg": {"6": {"ttft_p95": 1.0}}}}) + "\n"
+        for seed, workload, ours in ((1, "shared", 0.5), (2, "unique", 2.0))))
+    out = standing([path])
+    assert "2 points: geometric mean 1.00x" in out
+    assert "ids at 6/s: 1 points: geometric mean 0.50x" in out
+    assert "ids unique at 6/s: 1 points: geometric mean 2.00x" in out
+    assert "| ids unique, full, 2," in out
+
+
 def test_standing_says_how_well_its_points_pin_the_mean_down(tmp_path: Path) -> None:
     # ratios 0.5, 1, 2: log mean 0, sample sd ln 2, so the 95% half-width is 1.96 ln2 / sqrt(3)
     path = tmp_path / "summary.jsonl"

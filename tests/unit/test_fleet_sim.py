@@ -315,3 +315,16 @@ def test_a_gpu_cell_replays_on_its_own_machines_step_cost_when_asked() -> None:
     assert slow and slow[0].startswith("step_overhead_s=0.0")
     calibrated = fleet_sim.phase_p95s(got["_cell"], router, rate, encoder, profile, router, profile_set=slow)[0]
     assert calibrated > 1.2 * plain, (plain, calibrated)
+
+
+def test_a_unique_prompt_gpu_cell_replays_with_nothing_shared() -> None:
+    """Run 106 (gpu-fleet-h100-32) routed unique prompts: ``--cells`` labels its phases so and
+    replays them on their own prompts, which share nothing, as the GPU's reuse of 0% says."""
+    results = fidelity.RESULTS.parent / "gpu-fleet-h100-32"
+    phases = list(fleet_sim.gpu_phases(results))
+    assert len(phases) == 6 and all(" ids unique full seed " in label for label, *_ in phases)
+    _, router, rate, got = phases[0]
+    assert got["reuse"] == 0
+    outs = fleet_sim.replay_phase(got["_cell"], router, rate, Encoder(str(TOKENIZER)),
+                                  "h100-transformers-16l-dense-fit", router)
+    assert len(outs) == 150 and sum(o.cached_tokens for o in outs) < 0.02 * sum(o.prompt_tokens for o in outs)

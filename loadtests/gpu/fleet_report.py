@@ -132,12 +132,19 @@ def standing_list(path: Path = STANDING_LIST) -> list[Path]:
     return [path.parent / name / "summary.jsonl" for name in names if name]
 
 
+def prompt_form(cell: dict[str, Any]) -> str:
+    """A cell's prompt form as the reports name it: text, ids or chat, and "ids unique" where
+    nothing is shared (``--workload unique``): load balancing alone, never pooled with the same
+    prompts' shared-prefix cells."""
+    return cell["prompts"] + (" unique" if cell.get("shape", {}).get("workload") == "unique" else "")
+
+
 class Point(NamedTuple):
     """One cell at one rate of the standing: our p95 over the better peer's, and where it ran."""
 
     ratio: float
     rate: float
-    form: str  # prompts: text, ids or chat; "ids unique" where nothing is shared (``--workload unique``)
+    form: str  # ``prompt_form``: text, ids or chat, "ids unique" where nothing is shared
     reports: str  # what the engines report: full or minimal
     run: str  # the results directory
 
@@ -179,9 +186,7 @@ def standing(paths: list[Path], router: str = "ttft", peers: tuple[str, ...] = S
                 ratio = mine / best if math.isfinite(mine) and math.isfinite(best) else math.nan
                 oracle = summary.get("oracle", {}).get(key, {}).get("ttft_p95")
                 to_oracle = f"{mine / oracle:.2f}x" if oracle and math.isfinite(oracle) and math.isfinite(mine) else "-"
-                # unique prompts rank load balancing alone: a form of their own, never pooled
-                # with the same prompts' shared-prefix cells in the per-form lines
-                form = cell["prompts"] + (" unique" if cell.get("shape", {}).get("workload") == "unique" else "")
+                form = prompt_form(cell)
                 if math.isfinite(ratio):
                     ratios.append(Point(ratio, rate, form, cell["reports"], path.parent.name))
                     shown = f"{ratio:.2f}x"

@@ -42,7 +42,7 @@ from loadtests.gpu.fleet import (
     text_key,
     trace,
 )
-from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
+from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct, prompt_form
 from loadtests.routing_sim import Outcome, VirtualWorker, simulate
 from proxy.config_sections import RoutingConfig
 from proxy.loadgen.workloads import RequestSpec
@@ -204,9 +204,8 @@ def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]
         return  # a run that came back without its summary
     for line in (results / "summary.jsonl").read_text().splitlines():
         c = json.loads(line)
-        unique = " unique" if c["shape"]["workload"] == "unique" else ""
         for rate in c["rates"]:
-            label = f"{results.name} {c['prompts']}{unique} {c['reports']} seed {c['seed']} {rate:g}/s"
+            label = f"{results.name} {prompt_form(c)} {c['reports']} seed {c['seed']} {rate:g}/s"
             for r in c["routers"]:
                 got = c["summary"].get(r, {}).get(f"{rate:g}")
                 if got is not None and r != "direct0":

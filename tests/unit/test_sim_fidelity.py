@@ -168,47 +168,49 @@ def test_the_h100_repeats_a_round_called_again_on_its_trace_no_closer_than_the_p
     assert "placed anew: 18 pairs" in out and out.count("| gpu-fleet-h100-2") == 18
 
 
+def calibrated_verdicts(run: Path, cache: dict) -> list[bool]:
+    """Each routed round of an H100 run replayed on its placement with the 16-layer profile's
+    fixed step cost set from that machine's own step clock (``fidelity_placed --calibrate``):
+    whether its TTFT p50 and p95 are both within ±30%."""
+    from loadtests.fidelity_placed import calibrate_host, judge, placed_phases, simulate
+
+    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    overhead = calibrate_host(run, h100)
+    assert overhead is not None
+    machine = dataclasses.replace(h100, step_overhead_s=overhead)
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    return [judge(p, simulate(p, machine, encoder, cache), [])[0] for p in placed_phases(run)]
+
+
 def test_with_one_placement_kept_the_h100_repeats_its_tail_but_not_its_median_and_the_replay_holds() -> None:
     """Run 102 (gpu-fleet-h100-28): the oracle three times on one trace and text at the H100's
     knee. Its p95 repeated within 10%, its p50, on the knee's steep middle, moved past ±30%; the
     replay on the machine's own step clock (``--calibrate``) holds all three rounds, and 5 of run
     101's 6 replicas rounds (gpu-fleet-h100-27), both after every fit."""
-    from loadtests.fidelity_placed import calibrate_host, judge, placed_phases, round_pairs, simulate
+    from loadtests.fidelity_placed import round_pairs
 
     results = fidelity.RESULTS.parent
     pairs = round_pairs([results / "gpu-fleet-h100-28"])
     assert len(pairs) == 3 and all(p.same == 1.0 for p in pairs)  # one placement, every pair
     assert all(abs(p.p95 - 1) <= 0.1 for p in pairs), pairs
     assert any(abs(p.p50 - 1) > fidelity.TOLERANCE for p in pairs), pairs
-    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
-    encoder = Encoder(str(fidelity.TOKENIZER))
-    held, cache = {}, {}  # one prompt cache: the two runs' phases share their texts' encodings
-    for run in ("gpu-fleet-h100-28", "gpu-fleet-h100-27"):
-        overhead = calibrate_host(results / run, h100)
-        assert overhead is not None
-        machine = dataclasses.replace(h100, step_overhead_s=overhead)
-        phases = placed_phases(results / run)
-        held[run] = (sum(judge(p, simulate(p, machine, encoder, cache), [])[0] for p in phases), len(phases))
-    assert held == {"gpu-fleet-h100-28": (3, 3), "gpu-fleet-h100-27": (5, 6)}, held
+    cache: dict = {}  # one prompt cache: the two runs' phases share their texts' encodings
+    held = {run: calibrated_verdicts(results / run, cache) for run in ("gpu-fleet-h100-28", "gpu-fleet-h100-27")}
+    assert {run: (sum(v), len(v)) for run, v in held.items()} == {
+        "gpu-fleet-h100-28": (3, 3), "gpu-fleet-h100-27": (5, 6)}, held
 
 
 def test_on_a_second_trace_the_replay_holds_every_round_the_h100_does_not_hold_itself_to() -> None:
     """Run 103 (gpu-fleet-h100-29): the oracle four times on run 98's seed-122 trace and text. Of
     the GPU's six pairs of rounds, one placement each, only two repeat p50 and p95 within ±30% (its
     p50 spans 0.51-0.90 s); the calibrated replay, one per round, holds all four rounds."""
-    from loadtests.fidelity_placed import calibrate_host, judge, placed_phases, round_pairs, simulate
+    from loadtests.fidelity_placed import round_pairs
 
     run = fidelity.RESULTS.parent / "gpu-fleet-h100-29"
     pairs = round_pairs([run])
     assert len(pairs) == 6 and all(p.kept for p in pairs)
     assert sum(p.within for p in pairs) == 2, pairs
-    h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
-    overhead = calibrate_host(run, h100)
-    assert overhead is not None
-    machine = dataclasses.replace(h100, step_overhead_s=overhead)
-    encoder, cache = Encoder(str(fidelity.TOKENIZER)), {}
-    phases = placed_phases(run)
-    assert [judge(p, simulate(p, machine, encoder, cache), [])[0] for p in phases] == [True] * 4
+    assert calibrated_verdicts(run, {}) == [True] * 4
 
 
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:

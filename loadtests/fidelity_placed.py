@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, replay
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
@@ -651,19 +652,24 @@ def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: f
     return round((lo + hi) / 2, 4)
 
 
-def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: str | None = None) -> str:
-    """``report`` with each run replayed on its own machine's step cost (``calibrate_host``, on
-    ``router``'s phases alone where named)."""
+def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: str | None = None,
+                      by: str = "steps") -> str:
+    """``report`` with each run replayed on its own machine's step cost, on ``router``'s phases
+    alone where named: ``by`` "steps" bisects replays to the step clock (``calibrate_host``),
+    "batches" fills the busy windows of the engines' batch logs (``fleet_windows.calibrate``)."""
     out = []
     whose = f"the {router} phases'" if router else "its"
+    source = ("median step beside 3 busy neighbours" if by == "steps"
+              else f"batches filling the GPU to {fleet_windows.OCCUPANCY} where every engine stepped")
     for path in results:
-        overhead = calibrate_host(path, profile, router=router)
+        overhead = (calibrate_host(path, profile, router=router) if by == "steps"
+                    else fleet_windows.calibrate(path, profile, router=router))
         if overhead is None:
-            out.append(f"{path.name}: no step log to calibrate on; {profile.name} as it is")
+            out.append(f"{path.name}: no {by} log to calibrate on; {profile.name} as it is")
             out.append(report([path], profile))
             continue
         out.append(f"{path.name}: step_overhead_s {overhead:.4f} (the profile's {profile.step_overhead_s:.4f}), "
-                   f"from {whose} median step beside 3 busy neighbours")
+                   f"from {whose} {source}")
         out.append(report([path], dataclasses.replace(profile, step_overhead_s=overhead)))
     return "\n".join(out)
 
@@ -697,6 +703,9 @@ def main() -> None:
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
                         "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
+    p.add_argument("--calibrate-by", choices=("steps", "batches"), default="steps",
+                   help="with --calibrate: fit the fixed cost to the step clock by replays (steps) or to "
+                        "the engines' batch logs where every engine stepped (batches, loadtests.fleet_windows)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()
@@ -718,7 +727,7 @@ def main() -> None:
         print(per_engine(a.results, profile, a.phase))
         return
     print(report(a.results, profile) if a.calibrate is None
-          else calibrated_report(a.results, profile, a.calibrate or None))
+          else calibrated_report(a.results, profile, a.calibrate or None, a.calibrate_by))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""The GPU's time by the profile's cost model, where every engine sharing it stepped
+(loadtests/fleet_windows.py): on hand-made batch logs, and on the committed H100 runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from loadtests import fleet_windows
+from loadtests.fidelity import RESULTS
+from loadtests.gpu.batch_log import FIELDS
+from proxy.sim import perf
+
+H100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+# the H100 runs whose four engines logged their batches, with full load reports (runs 86-107)
+H100_RUNS = [RESULTS.parent / f"gpu-fleet-h100-{n}" for n in range(15, 34) if n != 17]
+
+
+def batch(t: float, end: float, decodes: int = 4, prefills: int = 0, prompt: int = 0, kv: int = 4000) -> list[object]:
+    row: dict[str, object] = dict.fromkeys(FIELDS, 0)
+    row.update(t=t, end=end, decodes=decodes, prefills=prefills, q_tokens=decodes + prompt, kv_read=kv)
+    return [row[f] for f in FIELDS]
+
+
+def steady(start: float, stop: float, step: float, **kw: int) -> list[list[object]]:
+    out, t = [], start
+    while t + step <= stop + 1e-9:
+        out.append(batch(round(t, 4), round(t + step, 4), **kw))
+        t += step
+    return out
+
+
+def test_a_window_counts_only_where_every_engine_stepped_and_a_cut_batch_in_part() -> None:
+    a = steady(0.0, 3.0, 0.25)
+    b = steady(0.0, 1.0, 0.25) + steady(1.5, 3.0, 0.25)  # idle from 1.0 to 1.5
+    windows = fleet_windows.busy_windows([a, b], 1.0)
+    assert len(windows) == 2  # [0, 1] and [2, 3]; [1, 2] has b's gap
+    assert [min(b[0] for _, b in win) for win in windows] == [0.0, 2.0]
+    assert all(sum(share for share, _ in win) == pytest.approx(8.0) for win in windows)
+    c = steady(0.1, 3.0, 0.3)
+    cut = fleet_windows.busy_windows([a, c], 1.0)
+    assert cut and all(0 < share <= 1 for win in cut for share, _ in win)
+    assert any(share < 1 for share, _ in cut[0])  # a batch across the window's edge counts in part
+    assert fleet_windows.busy_windows([a], 1.0) == []  # one engine alone shares nothing
+
+
+def test_occupancy_is_the_profile_s_gpu_seconds_over_the_window_and_the_fixed_cost_bisects_to_a_target() -> None:
+    engines = [steady(0.0, 4.0, 0.2, decodes=8, kv=20000) for _ in range(4)]
+    windows = fleet_windows.busy_windows(engines, 1.0)
+    assert len(windows) == 4
+    charged = 4 * 5 * fleet_windows.gpu_seconds(H100, engines[0][0])  # 4 engines x 5 batches a second
+    assert fleet_windows.occupancy(H100, windows, 1.0) == pytest.approx(charged, rel=1e-6)
+    for target in (0.5, 0.8):
+        overhead = fleet_windows.machine_overhead(H100, windows, 1.0, target=target)
+        assert overhead is not None
+        got = fleet_windows.occupancy(dataclasses.replace(H100, step_overhead_s=overhead), windows, 1.0)
+        assert got == pytest.approx(target, abs=0.01)
+    # the fit prices what the windows hold: 20 steps of 8 decodes fill a second
+    fit = fleet_windows.cost_fit(windows + fleet_windows.busy_windows(
+        [steady(0.0, 4.0, 0.1, decodes=2, kv=1000) for _ in range(4)], 1.0), 1.0)
+    assert fit is None or fit["step"] >= 0  # two kinds of window cannot separate four prices
+    assert fleet_windows.machine_overhead(H100, [], 1.0) is None
+
+
+@pytest.fixture(scope="module")
+def h100_windows() -> dict[str, dict[str, list[fleet_windows.Window]]]:
+    return {run.name: fleet_windows.run_windows(run, 1.0) for run in H100_RUNS}
+
+
+def test_the_model_accounts_for_a_saturated_h100_alike_on_shared_and_unique_prompts(h100_windows) -> None:
+    """Shared prefixes at 10/s and unique prompts at 6/s step very differently (a unique prompt's
+    step costs 1.5x more per uncached token on the step clock), yet the profile as fitted charges
+    95% of a saturated GPU's time for both, and the GPU's own prices fitted to each workload agree:
+    the step's cost does not depend on the workload; what the step clock shows is the sharing."""
+    pooled: dict[str, list[fleet_windows.Window]] = {}
+    for per_form in h100_windows.values():
+        for form, windows in per_form.items():
+            pooled.setdefault(form, []).extend(windows)
+    assert len(pooled["shared"]) > 1500 and len(pooled["unique"]) > 300
+    shared, unique = (fleet_windows.occupancy(H100, pooled[f], 1.0) for f in ("shared", "unique"))
+    assert 0.92 <= shared <= 1.0 and 0.92 <= unique <= 1.0 and abs(shared - unique) < 0.02, (shared, unique)
+    fits = {f: fleet_windows.cost_fit(pooled[f], 1.0) for f in ("shared", "unique")}
+    assert all(fit is not None for fit in fits.values())
+    for cost in fleet_windows.COSTS:
+        a, b = fits["shared"][cost], fits["unique"][cost]  # type: ignore[index]
+        assert a > 0 and b > 0 and 0.8 < a / b < 1.25, (cost, a, b)
+
+
+def test_the_slow_and_fast_h100s_read_so_from_their_batches_as_from_their_step_clock(h100_windows) -> None:
+    """Runs 92, 94 and 104 (h100-20, -21, -30) ran on the H100s whose step clock called for a fixed
+    step cost of 0.078-0.092 s, runs 96-97 (h100-22, -23) on the fastest (0.055-0.058): their batch
+    logs, with no replay, put them at the same ends."""
+    def fitted(name: str) -> float:
+        windows = [w for ws in h100_windows[name].values() for w in ws]
+        got = fleet_windows.machine_overhead(H100, windows, 1.0)
+        assert got is not None
+        return got
+    slow = [fitted(f"gpu-fleet-h100-{n}") for n in (20, 21, 30)]
+    fast = [fitted(f"gpu-fleet-h100-{n}") for n in (22, 23)]
+    assert min(slow) >= 0.08 and max(fast) < H100.step_overhead_s, (slow, fast)
+    assert fleet_windows.calibrate(RESULTS.parent / "gpu-fleet-h100-21", H100, router="ttft") == pytest.approx(
+        fitted("gpu-fleet-h100-21"), rel=0.1)

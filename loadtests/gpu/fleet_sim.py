@@ -27,6 +27,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, _phase_of
 from loadtests.fidelity_placed import calibrate_host
 from loadtests.gpu.fleet import (
@@ -267,12 +268,13 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     return list(rows.items())
 
 
-def machine(results: Path, profile: str, calibrate: bool) -> tuple[str, ...]:
-    """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``;
-    said on stderr), or none."""
+def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ...]:
+    """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``
+    by the step clock, "steps", or the batch log, "batches"; said on stderr), or none."""
     if not calibrate:
         return ()
-    overhead = calibrate_host(results, perf.PROFILES[profile])
+    overhead = (calibrate_host(results, perf.PROFILES[profile]) if calibrate == "steps"
+                else fleet_windows.calibrate(results, perf.PROFILES[profile]))
     print(f"{results.name}: step_overhead_s {overhead} (the profile's {perf.PROFILES[profile].step_overhead_s})",
           file=sys.stderr, flush=True)
     return () if overhead is None else (f"step_overhead_s={overhead}",)
@@ -364,9 +366,10 @@ def main() -> None:
     p.add_argument("--smg-as", metavar="SPEC",
                    help="--cells: the policy spec standing for smg (default: AS_SIMULATED['smg'], gate=mean with its overload protection; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
-    p.add_argument("--calibrate", action="store_true",
-                   help="--cells: each run on its own machine's step cost (fidelity_placed --calibrate: the "
-                        "step's fixed host cost fitted to the run's median busy step), not the profile's")
+    p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches"), default=None,
+                   help="--cells: each run on its own machine's step cost, not the profile's: the step's fixed "
+                        "host cost fitted to the run's median busy step (steps, fidelity_placed --calibrate) "
+                        "or to its engines' batch logs (batches, loadtests.fleet_windows)")
     p.add_argument("--spread", type=int, default=0, metavar="K",
                    help="each phase K times more, arrivals moved by up to --jitter-s (seeds 0..K-1): the "
                         "simulated range of the p95; --cells: whether the GPU's first round lies in it")

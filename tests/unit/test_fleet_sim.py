@@ -304,15 +304,19 @@ def test_smgs_stand_in_leaves_loaded_workers_out_only_where_the_engines_report_t
 def test_a_gpu_cell_replays_on_its_own_machines_step_cost_when_asked() -> None:
     """``fleet_sim --cells --calibrate``: run 92's H100 stepped slower than the profile's machine;
     its one-proxy phase replayed with the fitted fixed step cost takes longer to first tokens, and
-    without the setting replays as the profile has it."""
+    without the setting replays as the profile has it. Its batch log (``--calibrate batches``)
+    finds the same machine as its step clock, within 10%."""
     results = fidelity.RESULTS.parent / "gpu-fleet-h100-21"
     profile = "h100-transformers-16l-dense-fit"
     _, router, rate, got = next(p for p in fleet_sim.gpu_phases(results) if p[1] == "ttft")
     encoder = Encoder(str(TOKENIZER))
     plain = fleet_sim.phase_p95s(got["_cell"], router, rate, encoder, profile, router)[0]
-    assert fleet_sim.machine(results, profile, calibrate=False) == ()
-    slow = fleet_sim.machine(results, profile, calibrate=True)
+    assert fleet_sim.machine(results, profile, calibrate=None) == ()
+    slow = fleet_sim.machine(results, profile, calibrate="steps")
     assert slow and slow[0].startswith("step_overhead_s=0.0")
+    by_batches = fleet_sim.machine(results, profile, calibrate="batches")
+    steps_s, batches_s = (float(x[0].partition("=")[2]) for x in (slow, by_batches))
+    assert abs(batches_s / steps_s - 1) < 0.1, (steps_s, batches_s)
     calibrated = fleet_sim.phase_p95s(got["_cell"], router, rate, encoder, profile, router, profile_set=slow)[0]
     assert calibrated > 1.2 * plain, (plain, calibrated)
 

@@ -41,7 +41,8 @@ F = {name: k for k, name in enumerate(FIELDS)}
 GAP_S = 0.01  # an engine's next batch starts within this of its last one's end: it was stepping
 # The median H100 run's occupancy with h100-transformers-16l-dense-fit as fitted (runs 86-107 with
 # full reports, 1-s windows): the share of a saturated GPU's time the model accounts for on the
-# machine it was fitted to. Runs on the H200 with its profile read 0.95-0.98 (README).
+# machine it was fitted to. The H200 runs with their profile read 0.93-1.01, median 0.986: a
+# calibration there wants that profile's own median (``target``).
 OCCUPANCY = 0.97
 COSTS = ("step", "decode", "per 1k prompt tokens", "per 1M attention pairs")
 

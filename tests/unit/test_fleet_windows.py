@@ -101,3 +101,18 @@ def test_the_slow_and_fast_h100s_read_so_from_their_batches_as_from_their_step_c
     assert min(slow) >= 0.08 and max(fast) < H100.step_overhead_s, (slow, fast)
     assert fleet_windows.calibrate(RESULTS.parent / "gpu-fleet-h100-21", H100, router="ttft") == pytest.approx(
         fitted("gpu-fleet-h100-21"), rel=0.1)
+
+
+def test_what_a_slow_h100_pays_more_for_is_the_step_not_the_tokens(h100_windows) -> None:
+    """Why calibrating the step's fixed cost is the right lever: fitted on the GPU's own time, the
+    slow machines' windows (runs 92, 94, 104) price a step 1.7x the fast ones' (96-98) while a
+    prompt token, an attention pair and a decode cost the same: the host, not the GPU, differs."""
+    def fit(numbers: tuple[int, ...]) -> dict[str, float]:
+        got = fleet_windows.cost_fit([w for n in numbers for ws in h100_windows[f"gpu-fleet-h100-{n}"].values()
+                                      for w in ws], 1.0)
+        assert got is not None
+        return got
+    slow, fast = fit((20, 21, 30)), fit((22, 23, 24))
+    assert slow["step"] > 1.4 * fast["step"], (slow, fast)
+    for cost in ("decode", "per 1k prompt tokens", "per 1M attention pairs"):
+        assert 0.75 < slow[cost] / fast[cost] < 1.25, (cost, slow, fast)

@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,9 @@ def judge(p: Placed, sim: dict[str, float], logs: list[float],
     return ok, cols
 
 
-def report(results: Sequence[Path], profile: perf.Profile) -> str:
+def report(results: Sequence[Path], profile: perf.Profile,
+           profile_of: Callable[[Placed], perf.Profile] | None = None) -> str:
+    """The rounds replayed on their placements and judged; ``profile_of``: each round's own."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     lines = ["| run | router | rate /s | prompts | engine TTFT p50 real / sim / ratio | p95 real / sim / ratio "
@@ -247,7 +249,7 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
     within = rounds = itl_within = itl_rounds = near = 0
     for path in results:
         for p in placed_phases(path):
-            sim = simulate(p, profile, encoder, cache)
+            sim = simulate(p, profile if profile_of is None else profile_of(p), encoder, cache)
             close: list[bool] = []
             ok, cols = judge(p, sim, logs, close)
             near += not ok and close[0]
@@ -656,7 +658,10 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
                       by: str = "steps") -> str:
     """``report`` with each run replayed on its own machine's step cost, on ``router``'s phases
     alone where named: ``by`` "steps" bisects replays to the step clock (``calibrate_host``),
-    "batches" fills the busy windows of the engines' batch logs (``fleet_windows.calibrate``)."""
+    "batches" fills the busy windows of the engines' batch logs (``fleet_windows.calibrate``),
+    "rounds" so each round its own windows (the machine's speed round by round)."""
+    if by == "rounds":
+        return round_calibrated_report(results, profile)
     out = []
     whose = f"the {router} phases'" if router else "its"
     source = ("median step beside 3 busy neighbours" if by == "steps"
@@ -672,6 +677,22 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
                    f"from {whose} {source}")
         out.append(report([path], dataclasses.replace(profile, step_overhead_s=overhead)))
     return "\n".join(out)
+
+
+def round_overhead(p: Placed, profile: perf.Profile) -> float:
+    """The step's fixed cost at which the profile fills the round's own busy windows
+    (``fleet_windows.machine_overhead``); the profile's where it has none."""
+    got = fleet_windows.machine_overhead(profile, fleet_windows.busy_windows(p.batches, 1.0), 1.0)
+    return profile.step_overhead_s if got is None else got
+
+
+def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
+    """``report`` with each round on the step's fixed cost of its own batch log (``round_overhead``):
+    what the replay holds once it knows how fast the machine ran that round, from the batches the
+    engines ran, not from the TTFTs it is judged on."""
+    return (f"step_overhead_s per round, from its engines' batches filling the GPU to {fleet_windows.OCCUPANCY} "
+            f"where every engine stepped\n" + report(results, profile, profile_of=lambda p: dataclasses.replace(
+                profile, step_overhead_s=round_overhead(p, profile))))
 
 
 def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
@@ -703,9 +724,10 @@ def main() -> None:
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
                         "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
-    p.add_argument("--calibrate-by", choices=("steps", "batches"), default="steps",
-                   help="with --calibrate: fit the fixed cost to the step clock by replays (steps) or to "
-                        "the engines' batch logs where every engine stepped (batches, loadtests.fleet_windows)")
+    p.add_argument("--calibrate-by", choices=("steps", "batches", "rounds"), default="steps",
+                   help="with --calibrate: fit the fixed cost to the step clock by replays (steps), to the "
+                        "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), or "
+                        "to each round's own batch log (rounds; ROUTER ignored)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()

@@ -121,8 +121,8 @@ def test_what_a_slow_h100_pays_more_for_is_the_step_not_the_tokens(h100_windows)
 def test_each_round_on_its_own_batch_log_holds_where_the_run_s_machine_missed() -> None:
     """Run 100 (gpu-fleet-h100-26), the knee's third call on one warm machine: on the run's own
     fixed step cost from its batch log two of its six rounds miss (engine TTFT p50 or p95 off by
-    more than 30%); fitted to each round's own batches (0.045-0.062 s: the machine's speed moved
-    from round to round), all six hold. The TTFTs it is judged on play no part in either."""
+    more than 30%); fitted to each round's own batches (0.045-0.062 s: the fixed cost moved from
+    round to round), all six hold. The TTFTs it is judged on play no part in either."""
     from loadtests import fidelity_placed
     from proxy.sim.tokenizer import Encoder
 

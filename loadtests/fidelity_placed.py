@@ -663,12 +663,12 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     if by == "rounds":
         return round_calibrated_report(results, profile)
     out = []
-    whose = f"the {router} phases'" if router else "its"
+    whose = "its warm-up's" if by == "warmup" else f"the {router} phases'" if router else "its"
     source = ("median step beside 3 busy neighbours" if by == "steps"
               else f"batches filling the GPU to {fleet_windows.OCCUPANCY} where every engine stepped")
     for path in results:
         overhead = (calibrate_host(path, profile, router=router) if by == "steps"
-                    else fleet_windows.calibrate(path, profile, router=router))
+                    else fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup"))
         if overhead is None:
             out.append(f"{path.name}: no {by} log to calibrate on; {profile.name} as it is")
             out.append(report([path], profile))
@@ -724,10 +724,11 @@ def main() -> None:
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
                         "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
-    p.add_argument("--calibrate-by", choices=("steps", "batches", "rounds"), default="steps",
+    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "rounds"), default="steps",
                    help="with --calibrate: fit the fixed cost to the step clock by replays (steps), to the "
-                        "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), or "
-                        "to each round's own batch log (rounds; ROUTER ignored)")
+                        "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), to "
+                        "the warm-up's alone (warmup: every round held out), or to each round's own batch log "
+                        "(rounds; ROUTER ignored with these two)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     a = p.parse_args()

@@ -140,11 +140,13 @@ def machine_overhead(profile: perf.Profile, windows: Sequence[Window], width: fl
     return round((lo + hi) / 2, 4)
 
 
-def run_windows(results: Path, width: float, router: str | None = None) -> dict[str, list[Window]]:
+def run_windows(results: Path, width: float, router: str | None = None,
+                log: str = "engines.jsonl") -> dict[str, list[Window]]:
     """A run's busy windows by workload: "unique" where the engines reported (nearly) no cached
-    prompt tokens in the phase, else "shared". ``router``: its phases only."""
+    prompt tokens in the phase, else "shared". ``router``: its phases only; ``log``: "warmup.jsonl"
+    for the warm-up's (``fleet.py`` keeps it apart from the judged phases')."""
     out: dict[str, list[Window]] = {}
-    path = results / "engines.jsonl"
+    path = results / log
     if not (path.exists() or path.with_suffix(".jsonl.gz").exists()):
         return out
     for line in read_text(path).splitlines():
@@ -159,10 +161,14 @@ def run_windows(results: Path, width: float, router: str | None = None) -> dict[
     return out
 
 
-def calibrate(results: Path, profile: perf.Profile, router: str | None = None, width: float = 1.0) -> float | None:
+def calibrate(results: Path, profile: perf.Profile, router: str | None = None, width: float = 1.0,
+              warmup: bool = False) -> float | None:
     """``machine_overhead`` over every busy window of a run (``router``'s phases alone where named,
-    so that the others are judged on a machine fitted without them)."""
-    return machine_overhead(profile, [w for ws in run_windows(results, width, router).values() for w in ws], width)
+    so that the others are judged on a machine fitted without them; ``warmup``: the warm-up's
+    alone, before any judged phase ran, so every phase is held out)."""
+    log = "warmup.jsonl" if warmup else "engines.jsonl"
+    return machine_overhead(profile, [w for ws in run_windows(results, width, router, log).values() for w in ws],
+                            width)
 
 
 def report(results: Sequence[Path], profile: perf.Profile, width: float) -> str:

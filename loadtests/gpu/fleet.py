@@ -673,9 +673,16 @@ async def main_async(args: argparse.Namespace) -> None:
             phase = args.phase_base
             if args.warmup_s > 0:
                 arrivals = trace(rates[0], args.warmup_s, shape, args.seed + 1)
-                await run_phase(session, routers, names[0] if names[0] in PEERS else "oracle", rates[0], phase,
-                                arrivals, shape, args.prompts, args.drain_s, encode)
+                warm = names[0] if names[0] in PEERS else "oracle"
+                await run_phase(session, routers, warm, rates[0], phase, arrivals, shape, args.prompts,
+                                args.drain_s, encode)
                 await wait_idle(session, engines, 30)
+                # the machine's speed before any judged phase (fleet_windows reads its batches)
+                traces = await engine_traces(session, engines)
+                if any(t.get("requests") for t in traces):
+                    with (out / "warmup.jsonl").open("w") as f:
+                        f.write(json.dumps({"router": warm, "rate": rates[0], "phase": phase, "prompts": args.prompts,
+                                            "reports": args.reports, "engines": traces}) + "\n")
             started = time.monotonic()
             with (out / "requests.jsonl").open("a") as log:
                 ran: set[str] = set()

@@ -274,7 +274,7 @@ def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ..
     if not calibrate:
         return ()
     overhead = (calibrate_host(results, perf.PROFILES[profile]) if calibrate == "steps"
-                else fleet_windows.calibrate(results, perf.PROFILES[profile]))
+                else fleet_windows.calibrate(results, perf.PROFILES[profile], warmup=calibrate == "warmup"))
     print(f"{results.name}: step_overhead_s {overhead} (the profile's {perf.PROFILES[profile].step_overhead_s})",
           file=sys.stderr, flush=True)
     return () if overhead is None else (f"step_overhead_s={overhead}",)
@@ -366,10 +366,14 @@ def main() -> None:
     p.add_argument("--smg-as", metavar="SPEC",
                    help="--cells: the policy spec standing for smg (default: AS_SIMULATED['smg'], gate=mean with its overload protection; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
-    p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches"), default=None,
+    p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches", "warmup"), default=None,
                    help="--cells: each run on its own machine's step cost, not the profile's: the step's fixed "
-                        "host cost fitted to the run's median busy step (steps, fidelity_placed --calibrate) "
-                        "or to its engines' batch logs (batches, loadtests.fleet_windows)")
+                        "host cost fitted to the run's median busy step (steps, fidelity_placed --calibrate), "
+                        "to its engines' batch logs (batches, loadtests.fleet_windows) or to its warm-up's alone "
+                        "(warmup: a prediction for every judged phase)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a profile field for the simulated engines (e.g. step_overhead_s=0.07, a machine's "
+                        "fixed step cost read from a warm-up: fleet_windows)")
     p.add_argument("--spread", type=int, default=0, metavar="K",
                    help="each phase K times more, arrivals moved by up to --jitter-s (seeds 0..K-1): the "
                         "simulated range of the p95; --cells: whether the GPU's first round lies in it")
@@ -454,7 +458,8 @@ def main() -> None:
     gpu = perf.PROFILES[a.profile].gpu.name
     gpus = f"each on a simulated {gpu} of its own" if a.own_gpus else f"sharing one simulated {gpu}"
     workers = f" as {a.workers // a.dp} workers of {a.dp} DP ranks" if a.dp > 1 else ""
-    print(f"virtual time, {a.workers} engines{workers} {gpus} ({a.profile}), reports={a.reports}; "
+    settings = f" with {' '.join(a.set)}" if a.set else ""
+    print(f"virtual time, {a.workers} engines{workers} {gpus} ({a.profile}{settings}), reports={a.reports}; "
           "TTFT p50 / p95 ms, reuse (cached / prompt tokens)")
     carry = a.carry_over or a.whole_cell
     engines: list[VirtualWorker] | None = None
@@ -485,7 +490,7 @@ def main() -> None:
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
                                            profile=a.profile, own_gpus=a.own_gpus, dp=a.dp,
-                                           sglang_reports=a.reports == "sglang")
+                                           sglang_reports=a.reports == "sglang", profile_set=tuple(a.set))
                     if carry:
                         engines = fleet
                     if carry or a.rounds > 1:
@@ -498,7 +503,8 @@ def main() -> None:
                     draws = [pct(ttfts(cell(
                         AS_SIMULATED.get(router, router), rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
                         ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
-                        dp=a.dp, jitter=(a.jitter_s, j), sglang_reports=a.reports == "sglang")[0]), 0.95)
+                        dp=a.dp, jitter=(a.jitter_s, j), sglang_reports=a.reports == "sglang",
+                        profile_set=tuple(a.set))[0]), 0.95)
                              for j in range(a.spread)]
                     spreads.setdefault(router, []).extend(draws)
                     rounds.append(f"jittered {min(draws) * 1e3:,.0f}-{statistics.median(draws) * 1e3:,.0f}-"

@@ -141,3 +141,21 @@ def test_each_round_on_its_own_batch_log_holds_where_the_run_s_machine_missed() 
             on_run, on_round = on_run + (ok and count == 0), on_round + (ok and count == 1)
     assert len(rounds) == 6 and on_run < on_round == 6, (on_run, on_round)
     assert max(speeds) > 1.2 * min(speeds), speeds
+
+
+def test_the_warm_up_alone_calibrates_so_every_judged_phase_is_held_out(tmp_path) -> None:
+    """``fleet.py`` keeps the warm-up's engine traces in warmup.jsonl; ``calibrate(warmup=True)``
+    reads those alone. Here run 94's first phase stands in for a warm-up: its machine, the slow
+    one, shows in it as in the whole run; a run without a warm-up log has nothing to give."""
+    import gzip
+    import json
+
+    run = RESULTS.parent / "gpu-fleet-h100-21"
+    with gzip.open(run / "engines.jsonl.gz", "rt") as f:
+        first = json.loads(f.readline())
+    (tmp_path / "warmup.jsonl").write_text(json.dumps(first) + "\n")
+    alone = fleet_windows.calibrate(tmp_path, H100, warmup=True)
+    whole = fleet_windows.calibrate(run, H100)
+    assert alone is not None and whole is not None and alone >= 0.08 and abs(alone / whole - 1) < 0.15, (alone, whole)
+    assert fleet_windows.calibrate(run, H100, warmup=True) is None
+    assert fleet_windows.calibrate(tmp_path, H100) is None  # no judged phases there

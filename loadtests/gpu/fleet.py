@@ -680,7 +680,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 # the machine's speed before any judged phase (fleet_windows reads its batches)
                 traces = await engine_traces(session, engines)
                 if any(t.get("requests") for t in traces):
-                    with (out / "warmup.jsonl").open("w") as f:
+                    with (out / "warmup.jsonl").open("a") as f:  # one line per cell of the call
                         f.write(json.dumps({"router": warm, "rate": rates[0], "phase": phase, "prompts": args.prompts,
                                             "reports": args.reports, "engines": traces}) + "\n")
             started = time.monotonic()

@@ -176,12 +176,14 @@ def report(results: Sequence[Path], profile: perf.Profile, width: float) -> str:
              f"every engine stepping", "| run | workload | windows | occupancy | step_overhead_s to "
              f"{OCCUPANCY} |", "|---|---|---|---|---|"]
     pooled: dict[str, list[Window]] = {}
+    shares: list[float] = []  # each run-workload's occupancy
     for path in results:
         for form, windows in sorted(run_windows(path, width).items()):
             if not windows:
                 continue
             pooled.setdefault(form, []).extend(windows)
-            lines.append(f"| {path.name} | {form} | {len(windows)} | {occupancy(profile, windows, width):.3f} | "
+            shares.append(occupancy(profile, windows, width))
+            lines.append(f"| {path.name} | {form} | {len(windows)} | {shares[-1]:.3f} | "
                          f"{machine_overhead(profile, windows, width)} |")
     lines += ["", "| workload | windows | occupancy | " + " | ".join(f"GPU ms {c}" for c in COSTS) + " |",
               "|---|---|---|" + "---|" * len(COSTS)]
@@ -197,7 +199,6 @@ def report(results: Sequence[Path], profile: perf.Profile, width: float) -> str:
     lines.append(f"| the profile | | | {1000 * (profile.gpu_exclusive_host * profile.step_overhead_s + floor):.2f} "
                  f"| {1000 * profile.seq_overhead_s * profile.seq_gpu_share:.2f} | {1000 * per_token:.2f} | "
                  f"{1000 * per_pair:.2f} |")
-    shares = [occupancy(profile, w, width) for path in results for w in run_windows(path, width).values() if w]
     if shares:
         lines.append(f"\nmedian occupancy over {len(shares)} run-workloads: {statistics.median(shares):.3f}")
     return "\n".join(lines)

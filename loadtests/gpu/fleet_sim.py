@@ -270,7 +270,8 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
 
 def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ...]:
     """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``
-    by the step clock, "steps", or the batch log, "batches"; said on stderr), or none."""
+    by the step clock, "steps", the batch log, "batches", or the warm-up's alone, "warmup"; said
+    on stderr), or none."""
     if not calibrate:
         return ()
     overhead = (calibrate_host(results, perf.PROFILES[profile]) if calibrate == "steps"

@@ -56,11 +56,25 @@ def test_occupancy_is_the_profile_s_gpu_seconds_over_the_window_and_the_fixed_co
         assert overhead is not None
         got = fleet_windows.occupancy(dataclasses.replace(H100, step_overhead_s=overhead), windows, 1.0)
         assert got == pytest.approx(target, abs=0.01)
-    # the fit prices what the windows hold: 20 steps of 8 decodes fill a second
-    fit = fleet_windows.cost_fit(windows + fleet_windows.busy_windows(
-        [steady(0.0, 4.0, 0.1, decodes=2, kv=1000) for _ in range(4)], 1.0), 1.0)
-    assert fit is None or fit["step"] >= 0  # two kinds of window cannot separate four prices
+    assert fleet_windows.cost_fit(windows, 1.0) is None  # four windows cannot price four things
     assert fleet_windows.machine_overhead(H100, [], 1.0) is None
+
+
+def test_the_fit_recovers_the_prices_that_made_the_batches_fill_their_windows() -> None:
+    """Four engines stepping alike, each step lasting four times its GPU price (so that the four
+    fill the GPU): windows of five step kinds give the prices back."""
+    price = {"step": 0.010, "decode": 0.002, "per 1k prompt tokens": 0.011, "per 1M attention pairs": 0.0008}
+    windows = []
+    for decodes, prompt, kv in ((8, 0, 20000), (2, 0, 1000), (4, 2000, 8000), (12, 500, 30000), (1, 3000, 0)):
+        q = decodes + prompt
+        gpu = (price["step"] + price["decode"] * decodes + price["per 1k prompt tokens"] * prompt / 1000
+               + price["per 1M attention pairs"] * q * (kv + q) / 1e6)
+        engines = [steady(0.0, 20 * 4 * gpu, 4 * gpu, decodes=decodes, prompt=prompt, kv=kv) for _ in range(4)]
+        windows += fleet_windows.busy_windows(engines, 1.0)
+    fit = fleet_windows.cost_fit(windows, 1.0)
+    assert fit is not None and len(windows) >= 8
+    for cost, value in price.items():
+        assert fit[cost] == pytest.approx(value, rel=0.05), (cost, fit)
 
 
 @pytest.fixture(scope="module")

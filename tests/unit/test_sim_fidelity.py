@@ -213,6 +213,26 @@ def test_on_a_second_trace_the_replay_holds_every_round_the_h100_does_not_hold_i
     assert calibrated_verdicts(run, {}) == [True] * 4
 
 
+
+def test_the_replay_is_as_close_to_each_h100_round_as_the_gpus_own_median_is() -> None:
+    """The bar the GPU sets itself: runs 98-100 (three routers, two traces, each router deciding
+    anew) and 102-103 (one placement kept, three and four rounds). On the machine of each run's
+    batch log the replays' median is within ±30% of the GPU's median on every trace, and within
+    ±30% of about as many single rounds as the GPU's own median is; on a machine 1.5x slower a
+    step it is not, so the comparison can fail."""
+    from loadtests import fidelity_placed as fp
+
+    profile = perf.PROFILES["h100-transformers-16l-dense-fit"]
+    runs = [fidelity.RESULTS.parent / f"gpu-fleet-h100-{n}" for n in (24, 25, 26, 28, 29)]
+    traces = fp.trace_rounds(runs, profile, fp.machine_of(profile, "batches"))
+    assert len(traces) == 8 and sum(t.kept for t in traces) == 2, traces
+    assert all(t.sim_ok for t in traces), [(t.router, t.median, t.sim_median) for t in traces]
+    rounds = sum(len(t.real) for t in traces)
+    gpu_self, sim_each = sum(t.gpu_self for t in traces), sum(t.sim_each for t in traces)
+    assert rounds == 25 and gpu_self < rounds and sim_each >= gpu_self - 3, (gpu_self, sim_each)
+    slow = dataclasses.replace(profile, step_overhead_s=1.5 * profile.step_overhead_s)
+    assert not any(t.sim_ok for t in fp.trace_rounds(runs, slow))
+
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
     from loadtests.fidelity_placed import _itl_features
 

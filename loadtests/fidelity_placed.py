@@ -765,7 +765,7 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     out = []
     whose = "its warm-up's" if by == "warmup" else f"the {router} phases'" if router else "its"
     source = ("median step beside 3 busy neighbours" if by == "steps"
-              else f"batches filling the GPU to {fleet_windows.OCCUPANCY} where every engine stepped")
+              else f"batches filling the GPU to {fleet_windows.target(profile)} where every engine stepped")
     for path in results:
         overhead = (calibrate_host(path, profile, router=router) if by == "steps"
                     else fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup"))
@@ -805,7 +805,7 @@ def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> s
     """``report`` with each round on the step's fixed cost of its own batch log (``round_overhead``):
     what the replay holds once it knows how fast the machine ran that round, from the batches the
     engines ran, not from the TTFTs it is judged on."""
-    return (f"step_overhead_s per round, from its engines' batches filling the GPU to {fleet_windows.OCCUPANCY} "
+    return (f"step_overhead_s per round, from its engines' batches filling the GPU to {fleet_windows.target(profile)} "
             f"where every engine stepped\n" + report(results, profile, profile_of=lambda p: dataclasses.replace(
                 profile, step_overhead_s=round_overhead(p, profile))))
 

@@ -52,7 +52,7 @@ def test_occupancy_is_the_profile_s_gpu_seconds_over_the_window_and_the_fixed_co
     charged = 4 * 5 * fleet_windows.gpu_seconds(H100, engines[0][0])  # 4 engines x 5 batches a second
     assert fleet_windows.occupancy(H100, windows, 1.0) == pytest.approx(charged, rel=1e-6)
     for target in (0.5, 0.8):
-        overhead = fleet_windows.machine_overhead(H100, windows, 1.0, target=target)
+        overhead = fleet_windows.machine_overhead(H100, windows, 1.0, goal=target)
         assert overhead is not None
         got = fleet_windows.occupancy(dataclasses.replace(H100, step_overhead_s=overhead), windows, 1.0)
         assert got == pytest.approx(target, abs=0.01)

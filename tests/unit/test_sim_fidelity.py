@@ -233,6 +233,19 @@ def test_the_replay_is_as_close_to_each_h100_round_as_the_gpus_own_median_is() -
     slow = dataclasses.replace(profile, step_overhead_s=1.5 * profile.step_overhead_s)
     assert not any(t.sim_ok for t in fp.trace_rounds(runs, slow))
 
+
+def test_on_the_h200_the_gpu_repeats_itself_from_light_load_to_the_knee_and_so_does_the_replay() -> None:
+    """Run 110 (gpu-fleet-h200-4, predicted before the call): the oracle three rounds on each of
+    four traces, shared prefixes at 4.5 and 6/s, unique prompts at 2.5 and 3.5/s. With the whole
+    7B model on the H200 the GPU's rounds keep within ±30% of their median (unlike the H100's
+    knee), and the profile as fitted holds the median of every trace and each of the 12 rounds."""
+    from loadtests import fidelity_placed as fp
+
+    traces = fp.trace_rounds([fidelity.RESULTS.parent / "gpu-fleet-h200-4"], perf.PROFILES["h200-transformers-7b-dense"])
+    assert sorted(t.rate for t in traces) == [2.5, 3.5, 4.5, 6.0] and all(t.kept for t in traces)
+    assert [t.gpu_self for t in traces] == [3] * 4
+    assert all(t.sim_ok for t in traces) and sum(t.sim_each for t in traces) == 12
+
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
     from loadtests.fidelity_placed import _itl_features
 

@@ -432,6 +432,56 @@ def repeatability(results: Sequence[Path]) -> str:
 
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupSplit:
+    """How a routed round of shared prefixes placed its groups: the share of groups whose every
+    request reached one engine, the mean number of engines a group reached, and the group's
+    prefix prefilled again (a request with under half its prompt cached after the group's first)."""
+
+    run: str
+    phase: int
+    router: str
+    rate: float
+    groups: int
+    whole: float
+    engines_per_group: float
+    prefills_again: int
+
+
+def group_splits(results: Sequence[Path]) -> list[GroupSplit]:
+    """``GroupSplit`` of every shared-prefix round (the client's log names each request's group).
+    Replicas that cannot see each other's decisions split a group when its followers reach them
+    before any engine has stored its prefix; one proxy keeps it whole (docs/kv-events.md)."""
+    out = []
+    for path in results:
+        group_of = {(r["phase"], r["router"], int(r["i"])): r.get("group") for r in read_jsonl(path / "requests.jsonl")}
+        for p in placed_phases(path):
+            if p.cell["shape"].get("workload", "shared") != "shared":
+                continue
+            engines: dict[Any, set[int]] = {}
+            prefills: dict[Any, int] = {}
+            for k in sorted(range(len(p.at)), key=lambda k: p.at[k]):
+                g = group_of.get((p.phase, p.router, p.index[k]))
+                engines.setdefault(g, set()).add(p.engine[k])
+                prompt, cached = p.engine_rows[k][0], p.engine_rows[k][1]
+                prefills[g] = prefills.get(g, 0) + (cached < 0.5 * prompt)
+            n = len(engines)
+            if n:
+                out.append(GroupSplit(path.name, p.phase, p.router, p.rate, n,
+                                      sum(len(e) == 1 for e in engines.values()) / n,
+                                      sum(len(e) for e in engines.values()) / n,
+                                      sum(max(0, c - 1) for c in prefills.values())))
+    return out
+
+
+def groups_report(results: Sequence[Path]) -> str:
+    lines = ["| run | phase | router | rate /s | groups | whole | engines a group | prefix prefilled again |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in group_splits(results):
+        lines.append(f"| {g.run} | {g.phase} | {g.router} | {g.rate:g} | {g.groups} | {g.whole:.0%} | "
+                     f"{g.engines_per_group:.2f} | {g.prefills_again} |")
+    return "\n".join(lines)
+
 def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -849,7 +899,12 @@ def main() -> None:
     p.add_argument("--against-rounds", action="store_true",
                    help="traces run two rounds or more: the simulator against the GPU's median and the GPU's "
                         "rounds against it (with --calibrate batches|warmup, each run on its machine)")
+    p.add_argument("--groups", action="store_true",
+                   help="per shared-prefix round: groups kept on one engine, and prefixes prefilled again")
     a = p.parse_args()
+    if a.groups:
+        print(groups_report(a.results))
+        return
     if a.repeatability:
         print(repeatability(a.results))
         return

@@ -246,6 +246,25 @@ def test_on_the_h200_the_gpu_repeats_itself_from_light_load_to_the_knee_and_so_d
     assert [t.gpu_self for t in traces] == [3] * 4
     assert all(t.sim_ok for t in traces) and sum(t.sim_each for t in traces) == 12
 
+
+def test_on_the_h200_replicas_on_the_events_split_groups_one_proxy_and_its_peers_keep_whole() -> None:
+    """Runs 111-113 (gpu-fleet-h200-5 to -7): where four replicas on the KV events lost 1.28-1.85x
+    one proxy's p95, they kept fewer of a round's groups on one engine (69-90% against one proxy's
+    97-100%) and prefilled more prefixes again; replicas told each other's decisions
+    (``routing.peers``) kept them whole as one proxy does. The client's log names each request's
+    group; the engines' traces, where each went and what it had cached."""
+    from loadtests import fidelity_placed as fp
+
+    splits = fp.group_splits([fidelity.RESULTS.parent / f"gpu-fleet-h200-{n}" for n in (5, 6, 7)])
+    by: dict[str, list] = {}
+    for g in splits:
+        by.setdefault(g.router, []).append(g)
+    one, events, peers = by["ttft"], by["ttft/replicas=4/kv_events=auto"], by["ttft/replicas=4/peers=on"]
+    assert len(one) == len(events) == len(peers) == 5
+    assert min(g.whole for g in one) >= 0.96 and max(g.whole for g in events) <= 0.91
+    assert sum(g.whole for g in peers) / 5 >= 0.95
+    assert sum(g.prefills_again for g in events) > 2 * sum(g.prefills_again for g in one)
+
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
     from loadtests.fidelity_placed import _itl_features
 

@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -431,7 +432,6 @@ def repeatability(results: Sequence[Path]) -> str:
     return "\n".join(summary + lines)
 
 
-
 @dataclasses.dataclass(frozen=True)
 class GroupSplit:
     """How a routed round of shared prefixes placed its groups: the share of groups whose every
@@ -482,11 +482,6 @@ def groups_report(results: Sequence[Path]) -> str:
                      f"{g.engines_per_group:.2f} | {g.prefills_again} |")
     return "\n".join(lines)
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
 
 @dataclasses.dataclass(frozen=True)
 class TraceRounds:
@@ -502,11 +497,11 @@ class TraceRounds:
 
     @property
     def median(self) -> tuple[float, float]:
-        return _median([r[0] for r in self.real]), _median([r[1] for r in self.real])
+        return statistics.median([r[0] for r in self.real]), statistics.median([r[1] for r in self.real])
 
     @property
     def sim_median(self) -> tuple[float, float]:
-        return _median([r[0] for r in self.sim]), _median([r[1] for r in self.sim])
+        return statistics.median([r[0] for r in self.sim]), statistics.median([r[1] for r in self.sim])
 
     @property
     def gpu_self(self) -> int:
@@ -530,8 +525,8 @@ def _near(x: tuple[float, float], to: tuple[float, float]) -> bool:
 def trace_rounds(results: Sequence[Path], profile: perf.Profile,
                  profile_of: Callable[[Path, Placed], perf.Profile] | None = None) -> list[TraceRounds]:
     """Every trace a router ran two rounds or more, each round replayed on its placement (with
-    ``profile_of(run, round)`` where given); rounds with an unanswered request at a percentile are
-    left out of nothing: such a trace is skipped whole."""
+    ``profile_of(run, round)`` where given). A trace with a round whose p50 or p95 falls on an
+    unanswered request is left out whole."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     groups: dict[str, list[tuple[Path, Placed]]] = {}
@@ -580,6 +575,7 @@ def against_rounds(results: Sequence[Path], profile: perf.Profile,
                f"median {sum(t.gpu_self for t in traces)} of {rounds}, the simulator's median within ±30% of "
                f"each round {sum(t.sim_each for t in traces)} of {rounds}")
     return "\n".join([summary, *lines])
+
 
 Row = tuple[int, float, float | None, float | None, int, int]  # engine, at, first, done, prompt, cached
 
@@ -843,6 +839,7 @@ def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.
         return profile if got is None else dataclasses.replace(profile, step_overhead_s=got)
 
     return of
+
 
 def round_overhead(p: Placed, profile: perf.Profile) -> float:
     """The step's fixed cost at which the profile fills the round's own busy windows

@@ -832,7 +832,7 @@ def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.
 
     def of(run: Path, p: Placed) -> perf.Profile:
         if by == "rounds":
-            return dataclasses.replace(profile, step_overhead_s=round_overhead(p, profile))
+            return round_profile(p, profile)
         if run not in memo:
             memo[run] = fleet_windows.calibrate(run, profile, warmup=by == "warmup")
         got = memo[run]
@@ -848,13 +848,17 @@ def round_overhead(p: Placed, profile: perf.Profile) -> float:
     return profile.step_overhead_s if got is None else got
 
 
+def round_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
+    """``profile`` at the round's own fixed cost (``round_overhead``)."""
+    return dataclasses.replace(profile, step_overhead_s=round_overhead(p, profile))
+
+
 def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
     """``report`` with each round on the step's fixed cost of its own batch log (``round_overhead``):
     what the replay holds once it knows how fast the machine ran that round, from the batches the
     engines ran, not from the TTFTs it is judged on."""
     return (f"step_overhead_s per round, from its engines' batches filling the GPU to {fleet_windows.target(profile)} "
-            f"where every engine stepped\n" + report(results, profile, profile_of=lambda p: dataclasses.replace(
-                profile, step_overhead_s=round_overhead(p, profile))))
+            f"where every engine stepped\n" + report(results, profile, profile_of=lambda p: round_profile(p, profile)))
 
 
 def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:

@@ -14,7 +14,7 @@ between. A least-squares fit of the windows' length on what their batches held (
 prompt tokens, attention pairs) gives the GPU's own price of each, per workload (``cost_fit``).
 
 A slower machine runs the same batches in more time, so its occupancy drops; the step's fixed cost
-that brings a run back to ``OCCUPANCY`` is that machine's (``machine_overhead``): the simulator
+that brings a run back to its profile's ``target`` occupancy is that machine's (``machine_overhead``): the simulator
 calibrated to the machine of the day from the batches its engines ran, in a second and with no
 replay, beside ``fidelity_placed.calibrate_host``, which bisects replays to the step clock.
 """

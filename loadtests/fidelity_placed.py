@@ -29,6 +29,7 @@ from typing import Any
 
 from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, replay
+from loadtests.fit_steps import lone_overhead
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
 from loadtests.jsonl import exists, read_jsonl, read_text
@@ -813,6 +814,15 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     source = ("median step beside 3 busy neighbours" if by == "steps"
               else f"batches filling the GPU to {fleet_windows.target(profile)} where every engine stepped")
     for path in results:
+        if by in ("batches", "warmup") and any(alone(p) for p in placed_phases(path)):
+            # one engine alone is read from its own steps, the fleet's rounds from its windows
+            lone, fleet = (fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup", lone=k)
+                           for k in (True, False))
+            out.append(f"{path.name}: step_overhead_s {lone} alone, {fleet} in the fleet (the profile's "
+                       f"{profile.step_overhead_s:.4f}), from {whose} steps alone and {source}")
+            of = machine_of(profile, by)
+            out.append(report([path], profile, lambda p, run=path: of(run, p)))
+            continue
         overhead = (calibrate_host(path, profile, router=router) if by == "steps"
                     else fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup"))
         if overhead is None:
@@ -827,15 +837,17 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
 
 def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.Profile]:
     """Each round's profile (given its run's directory) with its run's (``batches``, ``warmup``) or
-    its own (``rounds``) fixed cost from the engines' batch logs; the profile's where there is none."""
-    memo: dict[Path, float | None] = {}
+    its own (``rounds``) fixed cost from the engines' batch logs, a lone engine's from its lone
+    steps; the profile's where there is none."""
+    memo: dict[tuple[Path, bool], float | None] = {}
 
     def of(run: Path, p: Placed) -> perf.Profile:
         if by == "rounds":
             return round_profile(p, profile)
-        if run not in memo:
-            memo[run] = fleet_windows.calibrate(run, profile, warmup=by == "warmup")
-        got = memo[run]
+        key = (run, alone(p))
+        if key not in memo:
+            memo[key] = fleet_windows.calibrate(run, profile, warmup=by == "warmup", lone=alone(p))
+        got = memo[key]
         return profile if got is None else dataclasses.replace(profile, step_overhead_s=got)
 
     return of
@@ -843,8 +855,10 @@ def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.
 
 def round_overhead(p: Placed, profile: perf.Profile) -> float:
     """The step's fixed cost at which the profile fills the round's own busy windows
-    (``fleet_windows.machine_overhead``); the profile's where it has none."""
-    got = fleet_windows.machine_overhead(profile, fleet_windows.busy_windows(p.batches, 1.0), 1.0)
+    (``fleet_windows.machine_overhead``), one engine alone's from its steps
+    (``fit_steps.lone_overhead``); the profile's where it has none."""
+    got = (lone_overhead(p.batches[0], profile) if alone(p) and p.batches
+           else fleet_windows.machine_overhead(profile, fleet_windows.busy_windows(p.batches, 1.0), 1.0))
     return profile.step_overhead_s if got is None else got
 
 

@@ -102,10 +102,29 @@ def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
     return best
 
 
-def lone_batches(results: Path, phases: set[int] | None = None) -> list[list[Any]]:
-    """Every logged batch of the phases run on one engine alone (``run_fleet.sh alone``)."""
+def lone_overhead(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> float | None:
+    """The step's fixed cost (``step_overhead_s``) at which ``profile``'s median step residual on one
+    engine's logged batches is nil: the machine's host speed, its other constants kept (one
+    figure, so that a short light warm-up fixes it: the machines differed by their fixed cost,
+    53-87 ms a step, runs 57-59). None with fewer than 10 finished batches."""
+    done = [b for b in batches if b[F["end"]] is not None and b[F["decodes"]] + b[F["prefills"]] > 0]
+    if len(done) < 10:
+        return None
+    bare = dataclasses.replace(profile, step_overhead_s=0.0, warmup_s=0.0)
+    left = sorted(b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, work_of(b)) for b in done)
+    mid = len(left) // 2
+    median = left[mid] if len(left) % 2 else (left[mid - 1] + left[mid]) / 2
+    return round(max(0.0, median), 4)
+
+
+def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engines.jsonl") -> list[list[Any]]:
+    """Every logged batch of the phases run on one engine alone (``run_fleet.sh alone``); ``log``:
+    "warmup.jsonl" for their warm-ups'."""
     out: list[list[Any]] = []
-    for line in read_text(results / "engines.jsonl").splitlines():
+    path = results / log
+    if not (path.exists() or path.with_suffix(".jsonl.gz").exists()):
+        return out
+    for line in read_text(path).splitlines():
         doc = json.loads(line)
         if len(doc["engines"]) != 1 or (phases is not None and doc["phase"] not in phases):
             continue

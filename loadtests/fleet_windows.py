@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fit_steps import work_of
+from loadtests.fit_steps import lone_batches, lone_overhead, work_of
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet_report import on_profile_gpu
 from loadtests.jsonl import read_text
@@ -170,11 +170,15 @@ def run_windows(results: Path, width: float, router: str | None = None,
 
 
 def calibrate(results: Path, profile: perf.Profile, router: str | None = None, width: float = 1.0,
-              warmup: bool = False) -> float | None:
+              warmup: bool = False, lone: bool = False) -> float | None:
     """``machine_overhead`` over every busy window of a run (``router``'s phases alone where named,
     so that the others are judged on a machine fitted without them; ``warmup``: the warm-up's
-    alone, before any judged phase ran, so every phase is held out)."""
+    alone, before any judged phase ran, so every phase is held out). ``lone``: one engine alone on
+    the GPU has no shared windows; its fixed cost is read from its own steps instead
+    (``fit_steps.lone_overhead`` over the run's phases of one engine)."""
     log = "warmup.jsonl" if warmup else "engines.jsonl"
+    if lone:
+        return lone_overhead(lone_batches(results, log=log), profile)
     return machine_overhead(profile, [w for ws in run_windows(results, width, router, log).values() for w in ws],
                             width)
 

@@ -117,12 +117,14 @@ case "${1:-calibrate}" in
     ;;
   alone)
     # One engine alone on the GPU, no proxy: the simulator's lone-engine points, nothing else.
-    # ALONE="seed:workload:base:rates ...": a base one below calibrate's repeats its phases exactly
-    # (6:shared:200:1,2,3,4 = gpu-fleet-calibrate-2's phases 201-204; 6:unique:301:2,3 = its 302-303).
+    # ALONE="seed:workload:base:rates[:repeat] ...": a base one below calibrate's repeats its phases exactly
+    # (6:shared:200:1,2,3,4 = gpu-fleet-calibrate-2's phases 201-204; 6:unique:301:2,3 = its 302-303);
+    # repeat: each rate's trace that many rounds. WARMUP_S: a warm-up at the first rate before them
+    # (warmup.jsonl: the machine's speed, fit_steps.lone_overhead), so the first rate is the loaded one.
     for spec in ${ALONE:-6:shared:200:1,2,3,4}; do
-      IFS=: read -r seed workload base rates <<< "$spec"
-      fleet --workers "${URLS[0]}" --routers direct0 --rates "$rates" --phase-s "${ONE_PHASE_S:-20}" --warmup-s 0 \
-        --phase-base "$base" --workload "$workload" --seed "$seed"
+      IFS=: read -r seed workload base rates repeat <<< "$spec"
+      fleet --workers "${URLS[0]}" --routers direct0 --rates "$rates" --phase-s "${ONE_PHASE_S:-20}" \
+        --warmup-s "${WARMUP_S:-0}" --phase-base "$base" --workload "$workload" --seed "$seed" ${repeat:+--repeat "$repeat"}
     done
     ;;
   compare)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from loadtests.fit_steps import F, fit_steps, work_of
+from loadtests.fit_steps import F, fit_steps, lone_overhead, work_of
 from loadtests.gpu.batch_log import FIELDS
 from proxy.sim import perf
 
@@ -69,3 +69,19 @@ def test_with_dense_attention_the_fit_gives_back_its_efficiency_too() -> None:
     assert (fit.mfu, fit.attn_eff) == (0.5, 0.33) and fit.rms_s < 1e-6
     assert math.isclose(fit.step_overhead_s, 0.058, rel_tol=1e-3)
     assert "--set attn_eff=0.33" in fit.options()
+
+
+def test_one_engines_fixed_cost_is_read_from_its_steps_the_other_costs_kept() -> None:
+    # A machine whose host is slower by 20 ms a step: the profile's other constants stand, and
+    # the fixed cost that gives its steps back is the machine's, whatever mix the steps held.
+    dense = perf.PROFILES["h200-transformers-7b-dense"]
+    slow = dataclasses.replace(dense, step_overhead_s=dense.step_overhead_s + 0.02, warmup_s=0.0)
+    assert lone_overhead(log_of(slow), dense) == pytest.approx(slow.step_overhead_s, abs=1e-4)
+    light = [row for row in log_of(slow) if row[F["decodes"]] <= 1]
+    assert lone_overhead(light, dense) == pytest.approx(slow.step_overhead_s, abs=1e-4)
+    # a few wild steps (a stall) do not move it: it is the median's
+    stalled = log_of(slow)
+    for row in stalled[:5]:
+        row[F["end"]] += 2.0
+    assert lone_overhead(stalled, dense) == pytest.approx(slow.step_overhead_s, abs=0.005)
+    assert lone_overhead(stalled[:9], dense) is None  # too few steps to say

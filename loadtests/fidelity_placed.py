@@ -821,7 +821,7 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
             out.append(f"{path.name}: step_overhead_s {lone} alone, {fleet} in the fleet (the profile's "
                        f"{profile.step_overhead_s:.4f}), from {whose} steps alone and {source}")
             of = machine_of(profile, by)
-            out.append(report([path], profile, lambda p, run=path: of(run, p)))
+            out.append(report([path], profile, lambda p, run=path, of=of: of(run, p)))
             continue
         overhead = (calibrate_host(path, profile, router=router) if by == "steps"
                     else fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup"))

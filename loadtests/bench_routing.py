@@ -48,7 +48,8 @@ RADIXGATE_POLICIES = ("ttft", "least_load", "round_robin", "consistent_hash", "c
 
 def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arrivals: list[float],
             replicas: int, kv_events: bool = False) -> dict[str, Any]:
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size)
+    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size,
+                    kv_events_at=args.kv_events_at)
     params = json.loads(args.params).get(policy, {})
     peer_sync = args.peer_sync if replicas > 1 and args.peer_sync >= 0 else None
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="sim mode: also --replica-policy reading the workers' KV events (and keying text by "
                          "the engines' token ids), behind one proxy and, with --replicas, behind replicas "
                          "sharing nothing else; adds the prediction-exact column")
+    ap.add_argument("--kv-events-at", choices=("prefill", "schedule"), default="prefill",
+                    help="with --kv-events: the workers publish a prompt's blocks once its prefill ran (SGLang) or "
+                         "when they schedule it (vLLM v1)")
     ap.add_argument("--page-size", type=int, default=1, help="sim mode: the workers' KV page size")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--profile", default="llama-3.1-8b-h100", choices=sorted(PROFILES))
@@ -169,7 +173,8 @@ def run_seed(args: argparse.Namespace, rate: float, seed: int) -> tuple[list[dic
     kwargs: dict[str, Any] = {"seed": seed, "scale": args.scale, **json.loads(args.workload_args)}
     specs = WORKLOADS[args.workload](**kwargs)[: args.requests or None]
     arrivals = poisson_times(rate, len(specs), random.Random(seed))
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size)
+    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size,
+                    kv_events_at=args.kv_events_at)
     kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
     available = available_ratio(specs, kv * args.workers)
     if args.mode == "http":

@@ -56,6 +56,8 @@ def parse_cli(argv: Sequence[str] | None = None) -> tuple[SimConfig, int, bool]:
     p.add_argument("--page-size", type=int, default=d.page_size)
     p.add_argument("--kv-events-config", default=None,
                    help='as SGLang: \'{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}\'')
+    p.add_argument("--kv-events-at", default=d.kv_events_at, choices=("prefill", "schedule"),
+                   help="when a prompt's blocks are published: after its prefill (SGLang) or when scheduled (vLLM)")
     p.add_argument("--schedule-policy", default=d.schedule_policy, choices=("fcfs", "lpm"))
     p.add_argument("--chunked-prefill-size", type=int)
     p.add_argument("--max-prefill-tokens", type=int, default=d.max_prefill_tokens)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+KV_EVENTS_AT = ("prefill", "schedule")
 
 
 @dataclass
@@ -50,6 +51,9 @@ class SimConfig:
     # '{"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
     # (port 0 = any free one: GET /get_server_info names the ones taken). None = off.
     kv_events_config: str | None = None
+    # When a prompt's blocks are stored: "prefill" once its prefill ran (SGLang's radix cache),
+    # "schedule" when the scheduler admits it, before the forward (vLLM v1's allocate_slots).
+    kv_events_at: str = "prefill"
     schedule_policy: str = "fcfs"
     chunked_prefill_size: int | None = None  # -1 turns chunking off
     max_prefill_tokens: int = 16384
@@ -85,6 +89,8 @@ class SimConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
         if self.stream_interval < 1:
             raise ValueError("stream_interval must be >= 1")
+        if self.kv_events_at not in KV_EVENTS_AT:
+            raise ValueError(f"kv_events_at must be one of {KV_EVENTS_AT}")
         if self.kv_events_config:
             from proxy.sim.kv_publish import KvEventsSettings
 

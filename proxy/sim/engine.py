@@ -60,6 +60,7 @@ class Engine:
         if config.kv_events_config:
             self.cache.events = []
         self.scheduler = Scheduler(self.cache, self.limits)
+        self.scheduler.store_at_schedule = config.kv_events_at == "schedule"
         self.by_rid: dict[str, SimRequest] = {}
         self.on_tokens: Callable[[int], None] | None = None  # total generated so far, after each step
         self.on_finish: Callable[[SimRequest], None] | None = None

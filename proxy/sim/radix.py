@@ -211,11 +211,39 @@ class RadixCache:
         from its parent page's (an engine's hashes are its own; any stable chain will do)."""
         assert self.events is not None and leaf.parent is not None
         parent = leaf.parent.hashes[-1] if leaf.parent.hashes else None
-        h, ps = parent if parent is not None else 0, self.page_size
-        for start in range(0, len(leaf.key), ps):
-            h = xxhash.xxh3_64_intdigest(array("I", leaf.key[start:start + ps]).tobytes(), seed=h)
-            leaf.hashes.append(h)
-        self.events.append(["BlockStored", list(leaf.hashes), parent, list(leaf.key), ps, None])
+        leaf.hashes.extend(self._chain(parent, leaf.key))
+        self.events.append(["BlockStored", list(leaf.hashes), parent, list(leaf.key), self.page_size, None])
+
+    def announce(self, ids: list[int] | tuple[int, ...], node: Node, matched: int) -> list[int]:
+        """BlockStored for the whole pages of ``ids`` past the ``matched`` prefix (ending at
+        ``node``) before they are computed, as vLLM's scheduler stores a request's blocks when it
+        allocates them (``allocate_slots``); the tree takes them when the prefill ends, and says so
+        again then (the same hashes: a subscriber keeps one). Returns the hashes announced."""
+        aligned = self._aligned(len(ids))
+        if self.events is None or aligned <= matched:
+            return []
+        parent = node.hashes[-1] if node.hashes else None
+        new = tuple(ids[matched:aligned])
+        hashes = self._chain(parent, new)
+        self.events.append(["BlockStored", hashes, parent, list(new), self.page_size, None])
+        return hashes
+
+    def withdraw(self, ids: list[int] | tuple[int, ...], hashes: list[int]) -> None:
+        """BlockRemoved for announced ``hashes`` (the last pages of ``ids``) that never reached
+        the tree: their request ended before its prefill did."""
+        if self.events is None or not hashes:
+            return
+        held = self.match_prefix(ids[: self._aligned(len(ids))]).length // self.page_size
+        gone = hashes[max(0, held - (self._aligned(len(ids)) // self.page_size - len(hashes))):]
+        if gone:
+            self.events.append(["BlockRemoved", gone])
+
+    def _chain(self, parent: int | None, tokens: tuple[int, ...]) -> list[int]:
+        h, ps, out = parent if parent is not None else 0, self.page_size, []
+        for start in range(0, len(tokens), ps):
+            h = xxhash.xxh3_64_intdigest(array("I", tokens[start:start + ps]).tobytes(), seed=h)
+            out.append(h)
+        return out
 
     def _leaves(self) -> list[Node]:
         leaves, stack = [], list(self.root.children.values())

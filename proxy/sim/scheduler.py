@@ -73,6 +73,7 @@ class SimRequest:
     covered: int = 0  # leading tokens held (locked) in the radix tree
     private: int = 0  # KV tokens held outside the tree
     lock_node: Node | None = None
+    announced: list[int] = field(default_factory=list)  # blocks stored at admission (Scheduler.store_at_schedule)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -125,6 +126,9 @@ class Scheduler:
         self.steps_run = 0
         self.last_batch_hit_rate = 0.0
         self.generated_tokens = 0
+        # KV events as vLLM times them: a prompt's blocks stored when admitted, before its prefill
+        # ran; off, as SGLang: once the prefill ended (``RadixCache.announce``).
+        self.store_at_schedule = False
 
     # -- intake ---------------------------------------------------------------------------------
     def submit(self, req: SimRequest, now: float) -> None:
@@ -276,6 +280,8 @@ class Scheduler:
         req.cached_tokens = req.prefilled = req.covered = matched
         req.private = extend
         self.prefilling.append(req)
+        if self.store_at_schedule:
+            req.announced = self.cache.announce(req.input_ids, node, matched)
 
     def _chunk(self, req: SimRequest, chunk_left: int) -> int:
         todo = len(req.input_ids) - req.prefilled
@@ -351,6 +357,8 @@ class Scheduler:
                 if held > 0:
                     self.cache.insert(seq[:aligned], held)
                     req.private -= held
+            if req.announced and reason["type"] == "abort" and req.covered < len(req.input_ids) - len(req.input_ids) % self.cache.page_size:
+                self.cache.withdraw(req.input_ids, req.announced)  # announced, never computed
             self.cache.free(req.private)
             req.private = 0
             if req.lock_node is not None:

@@ -332,3 +332,78 @@ def test_hf_the_safety_margin_counts_the_steps_own_admissions() -> None:
     # n0 sees 1,000 free, n1 700 (>= 500): both enter; n2 sees 400 and waits.
     assert [rid for rid, _ in prefill] == ["n0", "n1"]
     assert [r.rid for r in s.waiting] == ["n2"]
+
+
+def stored(events: list) -> list[int]:
+    return [h for e in events if e[0] == "BlockStored" for h in e[1]]
+
+
+@pytest.mark.parametrize("at_schedule", [False, True])
+def test_kv_events_name_a_prompt_after_its_prefill_as_sglang_or_when_scheduled_as_vllm(at_schedule: bool) -> None:
+    # SGLang stores a prompt's blocks in its radix cache once the prefill ran; vLLM v1's scheduler
+    # caches them when it allocates them (allocate_slots), before the forward: the same hashes,
+    # a prefill's duration earlier, which is when another proxy replica can first see the prefix.
+    s = make(page_size=16, chunked_prefill_size=32)
+    s.cache.events = []
+    s.store_at_schedule = at_schedule
+    a = request("a", 100, out=2)
+    s.submit(a, 0.0)
+    step = s.next_step(0.0)  # admits a, computes its first 32-token chunk
+    assert step is not None
+    early = stored(s.cache.events)
+    assert len(early) == (6 if at_schedule else 0)  # 96 tokens of whole 16-token pages
+    run_to_end(s)
+    assert set(stored(s.cache.events)) >= set(early) and len(set(stored(s.cache.events))) >= 6
+    if at_schedule:  # the prefill's end stores the same blocks again, not other ones
+        assert set(stored(s.cache.events)[:6]) == set(early)
+
+
+def test_blocks_announced_at_schedule_are_withdrawn_if_the_prefill_never_ends() -> None:
+    s = make(page_size=16, chunked_prefill_size=32)
+    s.cache.events = []
+    s.store_at_schedule = True
+    shared = list(range(64))
+    a = SimRequest(rid="a", input_ids=shared + list(range(1000, 1036)), max_new_tokens=2)
+    s.submit(a, 0.0)
+    step = s.next_step(0.0)
+    assert step is not None
+    s.finish_step(step, 0.0)
+    announced = stored(s.cache.events)
+    assert len(announced) == 6
+    assert s.abort(a, 1.0)
+    removed = [h for e in s.cache.events if e[0] == "BlockRemoved" for h in e[1]]
+    assert removed == announced  # none reached the tree: every announced block is taken back
+    assert s.cache.match_prefix(a.input_ids).length == 0
+
+
+def test_blocks_announced_past_a_cached_prefix_are_the_only_ones_withdrawn() -> None:
+    s = make(page_size=16, chunked_prefill_size=32)
+    s.cache.events = []
+    s.store_at_schedule = True
+    shared = list(range(64))
+    first = SimRequest(rid="b", input_ids=[*shared, 5000], max_new_tokens=1)
+    s.submit(first, 0.0)
+    run_to_end(s)
+    before = len(s.cache.events)
+    a = SimRequest(rid="a", input_ids=shared + list(range(1000, 1036)), max_new_tokens=2)
+    s.submit(a, 10.0)
+    assert s.next_step(10.0) is not None
+    announced = stored(s.cache.events[before:])
+    assert len(announced) == 2  # pages 4 and 5: the shared four are the tree's already
+    assert s.abort(a, 11.0)
+    assert [h for e in s.cache.events[before:] if e[0] == "BlockRemoved" for h in e[1]] == announced
+    assert s.cache.match_prefix(shared).length == 64  # the cached prefix stays, unannounced
+
+
+def test_the_event_timing_is_a_validated_config_field_with_a_flag_that_reaches_the_scheduler() -> None:
+    from proxy.sim.__main__ import parse_args
+    from proxy.sim.config import SimConfig
+    from proxy.sim.engine import Engine
+    from proxy.sim.fleet import cli_args
+
+    with pytest.raises(ValueError, match="kv_events_at"):
+        SimConfig(kv_events_at="forward").validate()
+    config = SimConfig(port=0, kv_events_at="schedule")
+    assert "--kv-events-at" in cli_args(config) and parse_args(cli_args(config)) == config
+    assert Engine(config).scheduler.store_at_schedule
+    assert not Engine(SimConfig()).scheduler.store_at_schedule

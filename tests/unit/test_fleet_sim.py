@@ -332,3 +332,9 @@ def test_a_unique_prompt_gpu_cell_replays_with_nothing_shared() -> None:
     outs = fleet_sim.replay_phase(got["_cell"], router, rate, Encoder(str(TOKENIZER)),
                                   "h100-transformers-16l-dense-fit", router)
     assert len(outs) == 150 and sum(o.cached_tokens for o in outs) < 0.02 * sum(o.prompt_tokens for o in outs)
+
+
+def test_what_if_keys_leave_the_spec_the_proxies_are_built_from() -> None:
+    spec, what_if = fleet_sim.sim_only("ttft/replicas=4/kv_events=auto/kv_at_schedule=1/scrape_s=0.1")
+    assert spec == "ttft/replicas=4/kv_events=auto"
+    assert what_if == {"kv_at_schedule": 1.0, "scrape_s": 0.1}

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import fleet_windows
-from loadtests.fidelity import TOLERANCE, replay
+from loadtests.fidelity import OVERLOAD_S, TOLERANCE, replay
 from loadtests.fit_steps import lone_overhead
 from loadtests.gpu.fleet import TOKENIZER, Shape, phase_texts, text_key, trace
-from loadtests.gpu.fleet_report import argv_value, on_profile_gpu, pct
+from loadtests.gpu.fleet_report import argv_value, gpu_model, on_profile_gpu, pct, run_gpu
 from loadtests.jsonl import exists, read_jsonl, read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
@@ -875,6 +875,36 @@ def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> s
             f"where every engine stepped\n" + report(results, profile, profile_of=lambda p: round_profile(p, profile)))
 
 
+def lone_holdout(results: Sequence[Path], profile_of: Callable[[Path], perf.Profile], rate: float) -> str:
+    """One engine alone held out on a phase of its own run: each run's lone phase nearest ``rate``
+    (a stand-in for a warm-up at that rate) gives the machine's fixed cost (``lone_overhead``),
+    judged on the run's other lone phases, beside the profile as fitted and each phase on its own
+    steps. Acceptable: TTFT p50 and p95 within ±30%, or p50 past ``OVERLOAD_S`` in both."""
+    encoder = Encoder(str(TOKENIZER))
+    cache: dict[Any, list[list[int]]] = {}
+    counts = {"as fitted": 0, "the warm-up stand-in's": 0, "each phase's own": 0}
+    judged = 0
+    lines = []
+    for path in results:
+        phases = sorted((p for p in placed_phases(path) if alone(p) and p.batches), key=lambda p: p.phase)
+        if len(phases) < 2:
+            continue
+        profile = profile_of(path)
+        warm = min(phases, key=lambda p: (abs(p.rate - rate), p.phase))
+        fixed = lone_overhead(warm.batches[0], profile)
+        lines.append(f"{path.name}: phase {warm.phase} ({warm.rate:g}/s) reads step_overhead_s {fixed}")
+        for p in phases:
+            if p is warm:
+                continue
+            judged += 1
+            for name, cost in (("as fitted", profile.step_overhead_s), ("the warm-up stand-in's", fixed),
+                               ("each phase's own", round_overhead(p, profile))):
+                sim = simulate(p, dataclasses.replace(profile, step_overhead_s=cost), encoder, cache)
+                counts[name] += judge(p, sim, [])[0] or min(pct(p.ttft, 0.5), sim["ttft_p50"]) > OVERLOAD_S
+    head = "; ".join(f"{name} fixed cost {n} of {judged}" for name, n in counts.items())
+    return f"lone phases held out, the stand-in at the rate nearest {rate:g}/s: {head}\n" + "\n".join(lines)
+
+
 def steps_report(results: Sequence[Path], profile: perf.Profile) -> str:
     lines = ["| other engines busy | side | steps | median ms | c0 ms | ms per request decoding "
              "| ms per 1,000 uncached tokens |", "|---|---|---|---|---|---|---|"]
@@ -914,11 +944,19 @@ def main() -> None:
     p.add_argument("--against-rounds", action="store_true",
                    help="traces run two rounds or more: the simulator against the GPU's median and the GPU's "
                         "rounds against it (with --calibrate batches|warmup, each run on its machine)")
+    p.add_argument("--lone-holdout", type=float, metavar="RATE", default=None,
+                   help="one engine alone: each run's lone phase nearest RATE fixes the machine's step cost, "
+                        "judged on the run's other lone phases (runs on H100s read the 16-layer fit)")
     p.add_argument("--groups", action="store_true",
                    help="per shared-prefix round: groups kept on one engine, and prefixes prefilled again")
     a = p.parse_args()
     if a.groups:
         print(groups_report(a.results))
+        return
+    if a.lone_holdout is not None:
+        h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+        print(lone_holdout(a.results, lambda run: h100 if run_gpu(run) == gpu_model(h100.gpu.name)
+                           else perf.overridden(perf.PROFILES[a.profile], a.set), a.lone_holdout))
         return
     if a.repeatability:
         print(repeatability(a.results))

@@ -371,6 +371,15 @@ def trace_identity(path: Path, p: Placed) -> str:
                        argv_value(argv, "--phase-s", "30"), engine_count(cell), where], sort_keys=True)
 
 
+def rounds_by_trace(results: Sequence[Path]) -> dict[str, list[tuple[Path, Placed]]]:
+    """Every placed round of the runs, (run, round), by the trace and text it ran (``trace_identity``)."""
+    rounds: dict[str, list[tuple[Path, Placed]]] = {}
+    for path in results:
+        for ph in placed_phases(path):
+            rounds.setdefault(trace_identity(path, ph), []).append((path, ph))
+    return rounds
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundPair:
     """Two rounds of one router on one trace and text: where they ran, the share of requests that
@@ -400,12 +409,8 @@ def round_pairs(results: Sequence[Path]) -> list[RoundPair]:
     Pairs that kept one placement say how close the GPU repeats itself: the bar a simulator of it
     can be held to, phase by phase; pairs placed anew, how far a round moves when its router decides
     again. A pair whose percentile falls on an unanswered request (an infinite ratio) is left out."""
-    rounds: dict[str, list[tuple[Path, Placed]]] = {}
-    for path in results:
-        for ph in placed_phases(path):
-            rounds.setdefault(trace_identity(path, ph), []).append((path, ph))
     pairs = []
-    for phases in rounds.values():
+    for phases in rounds_by_trace(results).values():
         for (pa, a), (pb, b) in itertools.combinations(phases, 2):
             same, (p50, p95) = round_pair(a, b)
             if all(math.isfinite(r) and r > 0 for r in (p50, p95)):
@@ -530,12 +535,8 @@ def trace_rounds(results: Sequence[Path], profile: perf.Profile,
     unanswered request is left out whole."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
-    groups: dict[str, list[tuple[Path, Placed]]] = {}
-    for path in results:
-        for ph in placed_phases(path):
-            groups.setdefault(trace_identity(path, ph), []).append((path, ph))
     out = []
-    for group in groups.values():
+    for group in rounds_by_trace(results).values():
         real = tuple((pct(ph.ttft, 0.5), pct(ph.ttft, 0.95)) for _, ph in group)
         if len(group) < 2 or not all(math.isfinite(v) and v > 0 for r in real for v in r):
             continue

@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -104,17 +105,16 @@ def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
 
 def lone_overhead(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> float | None:
     """The step's fixed cost (``step_overhead_s``) at which ``profile``'s median step residual on one
-    engine's logged batches is nil: the machine's host speed, its other constants kept (one
-    figure, so that a short light warm-up fixes it: the machines differed by their fixed cost,
-    53-87 ms a step, runs 57-59). None with fewer than 10 finished batches."""
+    engine's logged batches is nil: the machine's host speed, its other constants kept (the
+    machines differed by their fixed cost, 53-87 ms a step, runs 57-59). One figure, so a warm-up
+    phase can read it; a light one's small steps read it worst for the knee
+    (``fidelity_placed --lone-holdout``). None with fewer than 10 finished batches."""
     done = [b for b in batches if b[F["end"]] is not None and b[F["decodes"]] + b[F["prefills"]] > 0]
     if len(done) < 10:
         return None
     bare = dataclasses.replace(profile, step_overhead_s=0.0, warmup_s=0.0)
-    left = sorted(b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, work_of(b)) for b in done)
-    mid = len(left) // 2
-    median = left[mid] if len(left) % 2 else (left[mid - 1] + left[mid]) / 2
-    return round(max(0.0, median), 4)
+    left = statistics.median(b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, work_of(b)) for b in done)
+    return round(max(0.0, left), 4)
 
 
 def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engines.jsonl") -> list[list[Any]]:

@@ -233,8 +233,10 @@ class RadixCache:
         the tree: their request ended before its prefill did."""
         if self.events is None or not hashes:
             return
-        held = self.match_prefix(ids[: self._aligned(len(ids))]).length // self.page_size
-        gone = hashes[max(0, held - (self._aligned(len(ids)) // self.page_size - len(hashes))):]
+        aligned = self._aligned(len(ids))
+        first = aligned // self.page_size - len(hashes)  # the page the announced ones start at
+        held = self.match_prefix(ids[:aligned]).length // self.page_size
+        gone = hashes[max(0, held - first):]
         if gone:
             self.events.append(["BlockRemoved", gone])
 

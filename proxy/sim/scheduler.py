@@ -310,6 +310,7 @@ class Scheduler:
         return touched
 
     def _cache_prompt(self, req: SimRequest) -> None:
+        req.announced = []  # its prefill ended: what was announced is the tree's now
         ps = self.cache.page_size
         aligned = len(req.input_ids) - len(req.input_ids) % ps
         held = aligned - req.covered
@@ -357,7 +358,7 @@ class Scheduler:
                 if held > 0:
                     self.cache.insert(seq[:aligned], held)
                     req.private -= held
-            if req.announced and reason["type"] == "abort" and req.covered < len(req.input_ids) - len(req.input_ids) % self.cache.page_size:
+            if req.announced and reason["type"] == "abort":
                 self.cache.withdraw(req.input_ids, req.announced)  # announced, never computed
             self.cache.free(req.private)
             req.private = 0

@@ -46,10 +46,15 @@ from proxy.sim.perf import PROFILES
 RADIXGATE_POLICIES = ("ttft", "least_load", "round_robin", "consistent_hash", "cache_aware")
 
 
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    """The simulated workers every run of the call shares."""
+    return SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size,
+                     kv_events_at=args.kv_events_at)
+
+
 def run_sim(args: argparse.Namespace, policy: str, specs: list[RequestSpec], arrivals: list[float],
             replicas: int, kv_events: bool = False) -> dict[str, Any]:
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size,
-                    kv_events_at=args.kv_events_at)
+    sim = sim_config(args)
     params = json.loads(args.params).get(policy, {})
     peer_sync = args.peer_sync if replicas > 1 and args.peer_sync >= 0 else None
     outcomes, fleet = simulate(policy, specs, arrivals, workers=args.workers, sim=sim, replicas=replicas,
@@ -173,8 +178,7 @@ def run_seed(args: argparse.Namespace, rate: float, seed: int) -> tuple[list[dic
     kwargs: dict[str, Any] = {"seed": seed, "scale": args.scale, **json.loads(args.workload_args)}
     specs = WORKLOADS[args.workload](**kwargs)[: args.requests or None]
     arrivals = poisson_times(rate, len(specs), random.Random(seed))
-    sim = SimConfig(profile=args.profile, max_total_tokens=args.kv_tokens, page_size=args.page_size,
-                    kv_events_at=args.kv_events_at)
+    sim = sim_config(args)
     kv = sim.max_total_tokens or PROFILES[args.profile].kv_pool_tokens
     available = available_ratio(specs, kv * args.workers)
     if args.mode == "http":

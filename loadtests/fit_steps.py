@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.gpu.batch_log import FIELDS
+from loadtests.gpu.fleet_report import argv_value
 from loadtests.jsonl import read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
@@ -132,6 +133,59 @@ def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engi
     return out
 
 
+def decode_residual(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> tuple[int, float] | None:
+    """(steps, median seconds measured less ``profile``'s) over one engine's finished decode-only
+    steps: what its decode cost beyond what the model charges for the same batch and KV read.
+    None without any such step."""
+    rest = [b[F["end"]] - b[F["t"]] - perf.step_seconds(profile, work_of(b)) for b in batches
+            if b[F["end"]] is not None and b[F["prefills"]] == 0 and b[F["decodes"]] > 0]
+    return (len(rest), statistics.median(rest)) if rest else None
+
+
+def lone_workloads(results: Path) -> dict[int, tuple[str, float]]:
+    """phase -> (workload, rate) of the phases run on one engine alone, from the run's summary
+    (a cell's phases follow its ``--phase-base``, one per rate and round)."""
+    out: dict[int, tuple[str, float]] = {}
+    for line in read_text(results / "summary.jsonl").splitlines():
+        cell = json.loads(line)
+        if cell.get("workers") != 1:
+            continue
+        base = int(argv_value(cell["argv"], "--phase-base", "0"))
+        rates = list(cell["rates"]) * int(cell.get("repeat", 1))
+        for k, rate in enumerate(rates, start=1):
+            out[base + k] = (cell["shape"].get("workload", "shared"), float(rate))
+    return out
+
+
+def decode_by_workload(results: Path, profile: perf.Profile) -> str:
+    """Whether decode costs more beside shared prefixes (an early H200 run read ITL 120 ms on shared
+    prompts, 82 ms on unique ones, where the model charges context tokens alike whoever else holds
+    them): each lone phase's median decode-step residual against ``profile`` at the run's own
+    fixed cost (``lone_overhead`` over all its lone phases, so the machine's speed is taken out),
+    and the median of the shared phases' less the unique phases'."""
+    workloads = lone_workloads(results)
+    by_phase = {}
+    for line in read_text(results / "engines.jsonl").splitlines():
+        doc = json.loads(line)
+        if len(doc["engines"]) == 1 and doc["phase"] in workloads:
+            by_phase[doc["phase"]] = doc["engines"][0].get("batches") or []
+    fixed = lone_overhead([b for rows in by_phase.values() for b in rows], profile)
+    if fixed is None:
+        return f"{results.name}: no lone phase with a batch log"
+    machine = dataclasses.replace(profile, step_overhead_s=fixed)
+    parts, side = [], {"shared": [], "unique": []}
+    for phase in sorted(by_phase):
+        got = decode_residual(by_phase[phase], machine)
+        if got is None:
+            continue
+        workload, rate = workloads[phase]
+        side.setdefault(workload, []).append(got[1])
+        parts.append(f"{phase} {workload} {rate:g}/s {1000 * got[1]:+.0f} ms ({got[0]})")
+    gap = (f"shared less unique {1000 * (statistics.median(side['shared']) - statistics.median(side['unique'])):+.1f} ms"
+           if side["shared"] and side["unique"] else "one workload only")
+    return f"{results.name} (step_overhead_s {fixed}): {gap}; " + "; ".join(parts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, required=True)
@@ -139,9 +193,15 @@ def main() -> None:
     p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE, help="the profile whose other fields stay")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a profile field before the fit (e.g. dense_attention=False)")
+    p.add_argument("--decode-by-workload", action="store_true",
+                   help="instead of a fit: each lone phase's decode steps against the profile at the run's "
+                        "own fixed cost, shared prompts beside unique ones")
     a = p.parse_args()
     phases = {int(x) for x in a.phases.split(",") if x} or None
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)
+    if a.decode_by_workload:
+        print(decode_by_workload(a.results, profile))
+        return
     fit = fit_steps(lone_batches(a.results, phases), profile)
     was = " ".join(f"{k}={getattr(profile, k):.3g}" for k in ("mfu", *FITTED, "attn_eff"))
     print(f"{fit.steps} steps of one engine alone in {a.results.name}: rms {1000 * fit.rms_s:.1f} ms a step")

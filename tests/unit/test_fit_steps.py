@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import pytest
 
-from loadtests.fit_steps import F, fit_steps, lone_overhead, work_of
+from loadtests.fit_steps import (
+    F,
+    decode_by_workload,
+    decode_residual,
+    fit_steps,
+    lone_overhead,
+    lone_workloads,
+    work_of,
+)
 from loadtests.gpu.batch_log import FIELDS
 from proxy.sim import perf
 
@@ -85,3 +95,34 @@ def test_one_engines_fixed_cost_is_read_from_its_steps_the_other_costs_kept() ->
         row[F["end"]] += 2.0
     assert lone_overhead(stalled, dense) == pytest.approx(slow.step_overhead_s, abs=0.005)
     assert lone_overhead(stalled[:9], dense) is None  # too few steps to say
+
+
+def test_decode_beside_shared_prefixes_is_told_apart_from_the_machines_speed(tmp_path: Path) -> None:
+    # One engine alone on a host 20 ms a step slower than the profile, decoding 5 ms a step slower
+    # in its shared-prompt phases: the run's own fixed cost takes the host out, and what is left
+    # is the shared phases' 5 ms. A phase of four engines is not one engine alone's.
+    dense = perf.PROFILES["h200-transformers-7b-dense"]
+    slow = dataclasses.replace(dense, step_overhead_s=dense.step_overhead_s + 0.02, warmup_s=0.0)
+
+    def phase(extra_s: float) -> list[list[float]]:
+        rows = log_of(slow)
+        for row in rows:
+            if row[F["prefills"]] == 0:
+                row[F["end"]] += extra_s
+        return rows
+
+    cells = [{"argv": ["--phase-base", "100"], "workers": 1, "rates": [1, 2], "shape": {"workload": "shared"}},
+             {"argv": ["--phase-base", "200"], "workers": 1, "rates": [1], "repeat": 2, "shape": {"workload": "unique"}},
+             {"argv": ["--phase-base", "300"], "workers": 4, "rates": [6], "shape": {"workload": "unique"}}]
+    (tmp_path / "summary.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cells))
+    lines = [{"phase": 101, "engines": [{"batches": phase(0.005)}]}, {"phase": 102, "engines": [{"batches": phase(0.005)}]},
+             {"phase": 201, "engines": [{"batches": phase(0.0)}]}, {"phase": 202, "engines": [{"batches": phase(0.0)}]},
+             {"phase": 301, "engines": [{"batches": phase(0.5)}] * 4}]
+    (tmp_path / "engines.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+    assert lone_workloads(tmp_path) == {101: ("shared", 1.0), 102: ("shared", 2.0), 201: ("unique", 1.0),
+                                        202: ("unique", 1.0)}
+    assert decode_residual(phase(0.0), slow) == (8, pytest.approx(0.0, abs=1e-9))
+    assert decode_residual([r for r in phase(0.0) if r[F["prefills"]]], slow) is None
+    out = decode_by_workload(tmp_path, dense)
+    assert "shared less unique +5.0 ms" in out and "301" not in out
+    assert "101 shared 1/s +5 ms (8)" in out and "202 unique 1/s +0 ms (8)" in out

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity_placed import placed_phases, simulate
+from loadtests.fidelity_replay import placed_phases, simulate
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet import TOKENIZER
 from proxy.sim import perf

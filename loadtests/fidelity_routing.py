@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.fidelity import TOLERANCE, _phase_of
-from loadtests.fidelity_placed import Placed, engine_count, placed_phases
-from loadtests.fidelity_placed import simulate as replay_placed
+from loadtests.fidelity_replay import Placed, engine_count, placed_phases
+from loadtests.fidelity_replay import simulate as replay_placed
 from loadtests.gpu.fleet import TOKENIZER
 from loadtests.gpu.fleet_report import pct
 from loadtests.gpu.fleet_sim import AS_SIMULATED, PROFILE, replay_phase, ttfts

@@ -16,7 +16,7 @@ prompt tokens, attention pairs) gives the GPU's own price of each, per workload 
 A slower machine runs the same batches in more time, so its occupancy drops; the step's fixed cost
 that brings a run back to its profile's ``target`` occupancy is that machine's (``machine_overhead``): the simulator
 calibrated to the machine of the day from the batches its engines ran, in a second and with no
-replay, beside ``fidelity_placed.calibrate_host``, which bisects replays to the step clock.
+replay, beside ``fidelity_steps.calibrate_host``, which bisects replays to the step clock.
 """
 
 from __future__ import annotations

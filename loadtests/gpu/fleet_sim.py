@@ -29,7 +29,7 @@ from typing import Any
 
 from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, _phase_of
-from loadtests.fidelity_placed import calibrate_host
+from loadtests.fidelity_steps import calibrate_host
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,

@@ -1,11 +1,11 @@
-"""fidelity_placed.tail_bands and rank: where the simulator's misses lie, by the real engine's p95
+"""fidelity_replay.tail_bands and rank: where the simulator's misses lie, by the real engine's p95
 and among its requests."""
 
 from __future__ import annotations
 
 import math
 
-from loadtests.fidelity_placed import rank, tail_bands
+from loadtests.fidelity_replay import rank, tail_bands
 
 
 def test_a_simulator_with_narrow_tails_reads_light_rounds_slow_and_heavy_ones_fast() -> None:

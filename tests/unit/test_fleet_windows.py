@@ -137,21 +137,22 @@ def test_each_round_on_its_own_batch_log_holds_where_the_run_s_machine_missed() 
     fixed step cost from its batch log two of its six rounds miss (engine TTFT p50 or p95 off by
     more than 30%); fitted to each round's own batches (0.045-0.062 s: the fixed cost moved from
     round to round), all six hold. The TTFTs it is judged on play no part in either."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_placed, fidelity_replay
+    from loadtests.gpu.fleet import TOKENIZER
     from proxy.sim.tokenizer import Encoder
 
     run = RESULTS.parent / "gpu-fleet-h100-26"
     machine = fleet_windows.calibrate(run, H100)
     assert machine is not None
-    encoder, cache = Encoder(str(fidelity_placed.TOKENIZER)), {}
-    rounds = fidelity_placed.placed_phases(run)
+    encoder, cache = Encoder(str(TOKENIZER)), {}
+    rounds = fidelity_replay.placed_phases(run)
     on_run, on_round, speeds = 0, 0, []
     for p in rounds:
         own = fidelity_placed.round_overhead(p, H100)
         speeds.append(own)
         for profile, count in ((dataclasses.replace(H100, step_overhead_s=machine), 0),
                                (dataclasses.replace(H100, step_overhead_s=own), 1)):
-            ok, _ = fidelity_placed.judge(p, fidelity_placed.simulate(p, profile, encoder, cache), [])
+            ok, _ = fidelity_replay.judge(p, fidelity_replay.simulate(p, profile, encoder, cache), [])
             on_run, on_round = on_run + (ok and count == 0), on_round + (ok and count == 1)
     assert len(rounds) == 6 and on_run < on_round == 6, (on_run, on_round)
     assert max(speeds) > 1.2 * min(speeds), speeds

@@ -105,7 +105,7 @@ def test_the_least_squares_the_placed_replay_fits_with_recovers_known_costs() ->
 
 
 def test_engine_requests_are_matched_to_the_client_request_that_sent_them() -> None:
-    from loadtests.fidelity_placed import match
+    from loadtests.fidelity_replay import match
 
     client = [{"i": 0, "sent": 10.0, "prompt_tokens": 3000}, {"i": 1, "sent": 10.5, "prompt_tokens": 3000},
               {"i": 2, "sent": 11.0, "prompt_tokens": 2800}, {"i": 3, "sent": 12.0, "prompt_tokens": None}]
@@ -117,7 +117,8 @@ def test_engine_requests_are_matched_to_the_client_request_that_sent_them() -> N
 
 
 def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
-    from loadtests.fidelity_placed import Placed, round_pair
+    from loadtests.fidelity_replay import Placed
+    from loadtests.fidelity_rounds import round_pair
 
     def phase(engines: list[int], firsts: list[float | None]) -> Placed:
         n = len(engines)
@@ -135,7 +136,8 @@ def test_two_rounds_are_compared_by_placement_and_engine_ttft() -> None:
 
 
 def test_rounds_of_one_trace_pair_across_runs_only_where_their_text_is_the_same() -> None:
-    from loadtests.fidelity_placed import Placed, trace_identity
+    from loadtests.fidelity_replay import Placed
+    from loadtests.fidelity_rounds import trace_identity
 
     def phase(router: str, phase: int, base: int, text: str, seed: int = 121) -> Placed:
         cell = {"argv": ["--phase-s", "25", "--phase-base", str(base)], "seed": seed, "prompts": "ids",
@@ -157,7 +159,7 @@ def test_rounds_of_one_trace_pair_across_runs_only_where_their_text_is_the_same(
 def test_the_h100_repeats_a_round_called_again_on_its_trace_no_closer_than_the_placed_replay() -> None:
     """Runs 98-100 called one cell three times on the same warm H100: its rounds pair across the
     runs, and where a router decided anew the GPU's own p50 moved past ±30% in some pairs."""
-    from loadtests.fidelity_placed import repeatability, round_pairs
+    from loadtests.fidelity_rounds import repeatability, round_pairs
 
     runs = [fidelity.RESULTS.parent / f"gpu-fleet-h100-{n}" for n in (24, 25, 26)]
     pairs = round_pairs(runs)
@@ -172,7 +174,8 @@ def calibrated_verdicts(run: Path, cache: dict) -> list[bool]:
     """Each routed round of an H100 run replayed on its placement with the 16-layer profile's
     fixed step cost set from that machine's own step clock (``fidelity_placed --calibrate``):
     whether its TTFT p50 and p95 are both within ±30%."""
-    from loadtests.fidelity_placed import calibrate_host, judge, placed_phases, simulate
+    from loadtests.fidelity_replay import judge, placed_phases, simulate
+    from loadtests.fidelity_steps import calibrate_host
 
     h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
     overhead = calibrate_host(run, h100)
@@ -187,7 +190,7 @@ def test_with_one_placement_kept_the_h100_repeats_its_tail_but_not_its_median_an
     knee. Its p95 repeated within 10%, its p50, on the knee's steep middle, moved past ±30%; the
     replay on the machine's own step clock (``--calibrate``) holds all three rounds, and 5 of run
     101's 6 replicas rounds (gpu-fleet-h100-27), both after every fit."""
-    from loadtests.fidelity_placed import round_pairs
+    from loadtests.fidelity_rounds import round_pairs
 
     results = fidelity.RESULTS.parent
     pairs = round_pairs([results / "gpu-fleet-h100-28"])
@@ -204,7 +207,7 @@ def test_on_a_second_trace_the_replay_holds_every_round_the_h100_does_not_hold_i
     """Run 103 (gpu-fleet-h100-29): the oracle four times on run 98's seed-122 trace and text. Of
     the GPU's six pairs of rounds, one placement each, only two repeat p50 and p95 within ±30% (its
     p50 spans 0.51-0.90 s); the calibrated replay, one per round, holds all four rounds."""
-    from loadtests.fidelity_placed import round_pairs
+    from loadtests.fidelity_rounds import round_pairs
 
     run = fidelity.RESULTS.parent / "gpu-fleet-h100-29"
     pairs = round_pairs([run])
@@ -220,18 +223,19 @@ def test_the_replay_is_as_close_to_each_h100_round_as_the_gpus_own_median_is() -
     batch log the replays' median is within ±30% of the GPU's median on every trace, and within
     ±30% of about as many single rounds as the GPU's own median is; on a machine 1.5x slower a
     step it is not, so the comparison can fail."""
-    from loadtests import fidelity_placed as fp
+    from loadtests.fidelity_placed import machine_of
+    from loadtests.fidelity_rounds import trace_rounds
 
     profile = perf.PROFILES["h100-transformers-16l-dense-fit"]
     runs = [fidelity.RESULTS.parent / f"gpu-fleet-h100-{n}" for n in (24, 25, 26, 28, 29)]
-    traces = fp.trace_rounds(runs, profile, fp.machine_of(profile, "batches"))
+    traces = trace_rounds(runs, profile, machine_of(profile, "batches"))
     assert len(traces) == 8 and sum(t.kept for t in traces) == 2, traces
     assert all(t.sim_ok for t in traces), [(t.router, t.median, t.sim_median) for t in traces]
     rounds = sum(len(t.real) for t in traces)
     gpu_self, sim_each = sum(t.gpu_self for t in traces), sum(t.sim_each for t in traces)
     assert rounds == 25 and gpu_self < rounds and sim_each >= gpu_self - 3, (gpu_self, sim_each)
     slow = dataclasses.replace(profile, step_overhead_s=1.5 * profile.step_overhead_s)
-    assert not any(t.sim_ok for t in fp.trace_rounds(runs, slow))
+    assert not any(t.sim_ok for t in trace_rounds(runs, slow))
 
 
 def test_on_the_h200_the_gpu_repeats_itself_from_light_load_to_the_knee_and_so_does_the_replay() -> None:
@@ -239,9 +243,9 @@ def test_on_the_h200_the_gpu_repeats_itself_from_light_load_to_the_knee_and_so_d
     four traces, shared prefixes at 4.5 and 6/s, unique prompts at 2.5 and 3.5/s. With the whole
     7B model on the H200 the GPU's rounds keep within ±30% of their median (unlike the H100's
     knee), and the profile as fitted holds the median of every trace and each of the 12 rounds."""
-    from loadtests import fidelity_placed as fp
+    from loadtests.fidelity_rounds import trace_rounds
 
-    traces = fp.trace_rounds([fidelity.RESULTS.parent / "gpu-fleet-h200-4"], perf.PROFILES["h200-transformers-7b-dense"])
+    traces = trace_rounds([fidelity.RESULTS.parent / "gpu-fleet-h200-4"], perf.PROFILES["h200-transformers-7b-dense"])
     assert sorted(t.rate for t in traces) == [2.5, 3.5, 4.5, 6.0] and all(t.kept for t in traces)
     assert [t.gpu_self for t in traces] == [3] * 4
     assert all(t.sim_ok for t in traces) and sum(t.sim_each for t in traces) == 12
@@ -253,9 +257,9 @@ def test_on_the_h200_replicas_on_the_events_split_groups_one_proxy_and_its_peers
     97-100%) and prefilled more prefixes again; replicas told each other's decisions
     (``routing.peers``) kept them whole as one proxy does. The client's log names each request's
     group; the engines' traces, where each went and what it had cached."""
-    from loadtests import fidelity_placed as fp
+    from loadtests.fidelity_rounds import group_splits
 
-    splits = fp.group_splits([fidelity.RESULTS.parent / f"gpu-fleet-h200-{n}" for n in (5, 6, 7)])
+    splits = group_splits([fidelity.RESULTS.parent / f"gpu-fleet-h200-{n}" for n in (5, 6, 7)])
     by: dict[str, list] = {}
     for g in splits:
         by.setdefault(g.router, []).append(g)
@@ -266,7 +270,7 @@ def test_on_the_h200_replicas_on_the_events_split_groups_one_proxy_and_its_peers
     assert sum(g.prefills_again for g in events) > 2 * sum(g.prefills_again for g in one)
 
 def test_time_per_token_is_split_by_whose_requests_decode_and_wait_beside_it() -> None:
-    from loadtests.fidelity_placed import _itl_features
+    from loadtests.fidelity_steps import _itl_features
 
     # (engine, at, first, done, prompt, cached). A decodes over 1-12 s on engine 0 with 9 tokens
     # after its first (1.375 s each); B decodes beside it on engine 0 over 0-20 s; C decodes on
@@ -305,7 +309,7 @@ def test_chat_phases_replay_the_prompts_the_engines_tokenized_through_the_chat_t
     # the simulated engines those very prompts, not the text the other cells send.
     from pathlib import Path
 
-    from loadtests.fidelity_placed import placed_phases, simulate
+    from loadtests.fidelity_replay import placed_phases, simulate
     from loadtests.gpu.fleet import TOKENIZER
 
     results = Path(fidelity.__file__).parent / "results" / "gpu-fleet-chat-1"
@@ -321,7 +325,8 @@ def test_chat_phases_replay_the_prompts_the_engines_tokenized_through_the_chat_t
 def test_the_per_engine_table_splits_a_round_by_the_engine_each_request_reached() -> None:
     from pathlib import Path
 
-    from loadtests.fidelity_placed import per_engine, placed_phases
+    from loadtests.fidelity_placed import per_engine
+    from loadtests.fidelity_replay import placed_phases
 
     results = Path(fidelity.__file__).parent / "results" / "gpu-fleet-default-2"
     phase = placed_phases(results)[0]
@@ -337,7 +342,7 @@ def test_the_per_engine_table_splits_a_round_by_the_engine_each_request_reached(
 
 
 def test_step_intervals_count_what_decoded_through_them_and_what_they_prefilled() -> None:
-    from loadtests.fidelity_placed import _step_rows
+    from loadtests.fidelity_steps import _step_rows
 
     # (engine, at, first, done, prompt, cached). Engine 0 steps at 1.0, 1.2, 1.5 and (idle from
     # 2.0) 3.0 s: A arrives at 0.8, first token at 1.0, done at 2.0; B arrives at 1.1 and gets its
@@ -356,7 +361,7 @@ def test_step_intervals_count_what_decoded_through_them_and_what_they_prefilled(
 def test_weighted_time_slices_cost_a_shared_step_as_the_gpu_engines_step_clock_does() -> None:
     from pathlib import Path
 
-    from loadtests.fidelity_placed import step_costs
+    from loadtests.fidelity_steps import step_costs
 
     # runs 51-52: four engines on one H200 (the oracle at 4.5 and 6/s) and one engine alone, each
     # step's end recorded by the shim. Beside three busy engines a real step kept its fixed cost
@@ -382,15 +387,15 @@ def test_a_run_that_came_back_without_its_summary_has_no_points(tmp_path: Path) 
 def _within_on_their_placement(runs: tuple[str, ...], profile: str | perf.Profile) -> tuple[int, int]:
     """Routed rounds of these GPU runs, each request replayed on the engine it really reached
     (``loadtests.fidelity_placed``): how many have TTFT p50 and p95 both within ±30%, of how many."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_replay
 
     encoder = Encoder(str(fidelity.TOKENIZER))
     cache: dict = {}
     within = rounds = 0
     chosen = perf.PROFILES[profile] if isinstance(profile, str) else profile
     for run in runs:
-        for p in fidelity_placed.placed_phases(fidelity.RESULTS.parent / run):
-            ok, _ = fidelity_placed.judge(p, fidelity_placed.simulate(p, chosen, encoder, cache), [])
+        for p in fidelity_replay.placed_phases(fidelity.RESULTS.parent / run):
+            ok, _ = fidelity_replay.judge(p, fidelity_replay.simulate(p, chosen, encoder, cache), [])
             within, rounds = within + ok, rounds + 1
     return within, rounds
 
@@ -432,14 +437,14 @@ def test_the_inter_token_latency_of_routed_rounds_holds_where_the_tails_do() -> 
     """Issue 15's ITL goal on the routed fleet: each placed round's simulated ITL p50 against the
     clients' (the median of each request's median gap), run 93's eight rounds on the H200 it was
     not fitted to; every one within ±30% (and every one of runs 85-95's 59 rounds, 2026-12-06)."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_replay
 
     encoder = Encoder(str(fidelity.TOKENIZER))
     cache: dict = {}
     ratios = []
-    for p in fidelity_placed.placed_phases(fidelity.RESULTS.parent / "gpu-fleet-h200-1"):
+    for p in fidelity_replay.placed_phases(fidelity.RESULTS.parent / "gpu-fleet-h200-1"):
         assert sum(x is not None for x in p.itl) >= 0.9 * len(p.itl)  # the clients' gaps reach the placed rounds
-        sim = fidelity_placed.simulate(p, perf.PROFILES[perf.GPU_FLEET_PROFILE], encoder, cache)
+        sim = fidelity_replay.simulate(p, perf.PROFILES[perf.GPU_FLEET_PROFILE], encoder, cache)
         ratios.append(sim["itl_p50"] / p.itl_p50)
     assert len(ratios) == 8
     assert all(abs(r - 1) <= fidelity.TOLERANCE for r in ratios), ratios
@@ -451,24 +456,24 @@ def test_a_slower_machine_is_found_on_its_step_clock_and_its_tails_follow() -> N
     1.4-1.6x the profile's. Fitting the step's fixed cost to the run's own median step (its step
     log, not its TTFTs) finds the slower host, and the replay's tails follow; on run 95's H200,
     a machine like the fit's, the same calibration stays near the profile."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_replay, fidelity_steps
 
     results = fidelity.RESULTS.parent
     h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
-    slow = fidelity_placed.calibrate_host(results / "gpu-fleet-h100-21", h100)
+    slow = fidelity_steps.calibrate_host(results / "gpu-fleet-h100-21", h100)
     assert slow is not None and 0.08 <= slow <= 0.1, slow
     assert _within_on_their_placement(("gpu-fleet-h100-21",), h100) == (0, 3)
     assert _within_on_their_placement(("gpu-fleet-h100-21",), dataclasses.replace(h100, step_overhead_s=slow)) == (3, 3)
     # fitted on the one proxy's phase alone, the machine holds the replicas' phases it did not see
-    on_one = fidelity_placed.calibrate_host(results / "gpu-fleet-h100-21", h100, router="ttft")
+    on_one = fidelity_steps.calibrate_host(results / "gpu-fleet-h100-21", h100, router="ttft")
     assert on_one is not None and abs(on_one / slow - 1) < 0.1, (on_one, slow)
     encoder = Encoder(str(fidelity.TOKENIZER))
-    replicas = [p for p in fidelity_placed.placed_phases(results / "gpu-fleet-h100-21") if p.router != "ttft"]
+    replicas = [p for p in fidelity_replay.placed_phases(results / "gpu-fleet-h100-21") if p.router != "ttft"]
     assert len(replicas) == 2
     fitted = dataclasses.replace(h100, step_overhead_s=on_one)
-    assert all(fidelity_placed.judge(p, fidelity_placed.simulate(p, fitted, encoder, {}), [])[0] for p in replicas)
+    assert all(fidelity_replay.judge(p, fidelity_replay.simulate(p, fitted, encoder, {}), [])[0] for p in replicas)
     h200 = perf.PROFILES[perf.GPU_FLEET_PROFILE]
-    usual = fidelity_placed.calibrate_host(results / "gpu-fleet-h200-3", h200)
+    usual = fidelity_steps.calibrate_host(results / "gpu-fleet-h200-3", h200)
     assert usual is not None and abs(usual / h200.step_overhead_s - 1) < 0.15, usual
 
 
@@ -476,11 +481,11 @@ def test_a_faster_machine_is_found_too_and_every_held_out_round_then_holds() -> 
     """Runs 96-97 (gpu-fleet-h100-22/23, 2026-12-06) came after the fit and the calibration rule
     were written: an H100 a little faster than the fit's. As fitted, two token-id rounds missed
     (engine TTFT p50 1.40x and 1.58x); fitted to each run's own step clock, all eight held."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_steps
 
     h100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
     for run in ("gpu-fleet-h100-22", "gpu-fleet-h100-23"):
-        fitted = fidelity_placed.calibrate_host(fidelity.RESULTS.parent / run, h100)
+        fitted = fidelity_steps.calibrate_host(fidelity.RESULTS.parent / run, h100)
         assert fitted is not None and fitted < h100.step_overhead_s, (run, fitted)
         assert _within_on_their_placement((run,), dataclasses.replace(h100, step_overhead_s=fitted)) == (4, 4)
     assert _within_on_their_placement(("gpu-fleet-h100-22",), h100) == (2, 4)
@@ -512,7 +517,8 @@ def test_one_engine_alone_holds_once_its_steps_say_how_fast_the_machine_ran() ->
     a run (up to 1.96x on run 58), and with it the replay holds 37 of 40 phases (within ±30% or
     overloaded in both), where the profile as fitted holds 23: the model is right once the
     machine's speed of that minute is known."""
-    from loadtests import fidelity_placed
+    from loadtests import fidelity_placed, fidelity_replay
+    from loadtests.gpu.fleet_report import pct
 
     encoder = Encoder(str(fidelity.TOKENIZER))
     cache: dict = {}
@@ -520,13 +526,13 @@ def test_one_engine_alone_holds_once_its_steps_say_how_fast_the_machine_ran() ->
     spread = []
     for run in LONE_RUNS:
         profile = perf.PROFILES["h100-transformers-16l-dense-fit" if "h100" in run else "h200-transformers-7b-dense"]
-        phases = [p for p in fidelity_placed.placed_phases(fidelity.RESULTS.parent / run) if fidelity_placed.alone(p)]
+        phases = [p for p in fidelity_replay.placed_phases(fidelity.RESULTS.parent / run) if fidelity_replay.alone(p)]
         costs = [fidelity_placed.round_overhead(p, profile) for p in phases]
         spread.append(max(costs) / min(costs))
         for p, cost in zip(phases, costs, strict=True):
             for fixed in (profile.step_overhead_s, cost):
-                sim = fidelity_placed.simulate(p, dataclasses.replace(profile, step_overhead_s=fixed), encoder, cache)
-                ok = fidelity_placed.judge(p, sim, [])[0] or min(fidelity_placed.pct(p.ttft, 0.5), sim["ttft_p50"]) > 3
+                sim = fidelity_replay.simulate(p, dataclasses.replace(profile, step_overhead_s=fixed), encoder, cache)
+                ok = fidelity_replay.judge(p, sim, [])[0] or min(pct(p.ttft, 0.5), sim["ttft_p50"]) > 3
                 as_fitted += ok and fixed == profile.step_overhead_s
                 own += ok and fixed == cost
             total += 1

@@ -7,6 +7,9 @@ can be compared with the engine's batch by batch: how many requests decoded, how
 after it, and how long it took (scheduled to outputs applied; the loop is synchronous without
 CUDA graphs, so one step's end is the next one's start less the loop's own time).
 
+``python -m loadtests.gpu.batch_log RESULTS...``: how near the committed runs' engines came to
+running out of KV blocks (``kv_pressure``).
+
 ``install(log)`` wraps transformers' ``FIFOScheduler.schedule_batch`` and
 ``ContinuousBatchProcessor.update_batch`` (5.17: ``generation/continuous_batching``); a release
 without them leaves the engine as it is and says so in the engine's log.
@@ -14,10 +17,14 @@ without them leaves the engine as it is and says so in the engine's log.
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("engine_server")
@@ -105,3 +112,35 @@ def wrap(fifo: Any, processor: Any, batches: BatchLog) -> None:
 
     fifo.schedule_batch = logged_schedule
     processor.update_batch = logged_update
+
+
+def kv_pressure(batches: Iterable[Sequence[Any]]) -> tuple[int, int | None, int]:
+    """(steps, the fewest free KV blocks after any, steps with a starved request) of logged
+    batches. The simulator leaves out the engine's preemption, which only a failed block
+    allocation starts: a log whose free blocks never reach 0 never preempted."""
+    steps, fewest, starved = 0, None, 0
+    free, hungry = FIELDS.index("free_blocks"), FIELDS.index("starved")
+    for b in batches:
+        steps += 1
+        fewest = b[free] if fewest is None else min(fewest, b[free])
+        starved += b[hungry] > 0
+    return steps, fewest, starved
+
+
+def main(argv: Sequence[str]) -> None:
+    from loadtests.jsonl import exists, read_text
+
+    total = [0, 0]
+    for run in map(Path, argv):
+        if not exists(run / "engines.jsonl"):
+            continue
+        got = kv_pressure(b for line in read_text(run / "engines.jsonl").splitlines()
+                          for e in json.loads(line)["engines"] for b in e.get("batches") or [])
+        if got[0]:
+            print(f"{run.name}: {got[0]} steps, fewest free blocks {got[1]}, {got[2]} with a starved request")
+            total = [total[0] + got[0], total[1] + got[2]]
+    print(f"all: {total[0]} steps, {total[1]} with a starved request")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loadtests.gpu.batch_log import FIELDS, BatchLog, describe, wrap
+from loadtests.gpu.batch_log import FIELDS, BatchLog, describe, kv_pressure, wrap
 
 
 @dataclass
@@ -81,3 +81,11 @@ def test_a_batch_the_log_cannot_read_still_reaches_the_engine() -> None:
     odd = ("not", "the", "shape")  # another release's return value
     assert scheduler(odd).schedule_batch(8192, 48000) == odd
     assert log.drain() == []
+
+
+def test_kv_pressure_reads_the_fewest_free_blocks_and_the_starved_steps() -> None:
+    log = BatchLog()
+    for free, starved in ((900, 0), (12, 0), (0, 2), (40, 0)):
+        log.scheduled(1.0, 2, 0, 2, 100, 0, free, 0, 2, starved)
+    assert kv_pressure(log.drain()) == (4, 0, 1)
+    assert kv_pressure([]) == (0, None, 0)

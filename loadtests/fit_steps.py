@@ -99,7 +99,7 @@ def fit_steps(batches: Sequence[Sequence[Any]], profile: perf.Profile,
         y = [b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, w) for b, w in zip(done, works, strict=True)]
         coef, rms = _nonneg_fit(rows, y)
         if best is None or rms < best.rms_s:
-            best = StepFit(mfu, *coef, rms_s=rms, steps=len(done), attn_eff=eff)
+            best = StepFit(mfu, coef[0], coef[1], coef[2], rms_s=rms, steps=len(done), attn_eff=eff)
     assert best is not None
     return best
 
@@ -115,7 +115,7 @@ def lone_overhead(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> fl
         return None
     bare = dataclasses.replace(profile, step_overhead_s=0.0, warmup_s=0.0)
     left = statistics.median(b[F["end"]] - b[F["t"]] - perf.step_seconds(bare, work_of(b)) for b in done)
-    return round(max(0.0, left), 4)
+    return round(max(0.0, float(left)), 4)
 
 
 def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engines.jsonl") -> list[list[Any]]:
@@ -164,7 +164,7 @@ def decode_by_workload(results: Path, profile: perf.Profile) -> str:
     fixed cost (``lone_overhead`` over all its lone phases, so the machine's speed is taken out),
     and the median of the shared phases' less the unique phases'."""
     workloads = lone_workloads(results)
-    by_phase = {}
+    by_phase: dict[int, list[list[Any]]] = {}
     for line in read_text(results / "engines.jsonl").splitlines():
         doc = json.loads(line)
         if len(doc["engines"]) == 1 and doc["phase"] in workloads:
@@ -173,7 +173,8 @@ def decode_by_workload(results: Path, profile: perf.Profile) -> str:
     if fixed is None:
         return f"{results.name}: no lone phase with a batch log"
     machine = dataclasses.replace(profile, step_overhead_s=fixed)
-    parts, side = [], {"shared": [], "unique": []}
+    parts: list[str] = []
+    side: dict[str, list[float]] = {"shared": [], "unique": []}
     for phase in sorted(by_phase):
         got = decode_residual(by_phase[phase], machine)
         if got is None:

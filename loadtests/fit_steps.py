@@ -29,7 +29,7 @@ from typing import Any
 
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet_report import argv_value
-from loadtests.jsonl import read_text
+from loadtests.jsonl import exists, read_text
 from proxy.diagnose.shadow_ttft import least_squares
 from proxy.sim import perf
 
@@ -118,19 +118,23 @@ def lone_overhead(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> fl
     return round(max(0.0, float(left)), 4)
 
 
-def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engines.jsonl") -> list[list[Any]]:
-    """Every logged batch of the phases run on one engine alone (``run_fleet.sh alone``); ``log``:
-    "warmup.jsonl" for their warm-ups'."""
-    out: list[list[Any]] = []
-    path = results / log
-    if not (path.exists() or path.with_suffix(".jsonl.gz").exists()):
+def lone_phase_batches(results: Path, log: str = "engines.jsonl") -> dict[int, list[list[Any]]]:
+    """phase -> every logged batch of each phase run on one engine alone (``run_fleet.sh alone``);
+    ``log``: "warmup.jsonl" for their warm-ups'. Empty where the run has no such log."""
+    out: dict[int, list[list[Any]]] = {}
+    if not exists(results / log):
         return out
-    for line in read_text(path).splitlines():
+    for line in read_text(results / log).splitlines():
         doc = json.loads(line)
-        if len(doc["engines"]) != 1 or (phases is not None and doc["phase"] not in phases):
-            continue
-        out.extend(doc["engines"][0].get("batches") or [])
+        if len(doc["engines"]) == 1:
+            out.setdefault(doc["phase"], []).extend(doc["engines"][0].get("batches") or [])
     return out
+
+
+def lone_batches(results: Path, phases: set[int] | None = None, log: str = "engines.jsonl") -> list[list[Any]]:
+    """Every logged batch of the lone phases (``lone_phase_batches``) in ``phases``, or of all."""
+    return [b for phase, rows in lone_phase_batches(results, log).items() if phases is None or phase in phases
+            for b in rows]
 
 
 def decode_residual(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> tuple[int, float] | None:
@@ -164,11 +168,7 @@ def decode_by_workload(results: Path, profile: perf.Profile) -> str:
     fixed cost (``lone_overhead`` over all its lone phases, so the machine's speed is taken out),
     and the median of the shared phases' less the unique phases'."""
     workloads = lone_workloads(results)
-    by_phase: dict[int, list[list[Any]]] = {}
-    for line in read_text(results / "engines.jsonl").splitlines():
-        doc = json.loads(line)
-        if len(doc["engines"]) == 1 and doc["phase"] in workloads:
-            by_phase[doc["phase"]] = doc["engines"][0].get("batches") or []
+    by_phase = {phase: rows for phase, rows in lone_phase_batches(results).items() if phase in workloads}
     fixed = lone_overhead([b for rows in by_phase.values() for b in rows], profile)
     if fixed is None:
         return f"{results.name}: no lone phase with a batch log"

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity_replay import placed_phases, simulate
+from loadtests.fidelity_replay import mean_of, placed_phases, simulate
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet import TOKENIZER
 from proxy.sim import perf
@@ -38,22 +37,19 @@ def summarize(batches: Sequence[Sequence[Any]]) -> dict[str, float]:
         return dict.fromkeys(COLUMNS, math.nan)
     span = done[-1][F["end"]] - done[0][F["t"]]
 
-    def mean(values: Sequence[float]) -> float:
-        return statistics.fmean(values) if values else math.nan
-
     dur = [b[F["end"]] - b[F["t"]] for b in done]
     prefill = [b[F["prefills"]] > 0 for b in done]
     blocked = [b for b in done if b[F["waiting"]] > 0 and b[F["prefills"]] == 0]
     return {
         "steps/s": len(done) / span if span > 0 else math.nan,
-        "decode ms": 1000 * mean([d for d, p in zip(dur, prefill, strict=True) if not p]),
-        "prefill ms": 1000 * mean([d for d, p in zip(dur, prefill, strict=True) if p]),
-        "decodes/step": mean([b[F["decodes"]] for b in done]),
-        "prefill share": mean([float(p) for p in prefill]),
+        "decode ms": 1000 * mean_of([d for d, p in zip(dur, prefill, strict=True) if not p]),
+        "prefill ms": 1000 * mean_of([d for d, p in zip(dur, prefill, strict=True) if p]),
+        "decodes/step": mean_of([b[F["decodes"]] for b in done]),
+        "prefill share": mean_of([float(p) for p in prefill]),
         "prompts/s": sum(b[F["first_tokens"]] for b in done) / span if span > 0 else math.nan,
         "blocked share": len(blocked) / len(done),
-        "free blocks blocked": mean([b[F["free_blocks"]] for b in blocked]),
-        "waiting": mean([b[F["waiting"]] for b in done]),
+        "free blocks blocked": mean_of([b[F["free_blocks"]] for b in blocked]),
+        "waiting": mean_of([b[F["waiting"]] for b in done]),
     }
 
 

@@ -110,7 +110,8 @@ class Engine:
             engine.matched_tokens[request_id] = matched if tokens > len(prompt_ids) else tokens
             return matched
 
-        cb_cache.PagedAttentionCache.search_prefix_match = recording_match  # type: ignore[method-assign]
+        # method-assign where transformers is installed (it ships py.typed); unused where it is absent (CI)
+        cb_cache.PagedAttentionCache.search_prefix_match = recording_match  # type: ignore[method-assign, unused-ignore]
         self.batches = batch_log.BatchLog()  # for /bench/trace: the scheduler's own batches
         batch_log.install(self.batches)
 

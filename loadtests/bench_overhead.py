@@ -77,7 +77,7 @@ class Cell:
     e2e: list[float] = field(default_factory=list, repr=False)
 
     def pct(self, which: str, q: float) -> float | None:
-        data = sorted(getattr(self, which))
+        data: list[float] = sorted(getattr(self, which))
         if not data:
             return None
         return data[min(len(data) - 1, int(q * len(data)))] * 1000.0
@@ -299,7 +299,8 @@ async def client(target: Target, stream: bool, concurrency: int, cell: Cell) -> 
     if target.grpc_address is not None:
         request = grpc_request()
         async with grpc.aio.insecure_channel(target.grpc_address) as channel:
-            stub = pb_grpc.GenerationStub(channel)
+            # The generated stubs carry no annotations (grpcio-tools writes no .pyi for services).
+            stub = pb_grpc.GenerationStub(channel)  # type: ignore[no-untyped-call]
             yield lambda _: one_grpc(stub, request, stream, cell)
         return
     payload = json.dumps(body(stream)).encode()

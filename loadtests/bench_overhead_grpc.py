@@ -222,7 +222,8 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, Samples]]:
             for i in range(args.grpc_channels):
                 # Distinct channel args, or grpc would share one connection between the channels.
                 channel = grpc.aio.insecure_channel(target, options=[("bench.channel", i)])
-                stubs.append(pb_grpc.GenerationStub(await stack.enter_async_context(channel)))
+                # The generated stubs carry no annotations (grpcio-tools writes no .pyi for services).
+                stubs.append(pb_grpc.GenerationStub(await stack.enter_async_context(channel)))  # type: ignore[no-untyped-call]
             calls = {
                 "direct": http_call(session, worker_url, args.max_new_tokens),
                 "http": http_call(session, f"http://127.0.0.1:{proxy.http_port}", args.max_new_tokens),
@@ -231,7 +232,8 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[str, Samples]]:
             if args.sync_client:
                 sync_channel = stack.enter_context(grpc.insecure_channel(target, options=SINGLE_THREADED))
                 pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(32))
-                calls["grpc-st"] = grpc_sync_call(pb_grpc.GenerationStub(sync_channel), pool, args.max_new_tokens)
+                stub = pb_grpc.GenerationStub(sync_channel)  # type: ignore[no-untyped-call]  # generated, unannotated
+                calls["grpc-st"] = grpc_sync_call(stub, pool, args.max_new_tokens)
             for name in paths:  # warm the connection pools and the proxy before measuring
                 await run_batch(calls[name], 32, 8, Samples())
             for concurrency in (1, 32):

@@ -40,7 +40,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.broken_worker import HANG, BrokenWorker, chunk, sse_head
+from tests.fixtures.broken_worker import HANG, Answer, BrokenWorker, Step, chunk, sse_head
 from tests.fixtures.broken_worker import http as answer
 from tests.fixtures.loop_thread import LoopThread, metrics_by_cause
 from tests.fixtures.worker_faults import SMALL_CAPS, Case, http_answers, scrape_answers, sse_answers
@@ -112,11 +112,11 @@ def metrics(port: int) -> dict[tuple[str, str], float]:
     return metrics_by_cause(port, 10.0)
 
 
-def heavy_cases() -> list[tuple[str, str, list[Any], bool]]:
+def heavy_cases() -> list[tuple[str, str, Answer, bool]]:
     """(name, path, steps, stream): answers only the caps stop."""
-    declared = [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2000000000\r\n\r\n",
-                *[b" " * MB for _ in range(8)], HANG]
-    endless = [sse_head(), chunk(b'data: {"text": "'), *[chunk(b"a" * (64 * 1024)) for _ in range(9 * 16)], HANG]
+    declared: list[Step] = [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2000000000\r\n\r\n",
+                            *[b" " * MB for _ in range(8)], HANG]
+    endless: list[Step] = [sse_head(), chunk(b'data: {"text": "'), *[chunk(b"a" * (64 * 1024)) for _ in range(9 * 16)], HANG]
     pad = b" " * (9 * MB)
     return [("declared-2GB", "/generate", declared, False),
             ("endless-sse-line-9MiB", "/generate", endless, True),

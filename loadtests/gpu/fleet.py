@@ -567,7 +567,7 @@ def balanced_placement(arrivals: list[tuple[float, int]], workers: int) -> dict[
 def phase_order(names: list[str], rates: list[float], repeat: int = 1) -> list[tuple[float, int, str]]:
     """(rate, round, router) of every phase in run order: per rate, ``repeat`` rounds of every
     router, the order rotated by one per round (and so per rate), so none always runs first."""
-    out = []
+    out: list[tuple[float, int, str]] = []
     for k, rate in enumerate(rates):
         for rep in range(repeat):
             turn = (k * repeat + rep) % len(names)

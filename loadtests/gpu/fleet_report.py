@@ -136,7 +136,8 @@ def prompt_form(cell: dict[str, Any]) -> str:
     """A cell's prompt form as the reports name it: text, ids or chat, and "ids unique" where
     nothing is shared (``--workload unique``): load balancing alone, never pooled with the same
     prompts' shared-prefix cells."""
-    return cell["prompts"] + (" unique" if cell.get("shape", {}).get("workload") == "unique" else "")
+    prompts: str = cell["prompts"]
+    return prompts + (" unique" if cell.get("shape", {}).get("workload") == "unique" else "")
 
 
 class Point(NamedTuple):
@@ -349,7 +350,11 @@ def tail_report(paths: list[Path]) -> str:
     for key, rows in _routed_phases(paths).items():
         rows.sort(key=lambda r: r["at"])
         seen: set[Any] = set()
-        firsts = {id(r) for r in rows if not (r["group"] in seen or seen.add(r["group"]))}
+        firsts: set[int] = set()  # the rows that open their group, by id
+        for r in rows:
+            if r["group"] not in seen:
+                seen.add(r["group"])
+                firsts.add(id(r))
         span = max(r["at"] for r in rows) or 1.0
         slow = sorted(rows, key=lambda r: -_ttft(r))
         top = slow[:max(1, round(0.05 * len(rows)))]

@@ -35,7 +35,7 @@ def run_phase(sampler: NvmlSampler, name: str, seconds: float, work: Any | None)
         sampler.poll()
         polls += 1
     report = sampler.report()
-    row = {
+    row: dict[str, Any] = {
         "phase": name,
         "seconds": round(time.monotonic() - start, 2),
         "polls": polls,

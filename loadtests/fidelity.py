@@ -35,7 +35,7 @@ from loadtests.jsonl import exists, read_jsonl
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
-from proxy.sim.gpu_share import gpu_pool
+from proxy.sim.gpu_share import GpuSteps, gpu_pool
 from proxy.sim.scheduler import SimRequest
 from proxy.sim.tokenizer import Encoder
 
@@ -104,7 +104,7 @@ def replay(prompts: list[list[int]], times: list[float], placement: list[int], n
     engines = [Engine(dataclasses.replace(config), profile=profile) for _ in range(n_engines)]
     stamps: dict[int, list[float]] = defaultdict(list)
     reqs: list[SimRequest] = []
-    gpus = gpu_pool(profile, n_engines, shared_gpu)
+    gpus: GpuSteps[int] = gpu_pool(profile, n_engines, shared_gpu)  # by engine index
     in_flight: dict[int, Any] = {}
     first = [True] * n_engines
     open_batches: dict[int, list[Any]] = {}

@@ -57,7 +57,7 @@ from proxy.routing.token_estimate import TokenEstimate
 from proxy.sim import protocol, tokenizer
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
-from proxy.sim.gpu_share import gpu_pool
+from proxy.sim.gpu_share import GpuSteps, gpu_pool
 from proxy.sim.perf import step_parts
 from proxy.sim.scheduler import SimRequest, Step
 from proxy.workers.kv_events import decode_batch
@@ -258,7 +258,7 @@ def simulate(
     fleet = engines or [VirtualWorker(f"http://w{i}" if dp == 1 else f"http://w{i}/dp{r}", sim, minimal_reports,
                                       generation, shim_reports) for i in range(workers) for r in range(dp)]
     # the GPU(s) of this run: every step of the previous run (``engines``) has ended
-    gpu = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)
+    gpu: GpuSteps[str] = gpu_pool(fleet[0].engine.profile, len(fleet), shared=shared_gpu)  # by worker URL
     tokens = TokenEstimate(4.0) if encode is not None else None
     engine_of = {w.url: w for w in fleet}
     # the workers the policy sees (each with its ranks, in rank order), and an engine's worker
@@ -458,9 +458,9 @@ def simulate(
                     drain(u, at)
             continue
         if hold_ends and hold_ends[0][0] <= min(t_arrival, t_step):
-            at, _, key = heapq.heappop(hold_ends)
-            if key in held:
-                release(key, at, expired=True)
+            at, _, hold = heapq.heappop(hold_ends)  # a Decision.after; the peer events' keys are str
+            if hold in held:
+                release(hold, at, expired=True)
             continue
         if next_scrape <= min(t_arrival, t_step):
             scraped = {u: dp_snapshot(u, rs) for u, rs in ranks_of.items()}
@@ -476,5 +476,5 @@ def simulate(
             continue
         now = t_step
         for url in gpu.done(now):
-            step_done(engine_of[str(url)], now)
+            step_done(engine_of[url], now)
     return outcomes, fleet

@@ -18,7 +18,7 @@ from proxy.sim.gpu_share import GpuSteps
 
 
 class RealTimeGpu:
-    def __init__(self, pool: GpuSteps, clock: Clock) -> None:
+    def __init__(self, pool: GpuSteps[Hashable], clock: Clock) -> None:
         self.pool = pool
         self.clock = clock
         self._waiters: dict[Hashable, asyncio.Future[float]] = {}

@@ -23,23 +23,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from proxy.sim.perf import Profile, SharedGpu
 
 # Work left below this (seconds of GPU) counts as done: float residue of the shares.
 _EPS = 1e-12
 
+# What names a step in a pool (an engine's index or URL, or the step itself): ``done`` gives back
+# the keys ``submit`` took.
+K = TypeVar("K", bound=Hashable)
 
-class GpuSteps(Protocol):
+
+class GpuSteps(Protocol[K]):
     """The engines' steps on their GPU(s), for a virtual-time loop."""
 
-    def submit(self, key: Hashable, now: float, host: float, device: float) -> None: ...
+    def submit(self, key: K, now: float, host: float, device: float) -> None: ...
     def next_event(self) -> float: ...
-    def done(self, now: float) -> list[Hashable]: ...
+    def done(self, now: float) -> list[K]: ...
 
 
-class TimeSlicedGpu:
+class TimeSlicedGpu(Generic[K]):
     """Processor sharing: every step on the GPU advances at its weight over the sum of the
     weights of the steps on it (equal shares with ``exponent`` 0)."""
 
@@ -50,15 +54,15 @@ class TimeSlicedGpu:
         # a step's share weighs (its GPU seconds) ** exponent: 0 equal shares; above 0 a step of
         # big kernels (a prefill) keeps the GPU longer per turn than one of small ones (decodes)
         self.exponent = exponent
-        self._weight: dict[Hashable, float] = {}
+        self._weight: dict[K, float] = {}
         # overlap: a step's GPU work starts as it is issued and its host time runs beside it (the
         # engine launches kernels asynchronously); it ends at the later of the two
         self.overlap = overlap
         # key -> [GPU seconds left, when it joins the GPU, when it may end at the earliest]
-        self._steps: dict[Hashable, list[float]] = {}
+        self._steps: dict[K, list[float]] = {}
         self._now = -math.inf
 
-    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+    def submit(self, key: K, now: float, host: float, device: float) -> None:
         """A step of ``key`` (one engine: one step at a time) issued at ``now``."""
         self.advance(now)
         if key in self._steps:
@@ -98,7 +102,7 @@ class TimeSlicedGpu:
                 step[0] = max(0.0, step[0] - (now - self._now) * w / total)
         self._now = now
 
-    def done(self, now: float) -> list[Hashable]:
+    def done(self, now: float) -> list[K]:
         """The keys whose steps have ended by ``now`` (removed)."""
         self.advance(now)
         out = [k for k, (left, _, end) in self._steps.items() if left <= _EPS and end <= now]
@@ -108,7 +112,7 @@ class TimeSlicedGpu:
         return out
 
 
-class QuantumGpu:
+class QuantumGpu(Generic[K]):
     """Steps take the GPU in arrival order for at most ``quantum_s`` at a time, an unfinished one
     going to the back of the queue (round robin): whole steps first come first served as the
     quantum grows (``SharedGpu``), equal shares as it shrinks (``TimeSlicedGpu``). Host time as
@@ -118,12 +122,12 @@ class QuantumGpu:
         if not 0.0 <= exclusive <= 1.0 or not quantum_s > 0:
             raise ValueError("exclusive must be within [0, 1] and quantum_s > 0")
         self.exclusive, self.quantum_s = exclusive, quantum_s
-        self._steps: dict[Hashable, list[float]] = {}  # key -> [GPU seconds left, joins the GPU at]
-        self._queue: list[Hashable] = []  # on the GPU: the head runs
+        self._steps: dict[K, list[float]] = {}  # key -> [GPU seconds left, joins the GPU at]
+        self._queue: list[K] = []  # on the GPU: the head runs
         self._slice_left = quantum_s
         self._now = -math.inf
 
-    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+    def submit(self, key: K, now: float, host: float, device: float) -> None:
         self.advance(now)
         if key in self._steps:
             raise ValueError(f"{key!r} already has a step on the GPU")
@@ -165,7 +169,7 @@ class QuantumGpu:
         self._now = now
         self._join(now)
 
-    def done(self, now: float) -> list[Hashable]:
+    def done(self, now: float) -> list[K]:
         self.advance(now)
         out = [k for k, (left, at) in self._steps.items() if left <= _EPS and at <= now]
         for k in out:
@@ -173,17 +177,17 @@ class QuantumGpu:
         return out
 
 
-class WholeSteps:
+class WholeSteps(Generic[K]):
     """``SharedGpu`` (whole steps, first come first served) behind ``TimeSlicedGpu``'s interface:
     one GPU for every key, or one each (``shared`` False)."""
 
     def __init__(self, exclusive: float, shared: bool = True) -> None:
         self._one = SharedGpu(exclusive) if shared else None
         self._exclusive = exclusive
-        self._gpus: dict[Hashable, SharedGpu] = {}
-        self._ends: dict[Hashable, float] = {}
+        self._gpus: dict[K, SharedGpu] = {}
+        self._ends: dict[K, float] = {}
 
-    def submit(self, key: Hashable, now: float, host: float, device: float) -> None:
+    def submit(self, key: K, now: float, host: float, device: float) -> None:
         if key in self._ends:
             raise ValueError(f"{key!r} already has a step on the GPU")
         gpu = self._one or self._gpus.setdefault(key, SharedGpu(self._exclusive))
@@ -192,14 +196,14 @@ class WholeSteps:
     def next_event(self) -> float:
         return min(self._ends.values(), default=math.inf)
 
-    def done(self, now: float) -> list[Hashable]:
+    def done(self, now: float) -> list[K]:
         out = [k for k, end in self._ends.items() if end <= now]
         for k in out:
             del self._ends[k]
         return out
 
 
-def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> GpuSteps:
+def gpu_pool(profile: Profile, engines: int, shared: bool = True) -> GpuSteps[K]:
     """The GPU(s) ``engines`` engine processes run on, shared as ``profile.gpu_sharing`` says."""
     sharing = profile.gpu_sharing
     if sharing not in ("fcfs", "slices", "slices-overlap", "quanta"):

@@ -342,7 +342,7 @@ def sweep(points: list[tuple[dict[str, Any], str, float, dict[str, float]]], bas
     rows = []
     grid = grid or SWEEP_GRID
     for values in itertools.product(*grid.values()):
-        fields = dict(zip(grid, values, strict=True))
+        fields: dict[str, Any] = dict(zip(grid, values, strict=True))  # Profile fields of several types
         cand = dataclasses.replace(base, **fields)
         f, a = error(simulate(fleet, cand, encoder, cache)), error(simulate(alone, cand, encoder, cache))
         label = " ".join(f"{k}={v}" for k, v in fields.items())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +117,9 @@ def unique_prompts(
     return [RequestSpec(f"u{i}", out_len, text=words(rng, p_len), prompt_tokens=p_len) for i in range(count)]
 
 
-WORKLOADS = {
+# By name, for the benchmarks' --workload: each takes its own sizes and the shared ``seed`` and
+# ``scale`` as keywords.
+WORKLOADS: dict[str, Callable[..., list[RequestSpec]]] = {
     "shared_prefix": shared_prefix,
     "shared_prefix_large": shared_prefix_large,
     "multi_turn_chat": multi_turn_chat,

@@ -26,8 +26,9 @@ def window(requests: int, blocks: int, rng: random.Random) -> DiagnosisWindows:
     w = DiagnosisWindows(ManualClock(), max_requests=requests, max_age_s=0)
     for i in range(requests):
         family = rng.randrange(50)
-        t = RequestTiming(received=i * 0.01, admitted=i * 0.01, dispatched=i * 0.01 + 0.0002)
-        now = t.dispatched + 0.05
+        dispatched = i * 0.01 + 0.0002
+        t = RequestTiming(received=i * 0.01, admitted=i * 0.01, dispatched=dispatched)
+        now = dispatched + 0.05
         for _ in range(64):
             t.mark_token(now)
             now += 0.01

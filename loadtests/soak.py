@@ -33,7 +33,7 @@ import json
 import random
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,13 +163,13 @@ async def chaos(fleet: Fleet, rng: random.Random, deadline: float, every_s: floa
                 await asyncio.sleep(rng.uniform(1.0, 3.0))
                 await restart(i)
                 return
-            knobs: dict[str, Any] = {
+            knobs: dict[str, dict[str, Any]] = {
                 "error_rate": {"error_rate": 0.5},
                 "die_mid_stream": {"die_after_tokens": rng.randint(50, 400)},
                 "hang": {"hang_before_first_token": True},
                 "slow_start": {"slow_start": rng.uniform(2.0, 4.0) * time_scale},
-            }[kind]
-            await restart(i, **knobs)
+            }
+            await restart(i, **knobs[kind])
             await asyncio.sleep(rng.uniform(3.0, 6.0))
             await restart(i)
         finally:
@@ -191,7 +191,7 @@ async def chaos(fleet: Fleet, rng: random.Random, deadline: float, every_s: floa
 async def scrape(admin_url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as s, s.get(admin_url + "/metrics") as r:
         text = await r.text()
-    out: Counter[str] = Counter()
+    out: defaultdict[str, float] = defaultdict(float)  # the samples are floats
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "radixgate_errors_total":

@@ -24,6 +24,7 @@ import json
 import random
 import statistics
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -33,7 +34,7 @@ from proxy.app import App
 from proxy.config import load
 from proxy.loadgen.arrivals import poisson_times
 from proxy.loadgen.client import Sample, flush, send
-from proxy.loadgen.workloads import shared_prefix
+from proxy.loadgen.workloads import RequestSpec, shared_prefix
 from proxy.sim.config import SimConfig
 from proxy.sim.fleet import Fleet
 
@@ -47,7 +48,7 @@ TOKENIZER = Path(__file__).resolve().parent / "gpu" / "tokenizer"
 MODES = ("off", "on", "events")
 
 
-async def one_run(urls: list[str], mode: str, specs: list, times: list[float], scale: float,
+async def one_run(urls: list[str], mode: str, specs: list[RequestSpec], times: list[float], scale: float,
                   tokenizer: bool) -> list[Sample]:
     app = App(load(env={}, overrides={
         "workers.static": urls, "server.port": 0, "server.admin_port": 0, "routing.dp_ranks": mode != "off",
@@ -115,9 +116,10 @@ async def main() -> None:
     specs = shared_prefix(groups=16, prompts_per_group=8, system_tokens=2048, question_tokens=64, output_tokens=32,
                           seed=args.seed)
     times = poisson_times(args.rate, len(specs), random.Random(args.seed))
+    # with KV events: SimConfig's page_size, kv_events_config and tokenizer
+    extra: dict[str, Any] = {"page_size": 16, "kv_events_config": kv, "tokenizer": str(TOKENIZER)} if events else {}
     configs = [SimConfig(time_scale=args.time_scale, dp_size=args.dp, enable_cache_report=True,
-                         max_total_tokens=60_000,
-                         **({"page_size": 16, "kv_events_config": kv, "tokenizer": str(TOKENIZER)} if events else {}))
+                         max_total_tokens=60_000, **extra)
                for _ in range(args.workers)]
     pooled: dict[str, list[Sample]] = {m: [] for m in modes}
     async with Fleet.in_process(configs) as fleet:

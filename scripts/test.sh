@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/ruff check proxy loadtests tests
-.venv/bin/mypy proxy
+.venv/bin/mypy proxy loadtests
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -92,8 +92,8 @@ def summary(samples: list[Sample], scale: float) -> str:
     ok = [x for x in samples if x.ok and x.first is not None and x.done is not None]
     prompt = sum(x.prompt_tokens for x in ok)
     cached = sum(x.cached_tokens for x in ok)
-    ttft = [(x.first - x.sent) * scale for x in ok]  # type: ignore[operator]
-    e2e = [(x.done - x.sent) * scale for x in ok]  # type: ignore[operator]
+    ttft = [(x.first - x.sent) * scale for x in ok if x.first is not None]
+    e2e = [(x.done - x.sent) * scale for x in ok if x.done is not None]
     return (f"ok {len(ok):4d}/{len(samples):4d}   cached {100 * cached / max(1, prompt):5.1f}%   "
             f"TTFT p50 {statistics.median(ttft):6.3f} s  p95 {pct(ttft, 0.95):6.3f} s   e2e p50 {statistics.median(e2e):6.3f} s")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.sim.config import SimConfig
 from proxy.sim.engine import Engine
@@ -39,8 +40,8 @@ def prompt(n: int, salt: int) -> list[int]:
 class Replay:
     """One simulated worker on a virtual clock; state (cache, warm-up) persists across runs."""
 
-    def __init__(self, **config: object) -> None:
-        self.engine = Engine(SimConfig(**config))  # type: ignore[arg-type]
+    def __init__(self, **config: Any) -> None:
+        self.engine = Engine(SimConfig(**config))
         self.now = 0.0
         self.busy = 0.0
         self._ids = 0

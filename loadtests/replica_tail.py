@@ -26,7 +26,7 @@ from proxy.sim.config import SimConfig
 
 def tail_origin(outcomes: list[Outcome], first_s: float = 1.0) -> dict[str, float]:
     """The p95, where its requests arrived, and the early followers that split groups."""
-    done = sorted((o for o in outcomes if o.first is not None), key=lambda o: o.first - o.arrival)  # type: ignore[operator]
+    done = sorted((o.first - o.arrival, n, o) for n, o in enumerate(outcomes) if o.first is not None)
     top = done[int(0.95 * len(done)):]
     start = min(o.arrival for o in outcomes)
     groups: dict[str, list[Outcome]] = defaultdict(list)
@@ -41,8 +41,8 @@ def tail_origin(outcomes: list[Outcome], first_s: float = 1.0) -> dict[str, floa
                 early += 1
                 left += o.worker != head.worker
     return {
-        "p95": top[0].first - top[0].arrival if top else 0.0,  # type: ignore[operator]
-        "top_in_first_s": sum(o.arrival - start < first_s for o in top) / max(len(top), 1),
+        "p95": top[0][0] if top else 0.0,
+        "top_in_first_s": sum(o.arrival - start < first_s for _, _, o in top) / max(len(top), 1),
         "early_balance": early,
         "early_elsewhere": left,
         "whole": sum(len({o.worker for o in m}) == 1 for m in groups.values()) / max(len(groups), 1),

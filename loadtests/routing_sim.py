@@ -155,11 +155,11 @@ def dp_snapshot(url: str, ranks: Sequence[VirtualWorker]) -> WorkerSnapshot:
     def total(name: str) -> int | None:
         values = [getattr(x, name) for x in snaps]
         return None if any(v is None for v in values) else sum(values)
-    usage = [x.token_usage for x in snaps]
+    usage = [x.token_usage for x in snaps if x.token_usage is not None]
     return dataclasses.replace(
         first, url=url, running=total("running"), queued=total("queued"),
         waiting_uncached_tokens=total("waiting_uncached_tokens"),
-        token_usage=None if any(u is None for u in usage) else sum(usage) / len(usage),  # type: ignore[arg-type]
+        token_usage=sum(usage) / len(usage) if len(usage) == len(snaps) else None,
         max_running_requests=total("max_running_requests"), max_total_tokens=total("max_total_tokens"),
         dp_size=len(snaps))
 

@@ -23,7 +23,7 @@ import math
 import random
 import statistics
 import sys
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
     replicas, kv_events = spec_replicas(router), bool(spec_kv_events(router))
     # peers=on: decisions and loads 2 ms later; "decisions": without the loads (before 2026-12-01 night)
     peers, peer_load = spec_peers(router), spec_value(router, "peers") != "decisions"
-    policy: object = name
+    policy: str | Callable[[], Policy] = name
     if name in ("oracle", "balanced"):
         group_of = {}
         for spec, (_, g) in zip(specs, arrivals, strict=True):  # the first block as the proxies key it
@@ -162,7 +162,7 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
     config = SimConfig(profile=profile, profile_set=profile_set, max_total_tokens=48_000, page_size=32,
                        max_running_requests=64, kv_events_at="schedule" if what_if.get("kv_at_schedule") else "prefill")
-    return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,  # type: ignore[arg-type]
+    return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,
                     kv_events=kv_events,

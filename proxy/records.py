@@ -67,7 +67,7 @@ def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = Fa
     """
     raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
     add: dict[str, Any] = {}
-    if rid is not None and not _is_batch(req.payload):
+    if rid is not None and not _is_batch(req.dialect, req.payload):
         add[req.dialect.rid_field] = rid
     if ask_usage:
         opts = req.payload.get("stream_options")
@@ -108,8 +108,10 @@ def wants_usage_hidden(req: GenerateRequest) -> bool:
     return isinstance(opts, dict) and opts.get("include_usage") is not True
 
 
-def _is_batch(payload: dict[str, Any]) -> bool:
+def _is_batch(dialect: Dialect, payload: dict[str, Any]) -> bool:
     """A batch request (several prompts) takes a list of rids; we leave those alone."""
-    text, ids, prompt = payload.get("text"), payload.get("input_ids"), payload.get("prompt")
+    text, ids = payload.get("text"), payload.get("input_ids")
+    # the prompt field of /v1/completions, or of /v1/embeddings (Responses' ``input`` is a conversation)
+    prompt = payload.get("input") if dialect is Dialect.EMBEDDINGS else payload.get("prompt")
     return (isinstance(text, list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
             or (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)))

@@ -23,11 +23,17 @@ class Dialect(StrEnum):
     CHAT = "chat"  # POST /v1/chat/completions
     RESPONSES = "responses"  # POST /v1/responses (OpenAI Responses API)
     MESSAGES = "messages"  # POST /v1/messages (Anthropic Messages API, as SGLang serves it)
+    EMBEDDINGS = "embeddings"  # POST /v1/embeddings (OpenAI; a worker started with --is-embedding)
 
     @property
     def path(self) -> str:
         return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
-                "responses": "/v1/responses", "messages": "/v1/messages"}[self.value]
+                "responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}[self.value]
+
+    @property
+    def streams(self) -> bool:
+        """Whether a request may ask for a stream: an embedding is answered whole."""
+        return self is not Dialect.EMBEDDINGS
 
     @property
     def rid_field(self) -> str:

@@ -99,7 +99,8 @@ def _check_token_ids(field: str, value: Any) -> None:
 
 
 # What each prompt field may hold: a batch is a list of the single form (token ids: a list of lists).
-_PROMPT_SHAPES = {"text": ("text",), "input_ids": ("ids",), "prompt": ("text", "ids"), "input_embeds": ("any",)}
+_PROMPT_SHAPES = {"text": ("text",), "input_ids": ("ids",), "prompt": ("text", "ids"), "input_embeds": ("any",),
+                  "input": ("text", "ids", "parts")}
 
 
 def _check_prompt_shape(field: str, value: Any) -> None:
@@ -109,6 +110,10 @@ def _check_prompt_shape(field: str, value: Any) -> None:
         return
     if isinstance(value, str):
         ok = "text" in allowed
+    elif "parts" in allowed and all(isinstance(v, dict) for v in value):
+        # SGLang's multimodal embedding inputs: [{"text": ..., "image": ..., "video": ...}, ...]
+        ok = all(k in ("text", "image", "video") and (x is None or isinstance(x, str)) for v in value
+                 for k, x in v.items())
     elif all(type(i) is int for i in value):
         ok = "ids" in allowed
     elif all(isinstance(v, str) for v in value):
@@ -117,7 +122,8 @@ def _check_prompt_shape(field: str, value: Any) -> None:
         ok = "ids" in allowed and all(isinstance(v, list) and v and all(type(i) is int for i in v) for v in value)
     if not ok:
         want = " or ".join({"text": "text (a string, or a list of strings)",
-                            "ids": "token ids (a list of integers, or a list of such lists)"}[a] for a in allowed)
+                            "ids": "token ids (a list of integers, or a list of such lists)",
+                            "parts": "a list of {text, image, video} objects of strings"}[a] for a in allowed)
         raise BadRequest(f"{field}: must be {want}")
 
 
@@ -145,6 +151,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream: must be true or false")
+    stream = stream and dialect.streams  # an embedding is answered whole (SGLang's request has no stream)
     rid = payload.get(dialect.rid_field)
     if dialect is Dialect.RESPONSES:
         rid = None if rid is None else responses.check_id("request_id", rid)
@@ -158,7 +165,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if dialect is Dialect.SGLANG:
         for i, one in enumerate(params if isinstance(params, list) else [params] if params else []):
             check_sampling(one, f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params.")
-    else:
+    elif dialect is not Dialect.EMBEDDINGS:  # nothing is sampled
         check_sampling(payload, "")
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
         raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
@@ -184,7 +191,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         if payload.get("previous_response_id") is not None:
             responses.check_id("previous_response_id", payload["previous_response_id"])
     else:
-        names = ("text", "input_ids") if dialect is Dialect.SGLANG else ("prompt",)
+        names = {Dialect.SGLANG: ("text", "input_ids"), Dialect.EMBEDDINGS: ("input",)}.get(dialect, ("prompt",))
         given = [n for n in names if payload.get(n) is not None]
         if dialect is Dialect.SGLANG and payload.get("input_embeds") is not None:
             given.append("input_embeds")
@@ -201,6 +208,8 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         elif isinstance(head, list) and all(isinstance(i, int) for i in head):
             ids = head
             _check_token_ids(given[0], value)
+        elif given[0] == "input":  # multimodal embedding parts: routed on load alone, sized by the body
+            size = len(raw)
         elif given[0] != "input_embeds":
             raise BadRequest(f"{given[0]}: must be text or token ids")
     if size > cfg.limits.max_prompt_chars:
@@ -377,6 +386,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_post("/v1/chat/completions", route(Dialect.CHAT), expect_handler=expect(Dialect.CHAT))
     app.router.add_post("/v1/responses", route(Dialect.RESPONSES), expect_handler=expect(Dialect.RESPONSES))
     app.router.add_post("/v1/messages", route(Dialect.MESSAGES), expect_handler=expect(Dialect.MESSAGES))
+    app.router.add_post("/v1/embeddings", route(Dialect.EMBEDDINGS), expect_handler=expect(Dialect.EMBEDDINGS))
     stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)

@@ -93,9 +93,10 @@ class SimWorker:
         app.on_response_prepare.append(self._stamp_header)
         # The handler modules depend on this one (the worker they serve, its error bodies), so the
         # worker loads them when it starts rather than at import: imports run one way only.
-        from proxy.sim import admin, messages, responses, streaming
+        from proxy.sim import admin, embeddings, messages, responses, streaming
 
         streaming.add_routes(app, self)
+        embeddings.add_routes(app, self)
         responses.add_routes(app, self)
         messages.add_routes(app, self)
         admin.add_routes(app, self)
@@ -209,11 +210,13 @@ class SimWorker:
         if request.transport is not None:
             self._active.add(request.transport)
 
-    def untrack(self, request: web.Request, req: SimRequest | None) -> None:
+    def untrack(self, request: web.Request, *reqs: SimRequest | None) -> None:
+        """The handler is done: its requests still running are aborted (the client disconnected)."""
         if request.transport is not None:
             self._active.discard(request.transport)
-        if req is not None and not req.finished and self.abort(req.rid, "The client disconnected.", 499):
-            self._count_abort()
+        for req in reqs:
+            if req is not None and not req.finished and self.abort(req.rid, "The client disconnected.", 499):
+                self._count_abort()
 
     def abort(self, rid: str, message: str = "Aborted by request.", status: int | None = None) -> bool:
         """Abort ``rid`` on whichever rank holds it."""

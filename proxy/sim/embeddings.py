@@ -1,0 +1,149 @@
+"""``POST /v1/embeddings`` of the simulated worker, as SGLang 0.5.23 serves it (``--is-embedding``).
+
+SGLang's ``serving_embedding`` turns the body into one engine request per input (``input``: a
+string, a list of strings, token ids, a list of token-id lists, or multimodal
+``{text, image, video}`` parts) and answers once all are done: ``{"object": "list", "data":
+[{"object": "embedding", "embedding", "index"}], "model", "usage": {"prompt_tokens",
+"total_tokens"}}``, with no cached-token details. An embedding is a prefill and nothing after it,
+so each input runs here as a request of one output token: it queues, batches and hits the radix
+cache like any prompt, and its answer comes at the end of its prefill. The vector is a function of
+the prompt's tokens (the same text, the same vector), ``EMBEDDING_DIM`` long unless ``dimensions``
+asks for fewer; ``encoding_format: "base64"`` packs it as little-endian float32. A client that
+disconnects aborts every input still running; the rids are the body's (one string for one
+input, a list for a batch), else fresh ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import struct
+import uuid
+from array import array
+from typing import Any, TypeGuard
+
+import xxhash
+from aiohttp import web
+
+from proxy.sim.protocol import BadRequest, openai_error
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.server import SimWorker, read_json
+from proxy.sim.streaming import Watch, admit, observe, server_abort
+
+EMBEDDING_DIM = 64
+
+
+def add_routes(app: web.Application, worker: SimWorker) -> None:
+    async def create(request: web.Request) -> web.StreamResponse:
+        return await _serve(worker, request)
+
+    app.router.add_post("/v1/embeddings", create)
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response(openai_error(message, status), status=status)
+
+
+def _ids(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def prompts(body: Any, worker: SimWorker) -> tuple[list[list[int]], list[str]]:
+    """The body's inputs as token-id prompts, and their rids."""
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    value = body.get("input")
+    encode = worker.encoder.encode
+    if isinstance(value, str):
+        inputs = [encode(value)]
+    elif _ids(value):
+        inputs = [list(value)]
+    elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        inputs = [encode(v) for v in value]
+    elif isinstance(value, list) and value and all(_ids(v) for v in value):
+        inputs = [list(v) for v in value]
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        # multimodal parts: the text, and the media's reference standing in for its tokens
+        inputs = [encode(" ".join(str(v[k]) for k in ("text", "image", "video") if v.get(k))) for v in value]
+    else:
+        raise BadRequest("input must be a string, a list of strings, token ids, a list of token-id lists, "
+                         "or a list of {text, image, video} objects")
+    if any(not ids for ids in inputs):
+        raise BadRequest("input must not be empty")
+    rid = body.get("rid")
+    if isinstance(rid, str) and len(inputs) == 1:
+        rids = [rid]
+    elif isinstance(rid, list) and len(rid) == len(inputs) and all(isinstance(r, str) for r in rid):
+        rids = list(rid)
+    elif rid is None:
+        rids = [uuid.uuid4().hex for _ in inputs]
+    else:
+        raise BadRequest("rid must be a string for one input, or a list of strings, one per input")
+    return inputs, rids
+
+
+def vector(ids: list[int], dim: int) -> list[float]:
+    """A unit vector that is a function of the prompt's tokens alone."""
+    data = array("q", ids).tobytes()
+    raw = [xxhash.xxh64_intdigest(data, seed=i) / 2**63 - 1.0 for i in range(dim)]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [round(x / norm, 6) for x in raw]
+
+
+def _encoded(values: list[float], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+    return values
+
+
+async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
+    worker.track(request)
+    submitted: list[SimRequest] = []
+    try:
+        try:
+            body = await read_json(request)
+            inputs, rids = prompts(body, worker)
+            dim = body.get("dimensions")
+            if dim is None:
+                dim = EMBEDDING_DIM
+            elif type(dim) is not int or not 0 < dim <= EMBEDDING_DIM:
+                raise BadRequest(f"dimensions must be an integer in [1, {EMBEDDING_DIM}]")
+            encoding = body.get("encoding_format", "float")
+            if encoding not in ("float", "base64"):
+                raise BadRequest("encoding_format must be 'float' or 'base64'")
+        except BadRequest as e:
+            return _error(str(e), 400)
+        watches: list[Watch] = []
+        for ids, rid in zip(inputs, rids, strict=True):
+            req = SimRequest(rid=rid, input_ids=ids, max_new_tokens=1)
+            watch = await admit(worker, req)
+            if not isinstance(watch, Watch):
+                for r in submitted:  # a refused input fails the request: the others stop too
+                    worker.abort(r.rid, "Another input of the batch was refused.", 503)
+                return _error(*watch)
+            submitted.append(req)
+            watches.append(watch)
+
+        async def done(req: SimRequest, watch: Watch) -> None:
+            while not req.finished:
+                await watch.changed()
+
+        await asyncio.gather(*(done(r, w) for r, w in zip(submitted, watches, strict=True)))
+        for req in submitted:
+            observe(worker, req, streaming=False)
+        failed = next((r for r in submitted if server_abort(r)), None)
+        if failed is not None:
+            assert failed.finish_reason is not None
+            return _error(failed.finish_reason["message"], failed.finish_reason["status_code"])
+        tokens = sum(len(r.input_ids) for r in submitted)
+        return web.json_response({
+            "data": [{"embedding": _encoded(vector(r.input_ids, dim), encoding), "index": i, "object": "embedding"}
+                     for i, r in enumerate(submitted)],
+            "model": worker.config.served_model_name,
+            "object": "list",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None, "reasoning_tokens": 0},
+        })
+    finally:
+        worker.untrack(request, *submitted)

@@ -111,9 +111,9 @@ def _check_prompt_shape(field: str, value: Any) -> None:
     if isinstance(value, str):
         ok = "text" in allowed
     elif "parts" in allowed and all(isinstance(v, dict) for v in value):
-        # SGLang's multimodal embedding inputs: [{"text": ..., "image": ..., "video": ...}, ...]
-        ok = all(k in ("text", "image", "video") and (x is None or isinstance(x, str)) for v in value
-                 for k, x in v.items())
+        # SGLang's multimodal embedding inputs: [{"text": ..., "image": ..., "video": ...}, ...] (other
+        # keys pass: the worker's model ignores them)
+        ok = all(v.get(k) is None or isinstance(v.get(k), str) for v in value for k in ("text", "image", "video"))
     elif all(type(i) is int for i in value):
         ok = "ids" in allowed
     elif all(isinstance(v, str) for v in value):
@@ -123,7 +123,7 @@ def _check_prompt_shape(field: str, value: Any) -> None:
     if not ok:
         want = " or ".join({"text": "text (a string, or a list of strings)",
                             "ids": "token ids (a list of integers, or a list of such lists)",
-                            "parts": "a list of {text, image, video} objects of strings"}[a] for a in allowed)
+                            "parts": "a list of objects whose text, image and video are strings"}[a] for a in allowed)
         raise BadRequest(f"{field}: must be {want}")
 
 

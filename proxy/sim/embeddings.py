@@ -26,9 +26,9 @@ from typing import Any, TypeGuard
 import xxhash
 from aiohttp import web
 
-from proxy.sim.protocol import BadRequest, openai_error
+from proxy.sim.protocol import BadRequest
 from proxy.sim.scheduler import SimRequest
-from proxy.sim.server import SimWorker, read_json
+from proxy.sim.server import SimWorker, error_response, read_json
 from proxy.sim.streaming import Watch, admit, observe, server_abort
 
 EMBEDDING_DIM = 64
@@ -39,10 +39,6 @@ def add_routes(app: web.Application, worker: SimWorker) -> None:
         return await _serve(worker, request)
 
     app.router.add_post("/v1/embeddings", create)
-
-
-def _error(message: str, status: int) -> web.Response:
-    return web.json_response(openai_error(message, status), status=status)
 
 
 def _ids(value: Any) -> TypeGuard[list[int]]:
@@ -113,7 +109,7 @@ async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
             if encoding not in ("float", "base64"):
                 raise BadRequest("encoding_format must be 'float' or 'base64'")
         except BadRequest as e:
-            return _error(str(e), 400)
+            return error_response(str(e), 400, openai=True)
         watches: list[Watch] = []
         for ids, rid in zip(inputs, rids, strict=True):
             req = SimRequest(rid=rid, input_ids=ids, max_new_tokens=1)
@@ -121,7 +117,7 @@ async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
             if not isinstance(watch, Watch):
                 for r in submitted:  # a refused input fails the request: the others stop too
                     worker.abort(r.rid, "Another input of the batch was refused.", 503)
-                return _error(*watch)
+                return error_response(*watch, openai=True)
             submitted.append(req)
             watches.append(watch)
 
@@ -135,7 +131,7 @@ async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
         failed = next((r for r in submitted if server_abort(r)), None)
         if failed is not None:
             assert failed.finish_reason is not None
-            return _error(failed.finish_reason["message"], failed.finish_reason["status_code"])
+            return error_response(failed.finish_reason["message"], failed.finish_reason["status_code"], openai=True)
         tokens = sum(len(r.input_ids) for r in submitted)
         return web.json_response({
             "data": [{"embedding": _encoded(vector(r.input_ids, dim), encoding), "index": i, "object": "embedding"}

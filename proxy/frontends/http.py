@@ -98,6 +98,8 @@ def _check_token_ids(field: str, value: Any) -> None:
             raise BadRequest(f"{field}: token ids must be integers in [0, {MAX_TOKEN_ID}]")
 
 
+# Where each dialect's prompt is (the OpenAI completions' ``prompt`` unless named here).
+_PROMPT_FIELDS = {Dialect.SGLANG: ("text", "input_ids"), Dialect.EMBEDDINGS: ("input",)}
 # What each prompt field may hold: a batch is a list of the single form (token ids: a list of lists).
 _PROMPT_SHAPES = {"text": ("text",), "input_ids": ("ids",), "prompt": ("text", "ids"), "input_embeds": ("any",),
                   "input": ("text", "ids", "parts")}
@@ -191,7 +193,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         if payload.get("previous_response_id") is not None:
             responses.check_id("previous_response_id", payload["previous_response_id"])
     else:
-        names = {Dialect.SGLANG: ("text", "input_ids"), Dialect.EMBEDDINGS: ("input",)}.get(dialect, ("prompt",))
+        names = _PROMPT_FIELDS.get(dialect, ("prompt",))
         given = [n for n in names if payload.get(n) is not None]
         if dialect is Dialect.SGLANG and payload.get("input_embeds") is not None:
             given.append("input_embeds")

@@ -118,6 +118,16 @@ def lone_overhead(batches: Sequence[Sequence[Any]], profile: perf.Profile) -> fl
     return round(max(0.0, float(left)), 4)
 
 
+def phase_batches(engines: Sequence[dict[str, Any]]) -> list[list[list[Any]]]:
+    """Each engine's logged batches of one phase (its ``engines`` as ``fleet.py`` writes them) from
+    the phase's first arrival on. A fresh engine's first batches, the readiness probe's cold first
+    forward (2 s for 770 tokens on run 115, all four engines at once), come before it in a
+    warm-up's log: not the machine's speed, and they made that warm-up's first busy windows 4% full
+    (its fixed cost read 103 ms for the run's 73)."""
+    first = min((r["at"] for e in engines for r in e.get("requests") or []), default=-math.inf)
+    return [[b for b in e.get("batches") or [] if b[F["t"]] >= first] for e in engines]
+
+
 def lone_phase_batches(results: Path, log: str = "engines.jsonl") -> dict[int, list[list[Any]]]:
     """phase -> every logged batch of each phase run on one engine alone (``run_fleet.sh alone``);
     ``log``: "warmup.jsonl" for their warm-ups'. Empty where the run has no such log."""
@@ -127,7 +137,7 @@ def lone_phase_batches(results: Path, log: str = "engines.jsonl") -> dict[int, l
     for line in read_text(results / log).splitlines():
         doc = json.loads(line)
         if len(doc["engines"]) == 1:
-            out.setdefault(doc["phase"], []).extend(doc["engines"][0].get("batches") or [])
+            out.setdefault(doc["phase"], []).extend(phase_batches(doc["engines"])[0])
     return out
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fit_steps import lone_batches, lone_overhead, work_of
+from loadtests.fit_steps import lone_batches, lone_overhead, phase_batches, work_of
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet_report import on_profile_gpu
 from loadtests.jsonl import read_text
@@ -165,7 +165,7 @@ def run_windows(results: Path, width: float, router: str | None = None,
         asked = sum(r["prompt"] for e in engines for r in e["requests"])
         cached = sum(r.get("cached") or 0 for e in engines for r in e["requests"])
         form = "unique" if asked and cached < 0.05 * asked else "shared"
-        out.setdefault(form, []).extend(busy_windows([e.get("batches") or [] for e in engines], width))
+        out.setdefault(form, []).extend(busy_windows(phase_batches(engines), width))
     return out
 
 

@@ -51,8 +51,9 @@ GENERATION_PATHS: Mapping[str, Dialect] = {
     "/generate": Dialect.SGLANG, "/v1/completions": Dialect.COMPLETIONS, "/v1/chat/completions": Dialect.CHAT,
     "/v1/responses": Dialect.RESPONSES, "/v1/messages": Dialect.MESSAGES, "/v1/embeddings": Dialect.EMBEDDINGS}
 # Charged as requests too: a stored response's lookup may ask every worker
-# (frontends/responses_api.py); a token count runs the worker's tokenizer.
-CHARGED_PREFIXES = ("/v1/responses/", "/v1/messages/count_tokens")
+# (frontends/responses_api.py); a token count, like /tokenize, runs the worker's tokenizer.
+CHARGED_PREFIXES = ("/v1/responses/", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v1/tokenize",
+                    "/v1/detokenize")
 GRPC_GENERATION_SERVICE = "/radixgate.v1.Generation/"
 GRPC_OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 KEY_HINT = "send Authorization: Bearer <key> or x-api-key: <key>"

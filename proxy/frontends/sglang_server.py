@@ -12,6 +12,9 @@ Public port, behind the API key like every path but ``/health`` and ``/ready``:
   such as ``max_total_num_tokens`` would describe no engine that exists. ``/workers`` on the admin
   port has every worker's view.
 * ``POST /v1/messages/count_tokens`` — one healthy worker's count for the caller's body, as sent.
+* ``POST /tokenize``, ``/detokenize`` and their ``/v1/`` twins — one healthy worker's answer for
+  the caller's body, as sent: the worker's tokenizer is the model's, which the proxy's own
+  (``routing.tokenizer``, optional) need not be.
 * ``GET|POST /flush_cache`` — fanned out to every worker; the answer lists each worker's status and
   message (200 only when every worker flushed; SGLang refuses, 400, while requests run). Each
   worker that flushed starts a new generation: routing forgets what it held at once.
@@ -42,6 +45,8 @@ INFO_PATHS = ("/get_model_info", "/model_info", "/get_server_info", "/server_inf
 FLUSH_PATH = "/flush_cache"
 # Anthropic's token count: the worker's chat template decides, any healthy one answers alike.
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+# SGLang's tokenizer endpoints, under both names it registers them.
+TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize")
 # A /health_generate runs a generation: as long as the health probe may take, at least 20 s (SGLang's own).
 _HEALTH_GENERATE_MIN_S = 20.0
 
@@ -80,7 +85,7 @@ def _healthy(pipeline: Pipeline) -> list[str]:
 def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond: Callable[[RadixgateError], web.Response],
                  method: str = "GET") -> Handler:
     """``path`` answered by a healthy worker (the next one if the first cannot be reached); a
-    ``POST`` sends the caller's JSON body on (``/v1/messages/count_tokens``)."""
+    ``POST`` sends the caller's JSON body on (``/v1/messages/count_tokens``, the tokenizer paths)."""
     timeout_s = pipeline.config.scrape.timeout_s + pipeline.config.upstream.connect_timeout_s
     if path == "/health_generate":
         timeout_s = max(_HEALTH_GENERATE_MIN_S, pipeline.config.health.timeout_s)
@@ -142,7 +147,8 @@ def add_public_routes(app: web.Application, pipeline: Pipeline, upstream: Upstre
     """The info endpoints, and ``/flush_cache`` — served only when the port checks API keys."""
     for path in INFO_PATHS:
         app.router.add_get(path, info_handler(pipeline, upstream, path, respond))
-    app.router.add_post(COUNT_TOKENS_PATH, info_handler(pipeline, upstream, COUNT_TOKENS_PATH, respond, method="POST"))
+    for path in (COUNT_TOKENS_PATH, *TOKENIZER_PATHS):
+        app.router.add_post(path, info_handler(pipeline, upstream, path, respond, method="POST"))
     flush = flush_handler(pipeline, upstream)
 
     async def guarded_flush(request: web.Request) -> web.StreamResponse:

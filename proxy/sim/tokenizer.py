@@ -101,10 +101,18 @@ class Encoder:
             # The directory's chat template renders chat prompts, as SGLang's tokenizer manager does.
             self.chat = ChatTemplate.from_dir(path)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._bpe is None:
-            return encode(text)
-        return list(self._bpe.encode(text, add_special_tokens=True).ids)
+            return encode(text, add_bos=add_special_tokens)
+        return list(self._bpe.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Token ids back to text: the BPE's own decoding; the default tokenizer hashes prompt
+        pieces (not invertible), so it decodes the words it generates and renders any other id as
+        ``<id>`` (BOS dropped when ``skip_special_tokens``)."""
+        if self._bpe is not None:
+            return str(self._bpe.decode(ids, skip_special_tokens=skip_special_tokens))
+        return decode_output([i for i in ids if not (skip_special_tokens and i == BOS_ID)])
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int] | None:
         """A chat prompt through the tokenizer's chat template, special tokens left to it (None

@@ -44,6 +44,9 @@ class CompletedRequest:
     trace: TraceContext | None = None
     # The data-parallel rank of ``worker`` it was sent to, where radixgate named one (routing.dp_ranks).
     dp_rank: int | None = None
+    # Its token counts are several prompts' (a batch, or n samples of one): the work done, which
+    # the counters count, not the routed prompt's, which routing's own figures compare with.
+    summed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,7 @@ def body_with_rid(req: GenerateRequest, rid: str | None, *, ask_usage: bool = Fa
     """
     raw = req.body or json.dumps(req.payload, separators=(",", ":")).encode()
     add: dict[str, Any] = {}
-    if rid is not None and not _is_batch(req.dialect, req.payload):
+    if rid is not None and not is_batch(req):
         add[req.dialect.rid_field] = rid
     if ask_usage:
         opts = req.payload.get("stream_options")
@@ -108,8 +111,10 @@ def wants_usage_hidden(req: GenerateRequest) -> bool:
     return isinstance(opts, dict) and opts.get("include_usage") is not True
 
 
-def _is_batch(dialect: Dialect, payload: dict[str, Any]) -> bool:
-    """A batch request (several prompts) takes a list of rids; we leave those alone."""
+def is_batch(req: GenerateRequest) -> bool:
+    """A batch request (several prompts): it takes a list of rids, which we leave alone, and its
+    answer's token counts are the batch's, not its first prompt's, which routing keyed on."""
+    dialect, payload = req.dialect, req.payload
     text, ids = payload.get("text"), payload.get("input_ids")
     # the prompt field of /v1/completions, or of /v1/embeddings (Responses' ``input`` is a conversation)
     prompt = payload.get("input") if dialect is Dialect.EMBEDDINGS else payload.get("prompt")

@@ -45,6 +45,9 @@ class FinalMeta:
     error: Mapping[str, Any] | None = None
     # A Responses answer's id (what GET /v1/responses/{id} and previous_response_id name).
     response_id: str | None = None
+    # Result objects summed into the token counts (an SGLang list answer: a batch, or n samples of
+    # one prompt): more than one, and the counts are the work done, not the routed prompt's.
+    parts: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
     """Fill ``into`` from one response object (non-stream body or a stream chunk)."""
     m = into or FinalMeta()
     if isinstance(obj, list):  # SGLang batch: sum the requests
+        m.parts = max(m.parts, len(obj))
         for item in obj:
             part = meta_from(dialect, item)
             for name in ("prompt_tokens", "cached_tokens", "completion_tokens"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from proxy.admission import Lease
 from proxy.errors import RadixgateError
 from proxy.pipeline.parts import Parts
-from proxy.records import CompletedRequest
+from proxy.records import CompletedRequest, is_batch
 from proxy.request import GenerateRequest
 from proxy.routing.base import Completion, Decision, RouteRequest
 from proxy.sse import FinalMeta
@@ -62,12 +62,16 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
     t.prompt_tokens, t.cached_tokens, t.completion_tokens = m.prompt_tokens, m.cached_tokens, m.completion_tokens
     t.worker_queue_time, t.worker_first_token_latency = m.queue_time, m.first_token_latency
     t.worker_e2e_latency = m.e2e_latency
-    if result == "ok" and route is not None and route.prompt_bytes:
+    # Routing learns tokens from answers about the prompt it keyed on: a batch's (or n samples')
+    # counts are summed over several prompts, and would teach a bytes-per-token several times too
+    # few and an index cached tokens its routed prompt does not have. The counters keep the sums.
+    own = m.parts <= 1 and not is_batch(req)
+    if result == "ok" and route is not None and route.prompt_bytes and own:
         parts.token_estimate.observe(route.model, route.prompt_bytes, m.prompt_tokens)
     if worker is not None and route is not None:
         parts.policy.on_complete(Completion(
-            worker, route, result == "ok", m.prompt_tokens, m.cached_tokens, t.upstream_ttft,
-            m.completion_tokens, t.decode))
+            worker, route, result == "ok", m.prompt_tokens if own else None, m.cached_tokens if own else None,
+            t.upstream_ttft, m.completion_tokens, t.decode))
         if parts.holds:  # ended without a first token (failed, not streamed): stop holding for it
             parts.holds.release(id(route))
         for listener in parts.route_listeners:
@@ -81,4 +85,4 @@ def finish(parts: Parts, e: Ending, *, req: GenerateRequest, rid: str, timing: R
         policy=parts.policy.name, decision=decision, route=route,
         admission=admission.value if admission is not None else None,
         admission_wait=lease.wait_s if admission is not None and lease is not None else None,
-        timing=t, finish_reason=m.finish_reason, trace=req.trace, dp_rank=dp_rank))
+        timing=t, finish_reason=m.finish_reason, trace=req.trace, dp_rank=dp_rank, summed=not own))

@@ -406,7 +406,8 @@ class Metrics:
         predicted = min(prefix_tokens(decision.matched_blocks, route.block_tokens) if matched is None else matched,
                         route.prompt_tokens)
         self.child(self.routing_match_tokens, policy).observe(predicted)
-        if done.outcome != "ok" or t.cached_tokens is None or not t.prompt_tokens or not route.prompt_tokens:
+        if (done.outcome != "ok" or done.summed or t.cached_tokens is None or not t.prompt_tokens
+                or not route.prompt_tokens):
             return
         scale = t.prompt_tokens / route.prompt_tokens
         predicted_reported = round(predicted * scale)

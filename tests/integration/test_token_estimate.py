@@ -8,11 +8,14 @@ prompt's token estimate is half what the engine counts. The ``prompt_tokens`` th
 
 from __future__ import annotations
 
+import json
 import random
+from typing import Any
 
 import aiohttp
 
 from proxy.records import CompletedRequest
+from tests.fixtures.broken_worker import BrokenWorker, http
 from tests.integration.conftest import Harness, admin, base
 from tests.integration.reliability import scrape, total
 
@@ -63,3 +66,62 @@ async def test_token_id_prompts_teach_nothing(harness: Harness, client: aiohttp.
     m = await scrape(client, admin(app))
     assert total(m, "radixgate_prompt_bytes_per_token") == 0
     assert app.pipeline.token_estimate.snapshot() == {}
+
+
+
+def _meta(prompt: int, cached: int) -> dict[str, Any]:
+    return {"text": "ok", "meta_info": {"prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": 2,
+                                        "finish_reason": {"type": "length", "length": 2}}}
+
+
+async def test_batches_and_parallel_samples_teach_routing_nothing_and_are_counted_whole(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """A batch is keyed on its first prompt, but its answer counts every prompt's tokens: learned
+    from, the first prompt's bytes over four prompts' tokens read a quarter of the bytes a token
+    (2.5 here, where each prompt's own 60 tokens say 10, both inside the estimate's bounds), and
+    the index would hear the batch's cached tokens as the first prompt's. So a batch (SGLang's list of
+    texts, a completions prompt list, an embeddings input list) and n samples of one prompt (an
+    SGLang list answer) teach routing nothing; the token counters still count all of it."""
+    rng = random.Random(5)
+    texts = [one_letter_words(rng, 300) for _ in range(4)]
+    usage = {"prompt_tokens": 240, "completion_tokens": 8, "prompt_tokens_details": {"cached_tokens": 200}}
+    async with BrokenWorker.running() as worker:
+        app = await harness.proxy([worker.url], **{"routing.policy": "ttft"})
+        done: list[CompletedRequest] = []
+        app.pipeline.observers.append(done.append)
+        heard: list[tuple[int | None, int | None]] = []
+        complete = app.pipeline.policy.on_complete
+
+        def listen(c: Any) -> None:
+            heard.append((c.prompt_tokens, c.cached_tokens))
+            complete(c)
+        app.pipeline.policy.on_complete = listen  # type: ignore[method-assign]
+        answers = {
+            "/generate": json.dumps([_meta(60, 50)] * 4).encode(),
+            "/v1/completions": json.dumps({"choices": [{"text": "ok", "index": i, "finish_reason": "length"}
+                                                       for i in range(4)], "usage": usage}).encode(),
+            "/v1/embeddings": json.dumps({"object": "list", "data": [{"object": "embedding", "embedding": [0.5],
+                                                                      "index": i} for i in range(4)],
+                                          "usage": {"prompt_tokens": 240, "total_tokens": 240}}).encode()}
+        for path, body in (("/generate", {"text": texts, "sampling_params": {"max_new_tokens": 2}}),
+                           ("/v1/completions", {"prompt": texts, "max_tokens": 2}),
+                           ("/v1/embeddings", {"input": texts}),
+                           ("/generate", {"text": texts[0], "sampling_params": {"max_new_tokens": 2, "n": 4}})):
+            worker.on(path, http(200, answers[path]))
+            async with client.post(base(app) + path, json=body) as r:
+                assert r.status == 200, (path, await r.text())
+                await r.read()
+        assert app.pipeline.token_estimate.snapshot() == {}
+        assert heard == [(None, None)] * 4
+        assert [d.timing.prompt_tokens for d in done] == [240] * 4  # the counters: every prompt
+        assert [d.timing.cached_tokens for d in done] == [200, 200, None, 200]
+        assert all(d.summed for d in done)
+        m = await scrape(client, admin(app))  # the prediction's accuracy: only what describes its prompt
+        assert total(m, "radixgate_routing_reported_cached_tokens_total") == 0
+        worker.on("/generate", http(200, json.dumps(_meta(300, 200)).encode()))
+        async with client.post(base(app) + "/generate", json={"text": texts[1]}) as r:
+            assert r.status == 200
+        assert app.pipeline.token_estimate.snapshot()[""].reports == 1  # one prompt teaches
+        assert heard[-1] == (300, 200) and not done[-1].summed
+        m = await scrape(client, admin(app))
+        assert total(m, "radixgate_routing_reported_cached_tokens_total") == 200

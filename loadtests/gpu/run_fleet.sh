@@ -146,7 +146,19 @@ esac
 tail -3 "$ENGINE_LOGS"/engine_31001.log
 # The simulator replayed on this run's fixed-placement phases (oracle, one engine alone), while the
 # day's engine is the one it is compared with: seconds of CPU, the table beside the results.
-python3 -m loadtests.fidelity --results "$OUT" > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"
+# The profile of this card and engine shape (the 16-layer engine on an H100, the whole 7B on an
+# H200); and every round replayed where it went, as fitted and on the fixed cost the warm-up read
+# before any judged phase (held out: the check runs 114-116 passed 20 of 25 rounds where the
+# profile as fitted passed 9).
+case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
+  *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
+  *) PROFILE=h200-transformers-7b-dense ;;
+esac
+{ python3 -m loadtests.fidelity --profile "$PROFILE" --results "$OUT"
+  for how in "" "--calibrate --calibrate-by warmup"; do
+    echo; echo "fidelity_placed --profile $PROFILE $how"
+    python3 -m loadtests.fidelity_placed --profile "$PROFILE" --results "$OUT" $how
+  done; } > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"
 kill "$SAMPLER" 2>/dev/null
 # At most 8 files come back from the device: router configs and logs, engine logs in one archive.
 (cd "$OUT" && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . 2>/dev/null && rm -f router-*.log radixgate-*.yaml)

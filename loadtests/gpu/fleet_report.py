@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from loadtests.jsonl import read_text
+from loadtests.jsonl import read_jsonl, read_text
 
 
 def argv_value(argv: list[str], flag: str, default: str) -> str:
@@ -398,10 +398,7 @@ def diagnoses_report(path: Path) -> str:
     for that phase, its levers, and the reuse it saw (measured or estimated) beside what the
     shadow replay of the other policies would have captured."""
     out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_jsonl(path):  # the committed runs' are stored gzipped (loadtests/jsonl.py)
         d = row["diagnosis"]
         v, cache = d["verdict"], d["four_numbers"]["cache"]
 

@@ -15,9 +15,10 @@ zip format that pip's ``zipfile`` reads) 21.8 MB, which leaves the results the r
 adding room (on 2026-12-06 the tree's 26 MiB and the deflated wheels passed 64 MiB). The
 stripped wheel's RECORD names the new library's hash and size, so it installs as any wheel.
 
-By 2026-12-07 the tree had grown to 34.9 MiB, mostly results, and tree and wheels passed 64 MiB again, so
-``.wheels/lite/`` holds every wheel but smg's (hard links, 8.6 MiB): a call that runs no smg
-carries ``.wheels/lite`` and installs ``.wheels/lite/*.whl``; one that runs smg needs the room.
+By 2026-12-07 the tree had grown to 34.9 MiB, mostly results, and tree and wheels passed 64 MiB
+again: the results' warm-up and diagnosis logs are now committed gzipped too (30.5 MiB, 59.9 with
+every wheel), and ``.wheels/lite/`` holds every wheel but smg's (hard links, 8.6 MiB) for a call
+that runs no smg (carry ``.wheels/lite``, install ``.wheels/lite/*.whl``).
 """
 
 from __future__ import annotations

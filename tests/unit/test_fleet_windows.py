@@ -10,6 +10,7 @@ import pytest
 from loadtests import fit_steps, fleet_windows
 from loadtests.fidelity import RESULTS
 from loadtests.gpu.batch_log import FIELDS
+from loadtests.jsonl import read_jsonl
 from proxy.sim import perf
 
 H100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
@@ -181,19 +182,17 @@ def test_a_fresh_engines_probe_before_the_first_arrival_is_not_the_machines_spee
     tokens) at once, before its warm-up's first arrival: counted, its busy windows were 4% full and
     the warm-up read a fixed cost of 103 ms, the run's own batches 73. From the first arrival on,
     the warm-up reads within 5% of the run; a batch before it is dropped, one after it kept."""
-    import json
-
     run = RESULTS.parent / "gpu-fleet-events-peers-1"
     warm = fleet_windows.calibrate(run, H100, warmup=True)
     whole = fleet_windows.calibrate(run, H100)
     assert warm is not None and whole is not None and abs(warm / whole - 1) < 0.05, (warm, whole)
-    doc = json.loads((run / "warmup.jsonl").read_text().splitlines()[0])
+    doc = read_jsonl(run / "warmup.jsonl")[0]
     first = min(r["at"] for e in doc["engines"] for r in e["requests"])
     logged = doc["engines"][0]["batches"]
     kept = fit_steps.phase_batches(doc["engines"])[0]
     assert 0 < len(kept) < len(logged) and min(b[0] for b in kept) >= first > min(b[0] for b in logged)
-    raw = [w for line in (run / "warmup.jsonl").read_text().splitlines()
-           for w in fleet_windows.busy_windows([e["batches"] for e in json.loads(line)["engines"]], 1.0)]
+    raw = [w for d in read_jsonl(run / "warmup.jsonl")
+           for w in fleet_windows.busy_windows([e["batches"] for e in d["engines"]], 1.0)]
     assert min(fleet_windows.occupancy(H100, [w], 1.0) for w in raw) < 0.1  # the probe's windows
     assert fleet_windows.machine_overhead(H100, raw, 1.0) > 1.3 * whole
 

@@ -24,16 +24,18 @@ class Dialect(StrEnum):
     RESPONSES = "responses"  # POST /v1/responses (OpenAI Responses API)
     MESSAGES = "messages"  # POST /v1/messages (Anthropic Messages API, as SGLang serves it)
     EMBEDDINGS = "embeddings"  # POST /v1/embeddings (OpenAI; a worker started with --is-embedding)
+    RERANK = "rerank"  # POST /v1/rerank (SGLang's; a cross-encoder worker, --is-embedding)
 
     @property
     def path(self) -> str:
         return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
-                "responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}[self.value]
+                "responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings",
+                "rerank": "/v1/rerank"}[self.value]
 
     @property
     def streams(self) -> bool:
-        """Whether a request may ask for a stream: an embedding is answered whole."""
-        return self is not Dialect.EMBEDDINGS
+        """Whether a request may ask for a stream: an embedding or a ranking is answered whole."""
+        return self not in (Dialect.EMBEDDINGS, Dialect.RERANK)
 
     @property
     def rid_field(self) -> str:
@@ -44,9 +46,10 @@ class Dialect(StrEnum):
 
     @property
     def abortable(self) -> bool:
-        """Whether ``/abort_request {rid}`` reaches such a request: SGLang's Anthropic endpoint
-        drops the rid (its request model has none); closing the connection aborts it there."""
-        return self is not Dialect.MESSAGES
+        """Whether ``/abort_request {rid}`` reaches such a request: SGLang's Anthropic and rerank
+        endpoints take no rid (their request models have none); closing the connection aborts
+        them there."""
+        return self not in (Dialect.MESSAGES, Dialect.RERANK)
 
     def new_rid(self) -> str:
         return ("resp_" if self is Dialect.RESPONSES else "") + uuid.uuid4().hex

@@ -114,7 +114,7 @@ def meta_from(dialect: Dialect, obj: Any, into: FinalMeta | None = None) -> Fina
         return _responses_meta(obj, m)
     if dialect is Dialect.MESSAGES:
         return _messages_meta(obj, m)
-    if dialect is Dialect.SGLANG:
+    if dialect in (Dialect.SGLANG, Dialect.RERANK):  # a ranked document carries its pair's meta_info
         info = obj.get("meta_info")
         if isinstance(info, Mapping):
             m.finish_reason = _finish(info.get("finish_reason")) or m.finish_reason

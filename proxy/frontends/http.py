@@ -129,6 +129,32 @@ def _check_prompt_shape(field: str, value: Any) -> None:
         raise BadRequest(f"{field}: must be {want}")
 
 
+def _rerank_content(field: str, value: Any) -> None:
+    """A rerank query or document: a non-empty string, or a non-empty list of content-part objects
+    (SGLang's multimodal ``text`` / ``image_url`` / ``video_url`` parts)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise BadRequest(f"{field}: must not be empty")
+    elif not (isinstance(value, list) and value and all(isinstance(p, dict) for p in value)):
+        raise BadRequest(f"{field}: must be a non-empty string or a non-empty list of content parts")
+
+
+def _rerank_query(payload: dict[str, Any]) -> str | None:
+    """A rerank body checked; its text query, which routing keys on (every pair the worker
+    prefills starts with it: the prefix its documents share), or None for a multimodal one
+    (routed on load)."""
+    query, docs = payload.get("query"), payload.get("documents")
+    _rerank_content("query", query)
+    if not isinstance(docs, list) or not docs:
+        raise BadRequest("documents: required, a non-empty list")
+    for i, doc in enumerate(docs):
+        _rerank_content(f"documents[{i}]", doc)
+    top_n = payload.get("top_n")
+    if top_n is not None and (type(top_n) is not int or top_n < 1):
+        raise BadRequest("top_n: must be an integer of at least 1")
+    return query if isinstance(query, str) else None
+
+
 def _forwardable(name: str, value: str) -> str:
     """A header value passed on to a worker: visible ASCII, spaces and tabs (credentials are
     token68 / base64, RFC 9110 §11). aiohttp hands header bytes over decoded as UTF-8: anything
@@ -167,7 +193,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if dialect is Dialect.SGLANG:
         for i, one in enumerate(params if isinstance(params, list) else [params] if params else []):
             check_sampling(one, f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params.")
-    elif dialect is not Dialect.EMBEDDINGS:  # nothing is sampled
+    elif dialect not in (Dialect.EMBEDDINGS, Dialect.RERANK):  # nothing is sampled there
         check_sampling(payload, "")
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
         raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
@@ -192,6 +218,8 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
         messages, size = responses.conversation(payload), len(raw)
         if payload.get("previous_response_id") is not None:
             responses.check_id("previous_response_id", payload["previous_response_id"])
+    elif dialect is Dialect.RERANK:
+        text, size = _rerank_query(payload), len(raw)
     else:
         names = _PROMPT_FIELDS.get(dialect, ("prompt",))
         given = [n for n in names if payload.get(n) is not None]
@@ -389,6 +417,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_post("/v1/responses", route(Dialect.RESPONSES), expect_handler=expect(Dialect.RESPONSES))
     app.router.add_post("/v1/messages", route(Dialect.MESSAGES), expect_handler=expect(Dialect.MESSAGES))
     app.router.add_post("/v1/embeddings", route(Dialect.EMBEDDINGS), expect_handler=expect(Dialect.EMBEDDINGS))
+    app.router.add_post("/v1/rerank", route(Dialect.RERANK), expect_handler=expect(Dialect.RERANK))
     stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)

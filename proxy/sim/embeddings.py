@@ -93,6 +93,37 @@ def _encoded(values: list[float], encoding: str) -> list[float] | str:
     return values
 
 
+async def prefill_all(worker: SimWorker, inputs: list[list[int]], rids: list[str],
+                      submitted: list[SimRequest]) -> web.Response | None:
+    """Each input as an engine request of one output token (a prefill: it queues, batches and hits
+    the radix cache like any prompt), all at once, until each has finished; appended to
+    ``submitted`` as admitted (the caller untracks them). None when all finished; else the error
+    answer: one refused fails the whole body and aborts the rest, as one a server abort ended."""
+    watches: list[Watch] = []
+    for ids, rid in zip(inputs, rids, strict=True):
+        req = SimRequest(rid=rid, input_ids=ids, max_new_tokens=1)
+        watch = await admit(worker, req)
+        if not isinstance(watch, Watch):
+            for r in submitted:
+                worker.abort(r.rid, "Another input of the batch was refused.", 503)
+            return error_response(*watch, openai=True)
+        submitted.append(req)
+        watches.append(watch)
+
+    async def done(req: SimRequest, watch: Watch) -> None:
+        while not req.finished:
+            await watch.changed()
+
+    await asyncio.gather(*(done(r, w) for r, w in zip(submitted, watches, strict=True)))
+    for req in submitted:
+        observe(worker, req, streaming=False)
+    failed = next((r for r in submitted if server_abort(r)), None)
+    if failed is not None:
+        assert failed.finish_reason is not None
+        return error_response(failed.finish_reason["message"], failed.finish_reason["status_code"], openai=True)
+    return None
+
+
 async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
     worker.track(request)
     submitted: list[SimRequest] = []
@@ -110,28 +141,9 @@ async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
                 raise BadRequest("encoding_format must be 'float' or 'base64'")
         except BadRequest as e:
             return error_response(str(e), 400, openai=True)
-        watches: list[Watch] = []
-        for ids, rid in zip(inputs, rids, strict=True):
-            req = SimRequest(rid=rid, input_ids=ids, max_new_tokens=1)
-            watch = await admit(worker, req)
-            if not isinstance(watch, Watch):
-                for r in submitted:  # a refused input fails the request: the others stop too
-                    worker.abort(r.rid, "Another input of the batch was refused.", 503)
-                return error_response(*watch, openai=True)
-            submitted.append(req)
-            watches.append(watch)
-
-        async def done(req: SimRequest, watch: Watch) -> None:
-            while not req.finished:
-                await watch.changed()
-
-        await asyncio.gather(*(done(r, w) for r, w in zip(submitted, watches, strict=True)))
-        for req in submitted:
-            observe(worker, req, streaming=False)
-        failed = next((r for r in submitted if server_abort(r)), None)
-        if failed is not None:
-            assert failed.finish_reason is not None
-            return error_response(failed.finish_reason["message"], failed.finish_reason["status_code"], openai=True)
+        refused = await prefill_all(worker, inputs, rids, submitted)
+        if refused is not None:
+            return refused
         tokens = sum(len(r.input_ids) for r in submitted)
         return web.json_response({
             "data": [{"embedding": _encoded(vector(r.input_ids, dim), encoding), "index": i, "object": "embedding"}

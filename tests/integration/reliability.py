@@ -35,6 +35,17 @@ def total(samples: Samples, name: str, **labels: str) -> float:
                if n == name and all(dict(ls).get(k) == want for k, want in labels.items()))
 
 
+async def refused_naming(client: aiohttp.ClientSession, proxy_url: str, path: str, worker: str,
+                         body: Mapping[str, Any], field: str) -> None:
+    """``body`` sent to ``path`` through the proxy is a 400 whose message starts with ``field``,
+    and the (simulated, metrics on) worker never saw a request."""
+    async with client.post(proxy_url + path, json=body) as r:
+        assert r.status == 400
+        answer = await r.json()
+    assert answer["error"]["message"].startswith(field + ":"), answer
+    assert total(await scrape(client, worker), "sglang:num_requests_total") == 0
+
+
 def accounting(samples: Samples) -> tuple[float, float, float]:
     """(accepted, succeeded, failed) over every frontend."""
     return (total(samples, "radixgate_requests_accepted_total"),

@@ -115,8 +115,8 @@ def is_batch(req: GenerateRequest) -> bool:
     """A batch request (several prompts): it takes a list of rids, which we leave alone, and its
     answer's token counts are the batch's, not its first prompt's, which routing keyed on."""
     dialect, payload = req.dialect, req.payload
-    if dialect is Dialect.RERANK:
-        return True  # one engine request per document, each prompt the query and a document
+    if dialect in (Dialect.RERANK, Dialect.SCORE):
+        return True  # one engine request per document or item, each prompt the query and it
     text, ids = payload.get("text"), payload.get("input_ids")
     # the prompt field of /v1/completions, or of /v1/embeddings (Responses' ``input`` is a conversation)
     prompt = payload.get("input") if dialect is Dialect.EMBEDDINGS else payload.get("prompt")

@@ -25,17 +25,18 @@ class Dialect(StrEnum):
     MESSAGES = "messages"  # POST /v1/messages (Anthropic Messages API, as SGLang serves it)
     EMBEDDINGS = "embeddings"  # POST /v1/embeddings (OpenAI; a worker started with --is-embedding)
     RERANK = "rerank"  # POST /v1/rerank (SGLang's; a cross-encoder worker, --is-embedding)
+    SCORE = "score"  # POST /v1/score (SGLang's: label-token probabilities of query + item prompts)
 
     @property
     def path(self) -> str:
         return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
                 "responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings",
-                "rerank": "/v1/rerank"}[self.value]
+                "rerank": "/v1/rerank", "score": "/v1/score"}[self.value]
 
     @property
     def streams(self) -> bool:
-        """Whether a request may ask for a stream: an embedding or a ranking is answered whole."""
-        return self not in (Dialect.EMBEDDINGS, Dialect.RERANK)
+        """Whether a request may ask for a stream: an embedding, a ranking or a score is answered whole."""
+        return self not in (Dialect.EMBEDDINGS, Dialect.RERANK, Dialect.SCORE)
 
     @property
     def rid_field(self) -> str:
@@ -46,10 +47,10 @@ class Dialect(StrEnum):
 
     @property
     def abortable(self) -> bool:
-        """Whether ``/abort_request {rid}`` reaches such a request: SGLang's Anthropic and rerank
-        endpoints take no rid (their request models have none); closing the connection aborts
-        them there."""
-        return self not in (Dialect.MESSAGES, Dialect.RERANK)
+        """Whether ``/abort_request {rid}`` reaches such a request: SGLang's Anthropic, rerank and
+        score endpoints take no rid (their request models have none); closing the connection
+        aborts them there."""
+        return self not in (Dialect.MESSAGES, Dialect.RERANK, Dialect.SCORE)
 
     def new_rid(self) -> str:
         return ("resp_" if self is Dialect.RESPONSES else "") + uuid.uuid4().hex

@@ -155,6 +155,34 @@ def _rerank_query(payload: dict[str, Any]) -> str | None:
     return query if isinstance(query, str) else None
 
 
+def _score_query(payload: dict[str, Any]) -> str | list[int] | None:
+    """A score body checked; its query, which routing keys on (text or token ids: every item's
+    prompt starts with it), or None with ``item_first`` (the items lead: routed on load)."""
+    query, items, labels = payload.get("query"), payload.get("items"), payload.get("label_token_ids")
+    ids = isinstance(query, list)
+    if isinstance(query, str):
+        if not query:
+            raise BadRequest("query: must not be empty")
+        text_items = isinstance(items, str) or (isinstance(items, list) and bool(items)
+                                                and all(isinstance(i, str) for i in items))
+        if not text_items:
+            raise BadRequest("items: with a text query, a string or a non-empty list of strings")
+    elif ids and query and all(type(t) is int for t in query):
+        _check_token_ids("query", query)
+        if not (isinstance(items, list) and items and all(isinstance(i, list) and i for i in items)):
+            raise BadRequest("items: with a token-id query, a non-empty list of token-id lists")
+        _check_token_ids("items", items)
+    else:
+        raise BadRequest("query: must be a non-empty string or a non-empty list of token ids")
+    if not (isinstance(labels, list) and labels):
+        raise BadRequest("label_token_ids: required, a non-empty list of token ids")
+    _check_token_ids("label_token_ids", labels)
+    for flag in ("apply_softmax", "item_first"):
+        if not isinstance(payload.get(flag, False), bool):
+            raise BadRequest(f"{flag}: must be true or false")
+    return None if payload.get("item_first") else query
+
+
 def _forwardable(name: str, value: str) -> str:
     """A header value passed on to a worker: visible ASCII, spaces and tabs (credentials are
     token68 / base64, RFC 9110 §11). aiohttp hands header bytes over decoded as UTF-8: anything
@@ -193,7 +221,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if dialect is Dialect.SGLANG:
         for i, one in enumerate(params if isinstance(params, list) else [params] if params else []):
             check_sampling(one, f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params.")
-    elif dialect not in (Dialect.EMBEDDINGS, Dialect.RERANK):  # nothing is sampled there
+    elif dialect not in (Dialect.EMBEDDINGS, Dialect.RERANK, Dialect.SCORE):  # nothing is sampled there
         check_sampling(payload, "")
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
         raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
@@ -220,6 +248,9 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
             responses.check_id("previous_response_id", payload["previous_response_id"])
     elif dialect is Dialect.RERANK:
         text, size = _rerank_query(payload), len(raw)
+    elif dialect is Dialect.SCORE:
+        head = _score_query(payload)
+        text, ids, size = (head, None, len(raw)) if isinstance(head, str) or head is None else (None, head, len(raw))
     else:
         names = _PROMPT_FIELDS.get(dialect, ("prompt",))
         given = [n for n in names if payload.get(n) is not None]
@@ -418,6 +449,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_post("/v1/messages", route(Dialect.MESSAGES), expect_handler=expect(Dialect.MESSAGES))
     app.router.add_post("/v1/embeddings", route(Dialect.EMBEDDINGS), expect_handler=expect(Dialect.EMBEDDINGS))
     app.router.add_post("/v1/rerank", route(Dialect.RERANK), expect_handler=expect(Dialect.RERANK))
+    app.router.add_post("/v1/score", route(Dialect.SCORE), expect_handler=expect(Dialect.SCORE))
     stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)

@@ -15,7 +15,6 @@ input, a list for a batch), else fresh ones.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import math
 import struct
@@ -26,19 +25,17 @@ from typing import Any, TypeGuard
 import xxhash
 from aiohttp import web
 
+from proxy.sim import prefill_only
 from proxy.sim.protocol import BadRequest
 from proxy.sim.scheduler import SimRequest
-from proxy.sim.server import SimWorker, error_response, read_json
-from proxy.sim.streaming import Watch, admit, observe, server_abort
+from proxy.sim.server import SimWorker
 
 EMBEDDING_DIM = 64
 
 
 def add_routes(app: web.Application, worker: SimWorker) -> None:
-    async def create(request: web.Request) -> web.StreamResponse:
-        return await _serve(worker, request)
-
-    app.router.add_post("/v1/embeddings", create)
+    prefill_only.route(app, worker, "/v1/embeddings", lambda body: _plan(worker, body),
+                       lambda done, kept: _answer(worker, done, kept))
 
 
 def _ids(value: Any) -> TypeGuard[list[int]]:
@@ -93,65 +90,27 @@ def _encoded(values: list[float], encoding: str) -> list[float] | str:
     return values
 
 
-async def prefill_all(worker: SimWorker, inputs: list[list[int]], rids: list[str],
-                      submitted: list[SimRequest]) -> web.Response | None:
-    """Each input as an engine request of one output token (a prefill: it queues, batches and hits
-    the radix cache like any prompt), all at once, until each has finished; appended to
-    ``submitted`` as admitted (the caller untracks them). None when all finished; else the error
-    answer: one refused fails the whole body and aborts the rest, as one a server abort ended."""
-    watches: list[Watch] = []
-    for ids, rid in zip(inputs, rids, strict=True):
-        req = SimRequest(rid=rid, input_ids=ids, max_new_tokens=1)
-        watch = await admit(worker, req)
-        if not isinstance(watch, Watch):
-            for r in submitted:
-                worker.abort(r.rid, "Another input of the batch was refused.", 503)
-            return error_response(*watch, openai=True)
-        submitted.append(req)
-        watches.append(watch)
-
-    async def done(req: SimRequest, watch: Watch) -> None:
-        while not req.finished:
-            await watch.changed()
-
-    await asyncio.gather(*(done(r, w) for r, w in zip(submitted, watches, strict=True)))
-    for req in submitted:
-        observe(worker, req, streaming=False)
-    failed = next((r for r in submitted if server_abort(r)), None)
-    if failed is not None:
-        assert failed.finish_reason is not None
-        return error_response(failed.finish_reason["message"], failed.finish_reason["status_code"], openai=True)
-    return None
+def _plan(worker: SimWorker, body: Any) -> tuple[list[list[int]], list[str], tuple[int, str]]:
+    inputs, rids = prompts(body, worker)
+    dim = body.get("dimensions")
+    if dim is None:
+        dim = EMBEDDING_DIM
+    elif type(dim) is not int or not 0 < dim <= EMBEDDING_DIM:
+        raise BadRequest(f"dimensions must be an integer in [1, {EMBEDDING_DIM}]")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise BadRequest("encoding_format must be 'float' or 'base64'")
+    return inputs, rids, (dim, encoding)
 
 
-async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
-    worker.track(request)
-    submitted: list[SimRequest] = []
-    try:
-        try:
-            body = await read_json(request)
-            inputs, rids = prompts(body, worker)
-            dim = body.get("dimensions")
-            if dim is None:
-                dim = EMBEDDING_DIM
-            elif type(dim) is not int or not 0 < dim <= EMBEDDING_DIM:
-                raise BadRequest(f"dimensions must be an integer in [1, {EMBEDDING_DIM}]")
-            encoding = body.get("encoding_format", "float")
-            if encoding not in ("float", "base64"):
-                raise BadRequest("encoding_format must be 'float' or 'base64'")
-        except BadRequest as e:
-            return error_response(str(e), 400, openai=True)
-        refused = await prefill_all(worker, inputs, rids, submitted)
-        if refused is not None:
-            return refused
-        tokens = sum(len(r.input_ids) for r in submitted)
-        return web.json_response({
-            "data": [{"embedding": _encoded(vector(r.input_ids, dim), encoding), "index": i, "object": "embedding"}
-                     for i, r in enumerate(submitted)],
-            "model": worker.config.served_model_name,
-            "object": "list",
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                      "prompt_tokens_details": None, "reasoning_tokens": 0},
-        })
-    finally:
-        worker.untrack(request, *submitted)
+def _answer(worker: SimWorker, done: list[SimRequest], kept: tuple[int, str]) -> dict[str, Any]:
+    dim, encoding = kept
+    tokens = sum(len(r.input_ids) for r in done)
+    return {
+        "data": [{"embedding": _encoded(vector(r.input_ids, dim), encoding), "index": i, "object": "embedding"}
+                 for i, r in enumerate(done)],
+        "model": worker.config.served_model_name,
+        "object": "list",
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                  "prompt_tokens_details": None, "reasoning_tokens": 0},
+    }

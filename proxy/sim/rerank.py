@@ -14,24 +14,20 @@ cross-encoder path keeps the text alone). A client that disconnects aborts every
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import xxhash
 from aiohttp import web
 
-from proxy.sim import protocol
-from proxy.sim.embeddings import prefill_all
+from proxy.sim import prefill_only, protocol
 from proxy.sim.protocol import BadRequest
 from proxy.sim.scheduler import SimRequest
-from proxy.sim.server import SimWorker, error_response, read_json
+from proxy.sim.server import SimWorker
 
 
 def add_routes(app: web.Application, worker: SimWorker) -> None:
-    async def create(request: web.Request) -> web.StreamResponse:
-        return await _serve(worker, request)
-
-    app.router.add_post("/v1/rerank", create)
+    prefill_only.route(app, worker, "/v1/rerank", lambda body: _plan(worker, body),
+                       lambda done, kept: _answer(worker, done, kept))
 
 
 def _text(value: Any, field: str) -> str:
@@ -66,29 +62,21 @@ def score(ids: list[int]) -> float:
     return round(xxhash.xxh64_intdigest(repr(ids).encode()) / 2**64, 6)
 
 
-async def _serve(worker: SimWorker, request: web.Request) -> web.StreamResponse:
-    worker.track(request)
-    submitted: list[SimRequest] = []
-    try:
-        try:
-            query, docs, top_n, back = parse(await read_json(request))
-        except BadRequest as e:
-            return error_response(str(e), 400, openai=True)
-        head = worker.encoder.encode(query)
-        pairs = [head + worker.encoder.encode(doc, False) for doc in docs]
-        refused = await prefill_all(worker, pairs, [uuid.uuid4().hex for _ in pairs], submitted)
-        if refused is not None:
-            return refused
-        cfg = worker.config
-        ranked = []
-        for i, req in enumerate(submitted):
-            item: dict[str, Any] = {"score": score(req.input_ids), "index": i, "meta_info": protocol.meta_info(
-                req, final=True, metrics=cfg.enable_metrics, wall_offset=worker.wall_offset,
-                cached=not cfg.minimal_reports)}
-            if back:
-                item["document"] = docs[i]
-            ranked.append(item)
-        ranked.sort(key=lambda x: x["score"], reverse=True)
-        return web.json_response(ranked[:top_n] if top_n else ranked)
-    finally:
-        worker.untrack(request, *submitted)
+def _plan(worker: SimWorker, body: Any) -> tuple[list[list[int]], None, tuple[list[str], int | None, bool]]:
+    query, docs, top_n, back = parse(body)
+    head = worker.encoder.encode(query)
+    return [head + worker.encoder.encode(doc, False) for doc in docs], None, (docs, top_n, back)
+
+
+def _answer(worker: SimWorker, done: list[SimRequest], kept: tuple[list[str], int | None, bool]) -> list[dict[str, Any]]:
+    docs, top_n, back = kept
+    cfg = worker.config
+    ranked = []
+    for i, req in enumerate(done):
+        item: dict[str, Any] = {"score": score(req.input_ids), "index": i, "meta_info": protocol.meta_info(
+            req, final=True, metrics=cfg.enable_metrics, wall_offset=worker.wall_offset, cached=not cfg.minimal_reports)}
+        if back:
+            item["document"] = docs[i]
+        ranked.append(item)
+    ranked.sort(key=lambda x: x["score"], reverse=True)
+    return ranked[:top_n] if top_n else ranked

@@ -85,10 +85,19 @@ def _healthy(pipeline: Pipeline) -> list[str]:
 def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond: Callable[[RadixgateError], web.Response],
                  method: str = "GET") -> Handler:
     """``path`` answered by a healthy worker (the next one if the first cannot be reached); a
-    ``POST`` sends the caller's JSON body on (``/v1/messages/count_tokens``, the tokenizer paths)."""
-    timeout_s = pipeline.config.scrape.timeout_s + pipeline.config.upstream.connect_timeout_s
+    ``POST`` sends the caller's JSON body on (``/v1/messages/count_tokens``, the tokenizer paths).
+    A ``GET`` is a small answer of the worker's own, bounded as a scrape is; a ``POST``'s answer
+    grows with the caller's body (a tokenized prompt list) and waits on the worker's tokenizer,
+    busy or not: it is bounded as a non-stream answer is (``upstream.max_response_bytes``, and
+    ``upstream.first_byte_timeout_s`` to answer)."""
+    cfg = pipeline.config
+    timeout_s = cfg.scrape.timeout_s + cfg.upstream.connect_timeout_s
+    max_bytes: int | None = None  # forward's default: upstream.max_scrape_bytes
     if path == "/health_generate":
-        timeout_s = max(_HEALTH_GENERATE_MIN_S, pipeline.config.health.timeout_s)
+        timeout_s = max(_HEALTH_GENERATE_MIN_S, cfg.health.timeout_s)
+    elif method == "POST":
+        timeout_s = cfg.upstream.connect_timeout_s + cfg.upstream.first_byte_timeout_s
+        max_bytes = cfg.upstream.max_response_bytes
 
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
@@ -97,7 +106,7 @@ def info_handler(pipeline: Pipeline, upstream: UpstreamPool, path: str, respond:
             for url in _healthy(pipeline):
                 try:
                     status, body, ctype = await forward(pipeline, upstream, url, method, path, request, timeout_s,
-                                                        body=sent)
+                                                        max_bytes, body=sent)
                 except RadixgateError as e:
                     last = e
                     continue

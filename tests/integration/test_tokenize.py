@@ -5,6 +5,7 @@ sent it, for the caller's body as sent; the worker's own 400 comes back; no heal
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from loadtests.gpu.fleet import TOKENIZER
 from proxy.sim.config import SimConfig
+from tests.fixtures.broken_worker import BrokenWorker, http
 from tests.integration.conftest import FAST, Harness, base
 
 TEXT = "Radix caches keep the prefixes a fleet shares."
@@ -86,3 +88,26 @@ async def test_the_default_tokenizer_detokenizes_what_its_worker_generated(harne
     assert status == 200 and got["text"] == made["text"].strip() and len(got["text"].split()) == 5
     _, odd, _ = await _post(client, base(app) + "/detokenize", {"tokens": [made["output_ids"][0], 3]})
     assert odd["text"].endswith(" <3>")
+
+
+async def test_a_slow_or_large_tokenizer_answer_is_bounded_as_an_answer_not_as_a_scrape(
+        harness: Harness, client: aiohttp.ClientSession) -> None:
+    """A worker's tokenizer answer grows with the caller's body and waits behind its busy
+    tokenizer: past the scrape's time and size (here 0.7 s with the connection's, and 1 KiB) it is
+    still served, within the answer's bounds (here 1.5 s: ``upstream.first_byte_timeout_s`` with the
+    connection's, and ``max_response_bytes``); past those, a 504 and a 502."""
+    ids = json.dumps({"tokens": list(range(600)), "count": 600, "max_model_len": 4096}).encode()  # ~2.9 KB
+    async with BrokenWorker.running() as worker:
+        app = await harness.proxy([worker.url], **{"scrape.timeout_s": 0.2, "upstream.max_scrape_bytes": 1024,
+                                                   "upstream.connect_timeout_s": 0.5,
+                                                   "upstream.first_byte_timeout_s": 1.0})
+        worker.on("/tokenize", [1.0, *http(200, ids)])
+        async with client.post(base(app) + "/tokenize", json={"prompt": TEXT}) as r:
+            assert r.status == 200 and (await r.json())["count"] == 600
+        worker.on("/tokenize", [2.0, *http(200, ids)])
+        async with client.post(base(app) + "/tokenize", json={"prompt": TEXT}) as r:
+            assert r.status == 504
+        lean = await harness.proxy([worker.url], **{"upstream.max_response_bytes": 2048})
+        worker.on("/tokenize", http(200, ids))
+        async with client.post(base(lean) + "/tokenize", json={"prompt": TEXT}) as r:
+            assert r.status == 502

@@ -159,7 +159,6 @@ def _score_query(payload: dict[str, Any]) -> str | list[int] | None:
     """A score body checked; its query, which routing keys on (text or token ids: every item's
     prompt starts with it), or None with ``item_first`` (the items lead: routed on load)."""
     query, items, labels = payload.get("query"), payload.get("items"), payload.get("label_token_ids")
-    ids = isinstance(query, list)
     if isinstance(query, str):
         if not query:
             raise BadRequest("query: must not be empty")
@@ -167,7 +166,7 @@ def _score_query(payload: dict[str, Any]) -> str | list[int] | None:
                                                 and all(isinstance(i, str) for i in items))
         if not text_items:
             raise BadRequest("items: with a text query, a string or a non-empty list of strings")
-    elif ids and query and all(type(t) is int for t in query):
+    elif isinstance(query, list) and query and all(type(t) is int for t in query):
         _check_token_ids("query", query)
         if not (isinstance(items, list) and items and all(isinstance(i, list) and i for i in items)):
             raise BadRequest("items: with a token-id query, a non-empty list of token-id lists")
@@ -207,7 +206,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream: must be true or false")
-    stream = stream and dialect.streams  # an embedding is answered whole (SGLang's request has no stream)
+    stream = stream and dialect.streams  # embeddings, rankings, scores: answered whole (SGLang's requests have no stream)
     rid = payload.get(dialect.rid_field)
     if dialect is Dialect.RESPONSES:
         rid = None if rid is None else responses.check_id("request_id", rid)
@@ -249,8 +248,11 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     elif dialect is Dialect.RERANK:
         text, size = _rerank_query(payload), len(raw)
     elif dialect is Dialect.SCORE:
-        head = _score_query(payload)
-        text, ids, size = (head, None, len(raw)) if isinstance(head, str) or head is None else (None, head, len(raw))
+        query, size = _score_query(payload), len(raw)
+        if isinstance(query, list):
+            ids = query
+        else:
+            text = query
     else:
         names = _PROMPT_FIELDS.get(dialect, ("prompt",))
         given = [n for n in names if payload.get(n) is not None]

@@ -24,7 +24,7 @@ Plan = Callable[[Any], tuple[list[list[int]], list[str] | None, Any]]
 Answer = Callable[[list[SimRequest], Any], Any]
 
 
-async def prefill_all(worker: SimWorker, inputs: list[list[int]], rids: list[str],
+async def _prefill_all(worker: SimWorker, inputs: list[list[int]], rids: list[str],
                       submitted: list[SimRequest]) -> web.Response | None:
     """Each input as an engine request, all at once, until each has finished; appended to
     ``submitted`` as admitted (the caller untracks them). None when all finished; else the error
@@ -66,7 +66,7 @@ def route(app: web.Application, worker: SimWorker, path: str, plan: Plan, answer
             except BadRequest as e:
                 return error_response(str(e), 400, openai=True)
             fresh = rids if rids is not None else [uuid.uuid4().hex for _ in prompts]
-            refused = await prefill_all(worker, prompts, fresh, submitted)
+            refused = await _prefill_all(worker, prompts, fresh, submitted)
             if refused is not None:
                 return refused
             return web.json_response(answer(submitted, kept))

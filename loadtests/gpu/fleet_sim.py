@@ -58,8 +58,10 @@ from proxy.sim.tokenizer import Encoder
 # (``routing_sim.simulate``); ``ttft/worker_tokens=60000/steal_after_s=3``. ``scrape_s``: how often
 # the router reads the engines' load reports (0.5 s, radixgate's ``scrape.interval_s``; smg polls
 # ``/v1/loads`` every 10 s). ``kv_at_schedule=1``: the engines publish a prompt's KV blocks when they
-# schedule it, as vLLM v1 does, not after its prefill as SGLang and the GPU shim do.
-SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s", "scrape_s", "kv_at_schedule")
+# schedule it, as vLLM v1 does, not after its prefill as SGLang and the GPU shim do. ``kv_tokens``:
+# each engine's KV pool in tokens (48,000, ``run_fleet.sh``'s ``KV``), to size it below the groups'
+# prefixes and make the engines evict.
+SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s", "scrape_s", "kv_at_schedule", "kv_tokens")
 
 # ``--spread``: how far each arrival may move (s), standing for the timing noise of a real fleet
 # (send times, and steps that vary about their fit: sd of log 0.22 a step). Chosen on runs 33-65's
@@ -160,7 +162,8 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
-    config = SimConfig(profile=profile, profile_set=profile_set, max_total_tokens=48_000, page_size=32,
+    config = SimConfig(profile=profile, profile_set=profile_set, max_total_tokens=int(what_if.get("kv_tokens", 48_000)),
+                       page_size=32,
                        max_running_requests=64, kv_events_at="schedule" if what_if.get("kv_at_schedule") else "prefill")
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,

@@ -745,3 +745,37 @@ def test_a_holder_whose_waiting_requests_each_cost_a_step_loses_the_follower(wai
         assert 1 <= decisions.index(left[0]) <= 7
     else:
         assert not left
+
+
+def _evicted_home_fleet(policy: TtftCost) -> tuple[RouteRequest, str, list[WorkerSnapshot]]:
+    """A prefix our index placed (and saw prefilled) on one worker, which every worker's events
+    now report evicted; the home a little busier than the others."""
+    first = ids_prompt(1, 64)
+    home = policy.select(first, fleet()).worker
+    finish(policy, first, home, ttft=0.1, cached=0)
+    busy = {home.removeprefix("http://"): {"running": 2}}
+    snaps = [dataclasses.replace(w, kv=_Events(0, evicted=True)) for w in fleet(**busy)]
+    return ids_prompt(1, 64), home, snaps
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_prefix_evicted_everywhere_goes_back_to_its_home_at_its_recompute_cost(on: bool) -> None:
+    """Placed anew by load it would split its group over the fleet (on tight pools: more groups
+    per worker, more evictions); at home the group stays whole, its cost still the recompute."""
+    policy = TtftCost(TtftParams(evicted_home=on))
+    again, home, snaps = _evicted_home_fleet(policy)
+    d = policy.select(again, snaps)
+    assert (d.worker == home) is on
+    # what the engine holds, either way: nothing, and the prompt's prefill is costed whole
+    assert d.matched_tokens == 0 and d.matched_blocks == 0
+
+
+def test_a_prefix_held_elsewhere_by_the_events_is_not_sent_home() -> None:
+    """A home is only for a prompt no worker's events hold: a worker that holds it wins."""
+    policy = TtftCost(TtftParams())
+    again, home, snaps = _evicted_home_fleet(policy)
+    other = next(u for u in URLS if u != home)
+    snaps = [dataclasses.replace(w, kv=_Events(again.prompt_tokens, evicted=False)) if w.url == other else w
+             for w in snaps]
+    d = policy.select(again, snaps)
+    assert d.worker == other and d.matched_tokens == again.prompt_tokens

@@ -35,6 +35,9 @@ from proxy.sim.tokenizer import Encoder
 # admission, holds and routing come between).
 MATCH_WINDOW_S = 30.0
 
+# Each GPU engine's KV pool in tokens unless its log says (run_fleet.sh's KV default).
+POOL_TOKENS = 48_000
+
 
 @dataclasses.dataclass
 class Placed:
@@ -57,6 +60,8 @@ class Placed:
     batches: list[list[list[Any]]] = dataclasses.field(default_factory=list)
     # per request, the client's median gap between tokens (s; None where it saw fewer than two)
     itl: list[float | None] = dataclasses.field(default_factory=list)
+    # each engine's KV pool in tokens, as its log gives it (run_fleet.sh KV=; 48,000 unless set)
+    pool_tokens: int = POOL_TOKENS
 
     @property
     def ttft(self) -> list[float]:
@@ -134,8 +139,16 @@ def placed_phases(results: Path) -> list[Placed]:
             [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]],
             [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
              for e in doc["engines"]],
-            [itl_of.get(i) for i, _, _ in pairs]))
+            [itl_of.get(i) for i, _, _ in pairs], pool_of(doc["engines"])))
     return out
+
+
+def pool_of(engines: Sequence[dict[str, Any]]) -> int:
+    """The engines' KV pool in tokens from their logs (blocks x block size; run 121's engines had
+    24,000, where a replay on the usual 48,000 evicted nothing and read its TTFT p95 at 0.15-0.5x
+    the GPU's); ``POOL_TOKENS`` for a log without it."""
+    e = engines[0] if engines else {}
+    return int(e["blocks"]) * int(e["block_size"]) if e.get("blocks") and e.get("block_size") else POOL_TOKENS
 
 
 def engine_count(cell: dict[str, Any]) -> int:
@@ -159,7 +172,7 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
                                        encoder.encode, encoder.encode_chat) for s, q in texts]
                       if cell["prompts"] == "chat" else [encoder.encode(s + "\n\n" + q) for s, q in texts])
     order = sorted(range(len(p.at)), key=lambda k: p.at[k])
-    config = SimConfig(profile=profile.name, max_total_tokens=48_000, page_size=32, max_running_requests=64)
+    config = SimConfig(profile=profile.name, max_total_tokens=p.pool_tokens, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],
                   engine_count(cell), shape.output_tokens, profile, config,
                   float(argv_value(argv, "--drain-s", "20")), into=into, steps_into=steps_into,

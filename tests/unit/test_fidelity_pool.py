@@ -1,0 +1,24 @@
+"""The replay runs each GPU round on its engines' own KV pool, as their logs give it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtests.fidelity_replay import POOL_TOKENS, placed_phases, pool_of
+
+RESULTS = Path(__file__).resolve().parents[2] / "loadtests" / "results"
+
+
+def test_a_round_is_replayed_on_the_pool_its_engines_logged() -> None:
+    """Run 121's engines had 24,000 tokens each (KV=24000): replayed on the usual 48,000 the
+    simulated engines evicted nothing and read the GPU's TTFT p95 at 0.15-0.5x."""
+    tight = placed_phases(RESULTS / "gpu-fleet-evict-1")
+    usual = placed_phases(RESULTS / "gpu-fleet-events-peers-1")
+    assert tight and {p.pool_tokens for p in tight} == {24_000}
+    assert usual and {p.pool_tokens for p in usual} == {48_000}
+
+
+def test_a_log_without_the_pool_reads_the_fleets_default() -> None:
+    assert pool_of([{"requests": []}]) == POOL_TOKENS
+    assert pool_of([]) == POOL_TOKENS
+    assert pool_of([{"blocks": 750, "block_size": 32}]) == 24_000

@@ -29,6 +29,7 @@ from typing import Any
 
 from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, _phase_of
+from loadtests.fidelity_replay import POOL_TOKENS
 from loadtests.fidelity_steps import calibrate_host
 from loadtests.gpu.fleet import (
     TOKENIZER,
@@ -59,7 +60,7 @@ from proxy.sim.tokenizer import Encoder
 # the router reads the engines' load reports (0.5 s, radixgate's ``scrape.interval_s``; smg polls
 # ``/v1/loads`` every 10 s). ``kv_at_schedule=1``: the engines publish a prompt's KV blocks when they
 # schedule it, as vLLM v1 does, not after its prefill as SGLang and the GPU shim do. ``kv_tokens``:
-# each engine's KV pool in tokens (48,000, ``run_fleet.sh``'s ``KV``), to size it below the groups'
+# each engine's KV pool in tokens (``POOL_TOKENS``, ``run_fleet.sh``'s ``KV``), to size it below the groups'
 # prefixes and make the engines evict.
 SIM_ONLY_KEYS = ("worker_tokens", "steal_after_s", "scrape_s", "kv_at_schedule", "kv_tokens")
 
@@ -162,9 +163,9 @@ def cell(router: str, rate: float, shape: Shape, seed: int, phase: int | str, ph
             group_of[route_of(spec, block_tokens=32, text_ids=text_ids).block_hashes[0]] = g
         placement = balanced_placement(arrivals, workers) if name == "balanced" else None
         policy = lambda: Oracle(group_of, placement)  # noqa: E731
-    config = SimConfig(profile=profile, profile_set=profile_set, max_total_tokens=int(what_if.get("kv_tokens", 48_000)),
-                       page_size=32,
-                       max_running_requests=64, kv_events_at="schedule" if what_if.get("kv_at_schedule") else "prefill")
+    config = SimConfig(profile=profile, profile_set=profile_set, page_size=32, max_running_requests=64,
+                       max_total_tokens=int(what_if.get("kv_tokens", POOL_TOKENS)),
+                       kv_events_at="schedule" if what_if.get("kv_at_schedule") else "prefill")
     return simulate(policy, specs, [start + t for t, _ in arrivals], workers=workers // dp, sim=config,
                     params=params or None, hold_max_s=hold, shared_gpu=not own_gpus, replicas=replicas,
                     peer_sync_s=0.002 if peers else None, peer_load=peer_load, tokenize=ids,

@@ -151,6 +151,14 @@ def pool_of(engines: Sequence[dict[str, Any]]) -> int:
     return int(e["blocks"]) * int(e["block_size"]) if e.get("blocks") and e.get("block_size") else POOL_TOKENS
 
 
+def run_pool(results: Path) -> int:
+    """A run's engines' KV pool in tokens (``pool_of`` its first logged phase)."""
+    if not exists(results / "engines.jsonl"):
+        return POOL_TOKENS
+    first = next(iter(read_text(results / "engines.jsonl").splitlines()), "")
+    return pool_of(json.loads(first)["engines"]) if first else POOL_TOKENS
+
+
 def engine_count(cell: dict[str, Any]) -> int:
     """The GPU engines behind a cell's workers: more than the workers where each is DP ranks."""
     return int(cell.get("dp_engines", cell["workers"]))

@@ -29,7 +29,7 @@ from typing import Any
 
 from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, _phase_of
-from loadtests.fidelity_replay import POOL_TOKENS
+from loadtests.fidelity_replay import POOL_TOKENS, run_pool
 from loadtests.fidelity_steps import calibrate_host
 from loadtests.gpu.fleet import (
     TOKENIZER,
@@ -242,6 +242,11 @@ def phase_p95s(c: dict[str, Any], router: str, rate: float, encoder: Encoder, pr
             for j in jitters]
 
 
+def on_pool(spec: str, pool: int) -> str:
+    """``spec`` on engines of ``pool`` KV tokens (the ``kv_tokens`` what-if where not the default)."""
+    return spec if pool == POOL_TOKENS else f"{spec}/kv_tokens={pool}"
+
+
 def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE, as_simulated: dict[str, str] | None = None,
                  profile_set: tuple[str, ...] = ()) -> list[tuple[str, dict[str, tuple[float, float]]]]:
     """Every router phase of a GPU run (its ``summary.jsonl``) again in virtual time, on its own
@@ -249,9 +254,11 @@ def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE, as_sim
     in seconds (smg and sglang-router as ``as_simulated``, default ``AS_SIMULATED``, has them).
     The first phase of each router only (``--repeat`` rounds share a trace)."""
     stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
+    pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, float]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), profile_set=profile_set)[0]
+        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_ins.get(r, r), pool),
+                         profile_set=profile_set)[0]
         rows.setdefault(label, {})[r] = (got["ttft_p95"], sim)
     return list(rows.items())
 
@@ -265,9 +272,11 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     simulated p95s about as often as a new draw would: (k - 1) / (k + 1)."""
     stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
     jitters = [(jitter_s, seed) for seed in range(k)]
+    pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, list[float]]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, stand_ins.get(r, r), jitters, profile_set)
+        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_ins.get(r, r), pool), jitters,
+                          profile_set)
         # the GPU's first round (its proxies fresh, as the simulated ones): one draw, not a pool
         rows.setdefault(label, {})[r] = ((got.get("p95_repeats") or [got["ttft_p95"]])[0], sims)
     return list(rows.items())

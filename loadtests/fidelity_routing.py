@@ -38,7 +38,7 @@ from loadtests.fidelity_replay import Placed, engine_count, placed_phases
 from loadtests.fidelity_replay import simulate as replay_placed
 from loadtests.gpu.fleet import TOKENIZER
 from loadtests.gpu.fleet_report import pct
-from loadtests.gpu.fleet_sim import AS_SIMULATED, PROFILE, replay_phase, ttfts
+from loadtests.gpu.fleet_sim import AS_SIMULATED, PROFILE, on_pool, replay_phase, ttfts
 from proxy.sim import perf
 from proxy.sim.tokenizer import Encoder
 
@@ -87,7 +87,8 @@ def compare(p: Placed, encoder: Encoder, profile: perf.Profile, cache: dict[Any,
         return None
     if p.phase != _phase_of(c, p.router, p.rate):
         return None  # a later round: its proxies carried what the round before taught them
-    outs = replay_phase(c, p.router, p.rate, encoder, profile.name, AS_SIMULATED.get(p.router, p.router))
+    outs = replay_phase(c, p.router, p.rate, encoder, profile.name,
+                        on_pool(AS_SIMULATED.get(p.router, p.router), p.pool_tokens))
     sim_engine = {o.index: int(o.worker.rsplit("w", 1)[1]) for o in outs}
     groups = {o.index: int(o.group[1:]) for o in outs}
     both = [k for k in range(len(p.index)) if p.index[k] in sim_engine]

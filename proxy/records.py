@@ -118,7 +118,8 @@ def is_batch(req: GenerateRequest) -> bool:
     if dialect in (Dialect.RERANK, Dialect.SCORE):
         return True  # one engine request per document or item, each prompt the query and it
     text, ids = payload.get("text"), payload.get("input_ids")
-    # the prompt field of /v1/completions, or of /v1/embeddings (Responses' ``input`` is a conversation)
-    prompt = payload.get("input") if dialect is Dialect.EMBEDDINGS else payload.get("prompt")
+    # the prompt field of /v1/completions, or of /v1/embeddings and /v1/classify (Responses' ``input``
+    # is a conversation)
+    prompt = payload.get("input") if dialect in (Dialect.EMBEDDINGS, Dialect.CLASSIFY) else payload.get("prompt")
     return (isinstance(text, list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
             or (isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)))

@@ -26,17 +26,25 @@ class Dialect(StrEnum):
     EMBEDDINGS = "embeddings"  # POST /v1/embeddings (OpenAI; a worker started with --is-embedding)
     RERANK = "rerank"  # POST /v1/rerank (SGLang's; a cross-encoder worker, --is-embedding)
     SCORE = "score"  # POST /v1/score (SGLang's: label-token probabilities of query + item prompts)
+    CLASSIFY = "classify"  # POST /v1/classify (SGLang's and vLLM's: a sequence classifier, --is-embedding)
 
     @property
     def path(self) -> str:
         return {"sglang": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions",
                 "responses": "/v1/responses", "messages": "/v1/messages", "embeddings": "/v1/embeddings",
-                "rerank": "/v1/rerank", "score": "/v1/score"}[self.value]
+                "rerank": "/v1/rerank", "score": "/v1/score", "classify": "/v1/classify"}[self.value]
 
     @property
     def streams(self) -> bool:
-        """Whether a request may ask for a stream: an embedding, a ranking or a score is answered whole."""
-        return self not in (Dialect.EMBEDDINGS, Dialect.RERANK, Dialect.SCORE)
+        """Whether a request may ask for a stream: an embedding, a ranking, a score or a class is
+        answered whole."""
+        return not self.prefill_only
+
+    @property
+    def prefill_only(self) -> bool:
+        """An endpoint whose prompts are prefilled and nothing sampled: answered whole, no sampling
+        parameters."""
+        return self in (Dialect.EMBEDDINGS, Dialect.RERANK, Dialect.SCORE, Dialect.CLASSIFY)
 
     @property
     def rid_field(self) -> str:

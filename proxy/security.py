@@ -50,7 +50,7 @@ OPEN_PATHS = frozenset({"/health", "/ready"})
 GENERATION_PATHS: Mapping[str, Dialect] = {
     "/generate": Dialect.SGLANG, "/v1/completions": Dialect.COMPLETIONS, "/v1/chat/completions": Dialect.CHAT,
     "/v1/responses": Dialect.RESPONSES, "/v1/messages": Dialect.MESSAGES, "/v1/embeddings": Dialect.EMBEDDINGS,
-    "/v1/rerank": Dialect.RERANK, "/v1/score": Dialect.SCORE}
+    "/v1/rerank": Dialect.RERANK, "/v1/score": Dialect.SCORE, "/v1/classify": Dialect.CLASSIFY}
 # Charged as requests too: a stored response's lookup may ask every worker
 # (frontends/responses_api.py); a token count, like /tokenize, runs the worker's tokenizer.
 CHARGED_PREFIXES = ("/v1/responses/", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v1/tokenize",

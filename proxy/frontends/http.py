@@ -99,7 +99,8 @@ def _check_token_ids(field: str, value: Any) -> None:
 
 
 # Where each dialect's prompt is (the OpenAI completions' ``prompt`` unless named here).
-_PROMPT_FIELDS = {Dialect.SGLANG: ("text", "input_ids"), Dialect.EMBEDDINGS: ("input",)}
+_PROMPT_FIELDS = {Dialect.SGLANG: ("text", "input_ids"), Dialect.EMBEDDINGS: ("input",),
+                  Dialect.CLASSIFY: ("input",)}
 # What each prompt field may hold: a batch is a list of the single form (token ids: a list of lists).
 _PROMPT_SHAPES = {"text": ("text",), "input_ids": ("ids",), "prompt": ("text", "ids"), "input_embeds": ("any",),
                   "input": ("text", "ids", "parts")}
@@ -220,7 +221,7 @@ def parse_request(dialect: Dialect, raw: bytes, headers: Any, cfg: Config) -> Ge
     if dialect is Dialect.SGLANG:
         for i, one in enumerate(params if isinstance(params, list) else [params] if params else []):
             check_sampling(one, f"sampling_params[{i}]." if isinstance(params, list) else "sampling_params.")
-    elif dialect not in (Dialect.EMBEDDINGS, Dialect.RERANK, Dialect.SCORE):  # nothing is sampled there
+    elif not dialect.prefill_only:  # nothing is sampled there
         check_sampling(payload, "")
     if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and not _valid_unicode(payload):
         raise BadRequest("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff escape): not valid Unicode text")
@@ -452,6 +453,7 @@ def build_public_app(cfg: Config, pipeline: Pipeline, upstream: UpstreamPool, re
     app.router.add_post("/v1/embeddings", route(Dialect.EMBEDDINGS), expect_handler=expect(Dialect.EMBEDDINGS))
     app.router.add_post("/v1/rerank", route(Dialect.RERANK), expect_handler=expect(Dialect.RERANK))
     app.router.add_post("/v1/score", route(Dialect.SCORE), expect_handler=expect(Dialect.SCORE))
+    app.router.add_post("/v1/classify", route(Dialect.CLASSIFY), expect_handler=expect(Dialect.CLASSIFY))
     stored.add_routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)

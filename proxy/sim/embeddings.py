@@ -64,16 +64,20 @@ def prompts(body: Any, worker: SimWorker) -> tuple[list[list[int]], list[str]]:
                          "or a list of {text, image, video} objects")
     if any(not ids for ids in inputs):
         raise BadRequest("input must not be empty")
+    return inputs, rids_of(body, len(inputs))
+
+
+def rids_of(body: dict[str, Any], n: int) -> list[str]:
+    """The body's rids for its ``n`` inputs (one string for one input, a list for a batch), else
+    fresh ones."""
     rid = body.get("rid")
-    if isinstance(rid, str) and len(inputs) == 1:
-        rids = [rid]
-    elif isinstance(rid, list) and len(rid) == len(inputs) and all(isinstance(r, str) for r in rid):
-        rids = list(rid)
-    elif rid is None:
-        rids = [uuid.uuid4().hex for _ in inputs]
-    else:
-        raise BadRequest("rid must be a string for one input, or a list of strings, one per input")
-    return inputs, rids
+    if isinstance(rid, str) and n == 1:
+        return [rid]
+    if isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) for r in rid):
+        return list(rid)
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    raise BadRequest("rid must be a string for one input, or a list of strings, one per input")
 
 
 def vector(ids: list[int], dim: int) -> list[float]:

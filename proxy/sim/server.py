@@ -3,7 +3,7 @@
 Endpoints follow SGLang 0.5.23 (shared/reference/sglang-protocol.md §1): /generate (POST, PUT),
 /v1/completions, /v1/chat/completions, /v1/responses (POST; GET and cancel by id), /v1/messages
 (POST, Anthropic's Messages API, and /v1/messages/count_tokens), /v1/embeddings, /v1/rerank,
-/v1/score, /tokenize and /detokenize (also under /v1), /v1/models,
+/v1/score, /v1/classify, /tokenize and /detokenize (also under /v1), /v1/models,
 /health, /health_generate, /ready, /get_server_info, /get_model_info, /v1/loads, /get_load,
 /flush_cache, /abort_request and, with enable_metrics, /metrics. Every reply carries ``x-simworker-id``. A client that disconnects has its
 request aborted (aiohttp handler cancellation), which frees its batch slot and KV.
@@ -94,7 +94,17 @@ class SimWorker:
         app.on_response_prepare.append(self._stamp_header)
         # The handler modules depend on this one (the worker they serve, its error bodies), so the
         # worker loads them when it starts rather than at import: imports run one way only.
-        from proxy.sim import admin, embeddings, messages, rerank, responses, score, streaming, tokenize
+        from proxy.sim import (
+            admin,
+            classify,
+            embeddings,
+            messages,
+            rerank,
+            responses,
+            score,
+            streaming,
+            tokenize,
+        )
 
         streaming.add_routes(app, self)
         embeddings.add_routes(app, self)
@@ -103,6 +113,7 @@ class SimWorker:
         tokenize.add_routes(app, self)
         rerank.add_routes(app, self)
         score.add_routes(app, self)
+        classify.add_routes(app, self)
         admin.add_routes(app, self)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=SHUTDOWN_GRACE_S)

@@ -82,3 +82,16 @@ async def status_of(session: aiohttp.ClientSession, url: str) -> int:
     async with session.get(url) as r:
         await r.read()
         return r.status
+
+
+async def ttft_fleet(harness: Harness, workers: int = 1) -> tuple[App, list[str]]:
+    """Simulated workers (metrics on, 16-token pages) behind one proxy routing by ``ttft``: what
+    the prefill-only endpoints' tests (rerank, score, classify) send through."""
+    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, page_size=16) for _ in range(workers)])
+    return await harness.proxy(fleet.urls, **{"routing.policy": "ttft"}), fleet.urls
+
+
+async def post_json(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
+    """POST ``body``: the status, the JSON answer and its Content-Type."""
+    async with client.post(url, json=body) as r:
+        return r.status, await r.json(), r.headers.get("Content-Type", "")

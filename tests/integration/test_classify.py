@@ -14,33 +14,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.app import App
-from proxy.sim.config import SimConfig
-from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.conftest import Harness, admin, base, eventually, post_json, ttft_fleet
 from tests.integration.reliability import accounting, refused_naming, scrape
 from tests.integration.test_usage_accounting import MODEL, _samples
 
 HEAD = "A customer writes about the delivery of an order placed three weeks ago and still missing. " * 6
 TEXTS = [HEAD + "They are angry.", HEAD + "They are patient.", HEAD + "They ask for a refund."]
-
-
-async def _start(harness: Harness, workers: int = 1) -> tuple[App, list[str]]:
-    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, page_size=16) for _ in range(workers)])
-    return await harness.proxy(fleet.urls, **{"routing.policy": "ttft"}), fleet.urls
-
-
-async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
-    async with client.post(url + "/v1/classify", json=body) as r:
-        return r.status, await r.json(), r.headers.get("Content-Type", "")
+PATH = "/v1/classify"
 
 
 async def test_the_classes_are_the_workers_and_every_text_is_counted(harness: Harness,
                                                                      client: aiohttp.ClientSession) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     body = {"model": MODEL, "input": TEXTS}
-    status, got, ctype = await _post(client, base(app), body)
+    status, got, ctype = await post_json(client, base(app) + PATH, body)
     assert status == 200 and ctype.startswith("application/json")
-    _, direct, _ = await _post(client, worker, body)
+    _, direct, _ = await post_json(client, worker + PATH, body)
     assert got["object"] == "list" and got["id"].startswith("classify-")
     assert [(d["index"], d["label"], d["probs"]) for d in got["data"]] == \
         [(d["index"], d["label"], d["probs"]) for d in direct["data"]]
@@ -58,9 +47,9 @@ async def test_the_classes_are_the_workers_and_every_text_is_counted(harness: Ha
 
 
 async def test_texts_with_one_head_go_where_it_is_cached(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, workers = await _start(harness, workers=4)
+    app, workers = await ttft_fleet(harness, workers=4)
     for i in range(6):
-        status, got, _ = await _post(client, base(app), {"model": MODEL, "input": HEAD + f"Message number {i}."})
+        status, got, _ = await post_json(client, base(app) + PATH, {"model": MODEL, "input": HEAD + f"Message number {i}."})
         assert status == 200 and len(got["data"]) == 1
     served = [(await _samples(client, url)).get("sglang:num_requests_total", 0.0) for url in workers]
     assert sorted(served) == [0.0, 0.0, 0.0, 6.0], served
@@ -69,10 +58,10 @@ async def test_texts_with_one_head_go_where_it_is_cached(harness: Harness, clien
 
 
 async def test_a_stream_flag_is_ignored_and_token_ids_pass(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, _ = await _start(harness)
-    status, got, ctype = await _post(client, base(app), {"input": "one text", "stream": True})
+    app, _ = await ttft_fleet(harness)
+    status, got, ctype = await post_json(client, base(app) + PATH, {"input": "one text", "stream": True})
     assert status == 200 and ctype.startswith("application/json") and len(got["data"]) == 1
-    status, got, _ = await _post(client, base(app), {"input": [11, 12, 13, 14]})
+    status, got, _ = await post_json(client, base(app) + PATH, {"input": [11, 12, 13, 14]})
     assert status == 200 and len(got["data"]) == 1 and got["usage"]["prompt_tokens"] == 4
 
 
@@ -84,12 +73,12 @@ async def test_a_stream_flag_is_ignored_and_token_ids_pass(harness: Harness, cli
 ], ids=["no_input", "number", "mixed_list", "negative_id"])
 async def test_a_malformed_input_is_refused_by_the_proxy_naming_the_field(
         harness: Harness, client: aiohttp.ClientSession, body: dict[str, Any], field: str) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     await refused_naming(client, base(app), "/v1/classify", worker, body, field)
 
 
 async def test_a_blank_text_is_the_workers_own_400(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, _ = await _start(harness)
-    status, got, _ = await _post(client, base(app), {"input": ["fine", "   "]})
+    app, _ = await ttft_fleet(harness)
+    status, got, _ = await post_json(client, base(app) + PATH, {"input": ["fine", "   "]})
     # SGLang's error shape, the worker's words: no proxy check reads a text's blankness
     assert status == 400 and got["object"] == "error" and "index 1" in got["message"], got

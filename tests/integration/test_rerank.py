@@ -14,33 +14,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.app import App
-from proxy.sim.config import SimConfig
-from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.conftest import Harness, admin, base, eventually, post_json, ttft_fleet
 from tests.integration.reliability import accounting, refused_naming, scrape
 from tests.integration.test_usage_accounting import MODEL, _samples
 
 QUERY = "Which of these passages says how a radix tree keeps the prefixes of many prompts? " * 6
 DOCS = ["A radix tree stores shared prefixes once.", "Bread rises with yeast.", "Caches evict the least used."]
-
-
-async def _start(harness: Harness, workers: int = 1) -> tuple[App, list[str]]:
-    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, page_size=16) for _ in range(workers)])
-    return await harness.proxy(fleet.urls, **{"routing.policy": "ttft"}), fleet.urls
-
-
-async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
-    async with client.post(url + "/v1/rerank", json=body) as r:
-        return r.status, await r.json(), r.headers.get("Content-Type", "")
+PATH = "/v1/rerank"
 
 
 async def test_the_ranking_is_the_workers_and_every_pair_is_counted(harness: Harness,
                                                                     client: aiohttp.ClientSession) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     body = {"model": MODEL, "query": QUERY, "documents": DOCS, "return_documents": True}
-    status, ranked, ctype = await _post(client, base(app), body)
+    status, ranked, ctype = await post_json(client, base(app) + PATH, body)
     assert status == 200 and ctype.startswith("application/json")
-    _, direct, _ = await _post(client, worker, body)
+    _, direct, _ = await post_json(client, worker + PATH, body)
     scores = [r["score"] for r in ranked]
     assert scores == sorted(scores, reverse=True) and sorted(r["index"] for r in ranked) == [0, 1, 2]
     assert [(r["index"], r["score"]) for r in ranked] == [(r["index"], r["score"]) for r in direct]
@@ -53,13 +42,13 @@ async def test_the_ranking_is_the_workers_and_every_pair_is_counted(harness: Har
         return (p.get("radixgate_prompt_tokens_total", 0.0) == pairs
                 and accounting(await scrape(client, admin(app))) == (1.0, 1.0, 0.0))
     await eventually(counted, timeout_s=5.0, what="one request accepted and succeeded, its pairs' tokens counted")
-    status, top, _ = await _post(client, base(app), {"model": MODEL, "query": QUERY, "documents": DOCS, "top_n": 1})
+    status, top, _ = await post_json(client, base(app) + PATH, {"model": MODEL, "query": QUERY, "documents": DOCS, "top_n": 1})
     assert status == 200 and len(top) == 1 and top[0]["index"] == ranked[0]["index"] and "document" not in top[0]
     assert app.pipeline.token_estimate.snapshot() == {}  # the query's bytes are no pair's tokens
 
 
 async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, workers = await _start(harness, workers=4)
+    app, workers = await ttft_fleet(harness, workers=4)
     cached = []
     for i in range(6):
         docs = [f"document {i}-{k}: " + "words about other things " * 4 for k in range(3)]
@@ -74,8 +63,8 @@ async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, c
 
 
 async def test_a_stream_flag_is_ignored_as_the_worker_ignores_it(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, _ = await _start(harness)
-    status, ranked, ctype = await _post(client, base(app), {"query": QUERY, "documents": DOCS, "stream": True})
+    app, _ = await ttft_fleet(harness)
+    status, ranked, ctype = await post_json(client, base(app) + PATH, {"query": QUERY, "documents": DOCS, "stream": True})
     assert status == 200 and ctype.startswith("application/json") and len(ranked) == 3
 
 
@@ -90,5 +79,5 @@ async def test_a_stream_flag_is_ignored_as_the_worker_ignores_it(harness: Harnes
 ], ids=["no_query", "blank_query", "no_documents", "empty_documents", "document_not_text", "top_n", "query_number"])
 async def test_a_malformed_body_is_refused_by_the_proxy_naming_the_field(
         harness: Harness, client: aiohttp.ClientSession, body: dict[str, Any], field: str) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     await refused_naming(client, base(app), "/v1/rerank", worker, body, field)

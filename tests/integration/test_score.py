@@ -14,20 +14,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.app import App
-from proxy.sim.config import SimConfig
-from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.conftest import Harness, admin, base, eventually, ttft_fleet
 from tests.integration.reliability import accounting, refused_naming, scrape, total
 from tests.integration.test_usage_accounting import MODEL
 
 QUERY = "Is the following review of a radix-tree prefix cache positive? Answer yes or no. " * 6
 ITEMS = [" It keeps shared prompts once.", " It forgets everything.", " It is fine."]
 LABELS = [9, 10]
-
-
-async def _start(harness: Harness, workers: int = 1) -> tuple[App, list[str]]:
-    fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True, page_size=16) for _ in range(workers)])
-    return await harness.proxy(fleet.urls, **{"routing.policy": "ttft"}), fleet.urls
 
 
 async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -37,7 +30,7 @@ async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 
 async def test_the_scores_are_the_workers_and_every_item_is_counted(harness: Harness,
                                                                    client: aiohttp.ClientSession) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     body = {"model": MODEL, "query": QUERY, "items": ITEMS, "label_token_ids": LABELS, "apply_softmax": True}
     status, got = await _post(client, base(app), body)
     assert status == 200 and got["object"] == "scoring"
@@ -60,7 +53,7 @@ async def test_the_scores_are_the_workers_and_every_item_is_counted(harness: Har
 @pytest.mark.parametrize("form", ["text", "ids"])
 async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, client: aiohttp.ClientSession,
                                                              form: str) -> None:
-    app, workers = await _start(harness, workers=4)
+    app, workers = await ttft_fleet(harness, workers=4)
     query: Any = QUERY if form == "text" else list(range(100, 400))
     for i in range(5):
         items: Any = ([f" item {i}-{k} about other things" for k in range(3)] if form == "text"
@@ -74,7 +67,7 @@ async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, c
 
 
 async def test_items_first_are_routed_on_load(harness: Harness, client: aiohttp.ClientSession) -> None:
-    app, workers = await _start(harness, workers=2)
+    app, workers = await ttft_fleet(harness, workers=2)
     for i in range(4):
         status, got = await _post(client, base(app), {"query": QUERY, "items": [f"item {i} "], "label_token_ids": LABELS,
                                                      "item_first": True})
@@ -96,12 +89,12 @@ async def test_items_first_are_routed_on_load(harness: Harness, client: aiohttp.
         "negative_label", "item_first"])
 async def test_a_malformed_body_is_refused_by_the_proxy_naming_the_field(
         harness: Harness, client: aiohttp.ClientSession, body: dict[str, Any], field: str) -> None:
-    app, (worker,) = await _start(harness)
+    app, (worker,) = await ttft_fleet(harness)
     await refused_naming(client, base(app), "/v1/score", worker, body, field)
 
 
 async def test_a_label_outside_the_vocabulary_gets_the_workers_own_400(harness: Harness,
                                                                       client: aiohttp.ClientSession) -> None:
-    app, _ = await _start(harness)
+    app, _ = await ttft_fleet(harness)
     status, got = await _post(client, base(app), {"query": QUERY, "items": ITEMS, "label_token_ids": [10**9]})
     assert status == 400 and "vocabulary" in got["message"], got

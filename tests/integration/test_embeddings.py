@@ -20,21 +20,17 @@ import pytest
 
 from proxy.app import App
 from proxy.sim.config import SimConfig
-from tests.integration.conftest import FAST, Harness, admin, base, eventually
+from tests.integration.conftest import FAST, Harness, admin, base, eventually, post_json
 from tests.integration.reliability import accounting, refused_naming, scrape
 from tests.integration.test_usage_accounting import MODEL, _samples
 
 TEXTS = ["radix caches keep prefixes", "a second sentence, nothing shared", "and a third one"]
 
+PATH = "/v1/embeddings"
 
 async def _start(harness: Harness, workers: int = 1) -> tuple[App, list[str]]:
     fleet = await harness.fleet([SimConfig(time_scale=FAST, enable_metrics=True) for _ in range(workers)])
     return await harness.proxy(fleet.urls), fleet.urls
-
-
-async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
-    async with client.post(url + "/v1/embeddings", json=body) as r:
-        return r.status, await r.json(), r.headers.get("Content-Type", "")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -50,7 +46,7 @@ async def test_the_openai_sdk_gets_the_workers_vectors_and_the_tokens_are_counte
     else:
         async with openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0) as ac:
             got = await ac.embeddings.create(model=MODEL, input=TEXTS)
-    status, direct, _ = await _post(client, worker, {"model": MODEL, "input": TEXTS})
+    status, direct, _ = await post_json(client, worker + PATH, {"model": MODEL, "input": TEXTS})
     assert status == 200
     assert [d.index for d in got.data] == [0, 1, 2]
     # the SDK asks for base64 (float32) and unpacks it: the worker's floats to float32 precision
@@ -69,7 +65,7 @@ async def test_the_openai_sdk_gets_the_workers_vectors_and_the_tokens_are_counte
 
 async def test_a_stream_flag_is_ignored_as_the_worker_ignores_it(harness: Harness, client: aiohttp.ClientSession) -> None:
     app, _ = await _start(harness)
-    status, body, ctype = await _post(client, base(app), {"model": MODEL, "input": "one text", "stream": True})
+    status, body, ctype = await post_json(client, base(app) + PATH, {"model": MODEL, "input": "one text", "stream": True})
     assert status == 200 and ctype.startswith("application/json")
     assert body["object"] == "list" and len(body["data"]) == 1
 
@@ -82,7 +78,7 @@ async def test_a_stream_flag_is_ignored_as_the_worker_ignores_it(harness: Harnes
 async def test_every_input_form_sglang_takes_passes_through(harness: Harness, client: aiohttp.ClientSession,
                                                            value: Any) -> None:
     app, _ = await _start(harness)
-    status, body, _ = await _post(client, base(app), {"model": MODEL, "input": value})
+    status, body, _ = await post_json(client, base(app) + PATH, {"model": MODEL, "input": value})
     assert status == 200, body
     assert len(body["data"]) == (len(value) if isinstance(value[0], list | dict) else 1)
 
@@ -90,13 +86,13 @@ async def test_every_input_form_sglang_takes_passes_through(harness: Harness, cl
 async def test_base64_and_fewer_dimensions_pass_through(harness: Harness, client: aiohttp.ClientSession) -> None:
     app, _ = await _start(harness)
     floats = {"model": MODEL, "input": "pack me", "dimensions": 8}
-    status, plain, _ = await _post(client, base(app), floats)
-    status64, packed, _ = await _post(client, base(app), {**floats, "encoding_format": "base64"})
+    status, plain, _ = await post_json(client, base(app) + PATH, floats)
+    status64, packed, _ = await post_json(client, base(app) + PATH, {**floats, "encoding_format": "base64"})
     assert status == status64 == 200
     unpacked = struct.unpack("<8f", base64.b64decode(packed["data"][0]["embedding"]))
     assert len(plain["data"][0]["embedding"]) == 8
     assert unpacked == pytest.approx(plain["data"][0]["embedding"], abs=1e-6)
-    status, refused, _ = await _post(client, base(app), {**floats, "dimensions": 10_000})
+    status, refused, _ = await post_json(client, base(app) + PATH, {**floats, "dimensions": 10_000})
     assert status == 400 and "dimensions" in refused["message"]  # the worker's own 400 (SGLang's shape), relayed
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration.conftest import Harness, admin, base, eventually, ttft_fleet
+from tests.integration.conftest import Harness, admin, base, eventually, post_json, ttft_fleet
 from tests.integration.reliability import accounting, refused_naming, scrape, total
 from tests.integration.test_usage_accounting import MODEL
 
@@ -22,19 +22,15 @@ QUERY = "Is the following review of a radix-tree prefix cache positive? Answer y
 ITEMS = [" It keeps shared prompts once.", " It forgets everything.", " It is fine."]
 LABELS = [9, 10]
 
-
-async def _post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    async with client.post(url + "/v1/score", json=body) as r:
-        return r.status, await r.json()
-
+PATH = "/v1/score"
 
 async def test_the_scores_are_the_workers_and_every_item_is_counted(harness: Harness,
                                                                    client: aiohttp.ClientSession) -> None:
     app, (worker,) = await ttft_fleet(harness)
     body = {"model": MODEL, "query": QUERY, "items": ITEMS, "label_token_ids": LABELS, "apply_softmax": True}
-    status, got = await _post(client, base(app), body)
+    status, got, _ = await post_json(client, base(app) + PATH, body)
     assert status == 200 and got["object"] == "scoring"
-    _, direct = await _post(client, worker, body)
+    _, direct, _ = await post_json(client, worker + PATH, body)
     assert got["scores"] == direct["scores"] and len(got["scores"]) == 3
     assert all(len(s) == 2 and sum(s) == pytest.approx(1.0, abs=1e-5) for s in got["scores"])
     tokens = got["usage"]["prompt_tokens"]
@@ -46,7 +42,7 @@ async def test_the_scores_are_the_workers_and_every_item_is_counted(harness: Har
                 and accounting(m) == (1.0, 1.0, 0.0))
     await eventually(counted, timeout_s=5.0, what="one request accepted and succeeded, its items' tokens counted")
     assert app.pipeline.token_estimate.snapshot() == {}  # the query's bytes are no item's tokens
-    status, raw = await _post(client, base(app), {**body, "apply_softmax": False, "items": ITEMS[0]})
+    status, raw, _ = await post_json(client, base(app) + PATH, {**body, "apply_softmax": False, "items": ITEMS[0]})
     assert status == 200 and len(raw["scores"]) == 1 and sum(raw["scores"][0]) < 1.0
 
 
@@ -58,7 +54,7 @@ async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, c
     for i in range(5):
         items: Any = ([f" item {i}-{k} about other things" for k in range(3)] if form == "text"
                       else [[1000 + 10 * i + k] * 20 for k in range(3)])
-        status, _ = await _post(client, base(app), {"query": query, "items": items, "label_token_ids": LABELS})
+        status, _, _ = await post_json(client, base(app) + PATH, {"query": query, "items": items, "label_token_ids": LABELS})
         assert status == 200
     served = [total(await scrape(client, url), "sglang:num_requests_total") for url in workers]
     assert sorted(served) == [0.0, 0.0, 0.0, 15.0], served  # five requests of three items, one worker
@@ -69,7 +65,7 @@ async def test_requests_with_one_query_go_where_it_is_cached(harness: Harness, c
 async def test_items_first_are_routed_on_load(harness: Harness, client: aiohttp.ClientSession) -> None:
     app, workers = await ttft_fleet(harness, workers=2)
     for i in range(4):
-        status, got = await _post(client, base(app), {"query": QUERY, "items": [f"item {i} "], "label_token_ids": LABELS,
+        status, got, _ = await post_json(client, base(app) + PATH, {"query": QUERY, "items": [f"item {i} "], "label_token_ids": LABELS,
                                                      "item_first": True})
         assert status == 200 and len(got["scores"]) == 1
     done: list[float] = [total(await scrape(client, url), "sglang:num_requests_total") for url in workers]
@@ -96,5 +92,5 @@ async def test_a_malformed_body_is_refused_by_the_proxy_naming_the_field(
 async def test_a_label_outside_the_vocabulary_gets_the_workers_own_400(harness: Harness,
                                                                       client: aiohttp.ClientSession) -> None:
     app, _ = await ttft_fleet(harness)
-    status, got = await _post(client, base(app), {"query": QUERY, "items": ITEMS, "label_token_ids": [10**9]})
+    status, got, _ = await post_json(client, base(app) + PATH, {"query": QUERY, "items": ITEMS, "label_token_ids": [10**9]})
     assert status == 400 and "vocabulary" in got["message"], got

@@ -149,25 +149,26 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     """``report`` with each run replayed on its own machine's step cost, on ``router``'s phases
     alone where named: ``by`` "steps" bisects replays to the step clock (``calibrate_host``),
     "batches" fills the busy windows of the engines' batch logs (``fleet_windows.calibrate``),
-    "rounds" so each round its own windows (the machine's speed round by round)."""
+    "warmup" the warm-up's windows, "warmup-steps" bisects replays of the warm-up to its step clock
+    (both hold every round out), "rounds" so each round its own windows (the machine's speed round
+    by round)."""
     if by == "rounds":
         return round_calibrated_report(results, profile)
     out = []
-    whose = "its warm-up's" if by == "warmup" else f"the {router} phases'" if router else "its"
-    source = ("median step beside 3 busy neighbours" if by == "steps"
+    whose = "its warm-up's" if by.startswith("warmup") else f"the {router} phases'" if router else "its"
+    source = ("median step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
               else f"batches filling the GPU to {fleet_windows.target(profile)} where every engine stepped")
     for path in results:
-        if by in ("batches", "warmup") and any(alone(p) for p in placed_phases(path)):
+        if by in ("batches", "warmup", "warmup-steps") and any(alone(p) for p in placed_phases(path)):
             # one engine alone is read from its own steps, the fleet's rounds from its windows
-            lone, fleet = (fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup", lone=k)
-                           for k in (True, False))
+            lone = fleet_windows.calibrate(path, profile, router=router, warmup=by.startswith("warmup"), lone=True)
+            fleet = fleet_overhead(path, profile, by, router)
             out.append(f"{path.name}: step_overhead_s {lone} alone, {fleet} in the fleet (the profile's "
                        f"{profile.step_overhead_s:.4f}), from {whose} steps alone and {source}")
             of = machine_of(profile, by)
             out.append(report([path], profile, functools.partial(of, path)))
             continue
-        overhead = (calibrate_host(path, profile, router=router) if by == "steps"
-                    else fleet_windows.calibrate(path, profile, router=router, warmup=by == "warmup"))
+        overhead = fleet_overhead(path, profile, by, router)
         if overhead is None:
             out.append(f"{path.name}: no {by} log to calibrate on; {profile.name} as it is")
             out.append(report([path], profile))
@@ -176,6 +177,13 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
                    f"from {whose} {source}")
         out.append(report([path], dataclasses.replace(profile, step_overhead_s=overhead)))
     return "\n".join(out)
+
+
+def fleet_overhead(run: Path, profile: perf.Profile, by: str, router: str | None = None) -> float | None:
+    """The fleet's fixed step cost on ``run``'s machine, read as ``by`` says (``calibrated_report``)."""
+    if by in ("steps", "warmup-steps"):
+        return calibrate_host(run, profile, router=router, warmup=by == "warmup-steps")
+    return fleet_windows.calibrate(run, profile, router=router, warmup=by == "warmup")
 
 
 def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.Profile]:
@@ -189,7 +197,8 @@ def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.
             return round_profile(p, profile)
         key = (run, alone(p))
         if key not in memo:
-            memo[key] = fleet_windows.calibrate(run, profile, warmup=by == "warmup", lone=alone(p))
+            memo[key] = (fleet_windows.calibrate(run, profile, warmup=by.startswith("warmup"), lone=True) if alone(p)
+                         else fleet_overhead(run, profile, by))
         got = memo[key]
         return profile if got is None else dataclasses.replace(profile, step_overhead_s=got)
 
@@ -270,11 +279,12 @@ def main() -> None:
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
                         "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
-    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "rounds"), default="steps",
+    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "warmup-steps", "rounds"), default="steps",
                    help="with --calibrate: fit the fixed cost to the step clock by replays (steps), to the "
                         "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), to "
-                        "the warm-up's alone (warmup: every round held out), or to each round's own batch log "
-                        "(rounds; ROUTER ignored with these two)")
+                        "the warm-up's alone (warmup: every round held out), to the warm-up's step clock by replays "
+                        "(warmup-steps: held out too), or to each round's own batch log (rounds; ROUTER ignored "
+                        "with the warm-ups and rounds)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     p.add_argument("--against-rounds", action="store_true",

@@ -62,6 +62,23 @@ class Placed:
     itl: list[float | None] = dataclasses.field(default_factory=list)
     # each engine's KV pool in tokens, as its log gives it (run_fleet.sh KV=; 48,000 unless set)
     pool_tokens: int = POOL_TOKENS
+    # a cell's warm-up (``warmup_phases``): its length in seconds, else None for a judged round
+    warmup_s: float | None = None
+
+    def arrivals(self, shape: Shape) -> list[tuple[float, int]]:
+        """The trace the client sent: a judged round's at its rate and seed, a warm-up's (fleet.py)
+        at the cell's first rate for its own length with the next seed."""
+        seed = int(self.cell["seed"])
+        if self.warmup_s is not None:
+            return trace(self.rate, self.warmup_s, shape, seed + 1)
+        return trace(self.rate, float(argv_value(self.cell["argv"], "--phase-s", "30")), shape, seed)
+
+    def text_seed(self) -> int | str:
+        """What seeded the prompts' text (``fleet.text_key``; a warm-up's is its phase number)."""
+        if self.warmup_s is not None:
+            return self.phase
+        return text_key(self.cell.get("text", "fresh"), int(argv_value(self.cell["argv"], "--phase-base", "0")),
+                        self.rate, self.phase)
 
     @property
     def ttft(self) -> list[float]:
@@ -143,6 +160,57 @@ def placed_phases(results: Path) -> list[Placed]:
     return out
 
 
+def warmup_phases(results: Path, encoder: Encoder) -> list[Placed]:
+    """Each cell's warm-up (``warmup.jsonl``, fleet.py's ``--warmup-s``) as a placed phase: its
+    trace rebuilt as fleet.py drew it, each engine request matched in arrival order to the
+    earliest unmatched request of its prompt length (the warm-up keeps no client log). The
+    machine's speed read from it (``fidelity_steps.calibrate_host(warmup=True)``) comes before any
+    judged round, so every round is held out. Empty where the run has no warm-up log."""
+    if not all(exists(results / f) for f in ("warmup.jsonl", "summary.jsonl")):
+        return []
+    cells = read_jsonl(results / "summary.jsonl")
+    out = []
+    for line in read_text(results / "warmup.jsonl").splitlines():
+        doc = json.loads(line)
+        cell = next((c for c in cells if int(argv_value(c["argv"], "--phase-base", "0")) == doc["phase"]
+                     and c["prompts"] == doc["prompts"] and c["reports"] == doc["reports"]), None)
+        warmup_s = None if cell is None else float(argv_value(cell["argv"], "--warmup-s", "0"))
+        if cell is None or not warmup_s:
+            continue
+        p = Placed(doc["router"], doc["rate"], doc["phase"], cell, [], [], [], [], warmup_s=warmup_s)
+        shape = Shape(**cell["shape"])
+        arrivals = p.arrivals(shape)
+        lengths: dict[int, list[int]] = {}
+        for i, ids in enumerate(_prompt_ids(arrivals, shape, p.text_seed(), cell["prompts"], encoder)):
+            lengths.setdefault(len(ids), []).append(i)
+        reqs = sorted(((q["at"], n, q) for n, e in enumerate(doc["engines"]) for q in e.get("requests") or []),
+                      key=lambda x: x[0])
+        pairs = [(lengths[int(q["prompt"])].pop(0), n, q) for _, n, q in reqs if lengths.get(int(q["prompt"]))]
+        if not pairs:
+            continue
+        t0 = pairs[0][2]["at"]
+        p.index, p.engine = [i for i, _, _ in pairs], [n for _, n, _ in pairs]
+        p.at = [q["at"] - t0 for _, _, q in pairs]
+        p.engine_rows = [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
+                          None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]
+        p.steps = [[(t - t0, int(k)) for t, k in e.get("steps") or []] for e in doc["engines"]]
+        p.batches = [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
+                     for e in doc["engines"]]
+        p.pool_tokens = pool_of(doc["engines"])
+        out.append(p)
+    return out
+
+
+def _prompt_ids(arrivals: list[tuple[float, int]], shape: Shape, seed: int | str, prompts: str,
+                encoder: Encoder) -> list[list[int]]:
+    """Each arrival's prompt as the engine tokenized it (chat through the tokenizer's template)."""
+    texts = phase_texts(arrivals, shape, seed)
+    if prompts == "chat":
+        return [chat_prompt_ids([{"role": "system", "content": s}, {"role": "user", "content": q}],
+                                encoder.encode, encoder.encode_chat) for s, q in texts]
+    return [encoder.encode(s + "\n\n" + q) for s, q in texts]
+
+
 def pool_of(engines: Sequence[dict[str, Any]]) -> int:
     """The engines' KV pool in tokens from their logs (blocks x block size; run 121's engines had
     24,000, where a replay on the usual 48,000 evicted nothing and read its TTFT p95 at 0.15-0.5x
@@ -170,15 +238,10 @@ def simulate(p: Placed, profile: perf.Profile, encoder: Encoder, cache: dict[Any
              batches_into: list[tuple[int, list[Any]]] | None = None) -> dict[str, float]:
     cell, argv = p.cell, p.cell["argv"]
     shape = Shape(**cell["shape"])
-    arrivals = trace(p.rate, float(argv_value(argv, "--phase-s", "30")), shape, cell["seed"])
-    key = (text_key(cell.get("text", "fresh"), int(argv_value(argv, "--phase-base", "0")), p.rate, p.phase),
-           p.rate, shape, cell["seed"])
+    arrivals = p.arrivals(shape)
+    key = (p.text_seed(), p.rate, shape, p.warmup_s, cell["seed"])
     if key not in cache:
-        texts = phase_texts(arrivals, shape, key[0])
-        # chat: the prompt the engine tokenized, through the tokenizer's chat template as it does
-        cache[key] = ([chat_prompt_ids([{"role": "system", "content": s}, {"role": "user", "content": q}],
-                                       encoder.encode, encoder.encode_chat) for s, q in texts]
-                      if cell["prompts"] == "chat" else [encoder.encode(s + "\n\n" + q) for s, q in texts])
+        cache[key] = _prompt_ids(arrivals, shape, key[0], cell["prompts"], encoder)
     order = sorted(range(len(p.at)), key=lambda k: p.at[k])
     config = SimConfig(profile=profile.name, max_total_tokens=p.pool_tokens, page_size=32, max_running_requests=64)
     return replay([cache[key][p.index[k]] for k in order], [p.at[k] for k in order], [p.engine[k] for k in order],

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests.fidelity_replay import Placed, alone, engine_count, mean_of, placed_phases, simulate
+from loadtests.fidelity_replay import (
+    Placed,
+    alone,
+    engine_count,
+    mean_of,
+    placed_phases,
+    simulate,
+    warmup_phases,
+)
 from loadtests.gpu.fleet import TOKENIZER, Shape
 from loadtests.gpu.fleet_report import pct
 from proxy.diagnose.shadow_ttft import least_squares
@@ -217,16 +225,19 @@ def step_costs(results: Sequence[Path], profile: perf.Profile) -> dict[tuple[int
 
 
 def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: float = 0.001,
-                   router: str | None = None) -> float | None:
+                   router: str | None = None, warmup: bool = False) -> float | None:
     """The step's fixed host cost (``step_overhead_s``) that makes the replayed engines' median step
     beside ``busy`` busy neighbours what this run's engines clocked (their shim's step log): the
     simulator calibrated to the machine of the day from its step clock, never from the TTFTs it is
     then judged on. One H100 stepped 16% slower than another on the same engines (runs 90 and 91),
     which past the knee is a 1.5-2x longer tail. ``router``: fitted on that router's phases only, so
-    the others' are judged on a machine fitted without them. None where the run logged no steps."""
+    the others' are judged on a machine fitted without them. ``warmup``: on the cells' warm-ups
+    alone (``warmup_phases``), before any judged round ran, so every round is held out. None where
+    the run logged no steps."""
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
-    phases = [p for p in placed_phases(results) if any(p.steps) and not alone(p) and router in (None, p.router)]
+    phases = [p for p in (warmup_phases(results, encoder) if warmup else placed_phases(results))
+              if any(p.steps) and not alone(p) and router in (None, p.router)]
     real = [r for p in phases for r in _step_rows(p.steps, _real_rows(p)) if r[3] == busy]
     if len(real) < 10:
         return None

@@ -284,11 +284,12 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
 
 def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ...]:
     """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``
-    by the step clock, "steps", the batch log, "batches", or the warm-up's alone, "warmup"; said
-    on stderr), or none."""
+    by the step clock, "steps", the batch log, "batches", or the warm-up's alone, its windows
+    "warmup" or its step clock "warmup-steps"; said on stderr), or none."""
     if not calibrate:
         return ()
-    overhead = (calibrate_host(results, perf.PROFILES[profile]) if calibrate == "steps"
+    overhead = (calibrate_host(results, perf.PROFILES[profile], warmup=calibrate == "warmup-steps")
+                if calibrate in ("steps", "warmup-steps")
                 else fleet_windows.calibrate(results, perf.PROFILES[profile], warmup=calibrate == "warmup"))
     print(f"{results.name}: step_overhead_s {overhead} (the profile's {perf.PROFILES[profile].step_overhead_s})",
           file=sys.stderr, flush=True)
@@ -381,11 +382,13 @@ def main() -> None:
     p.add_argument("--smg-as", metavar="SPEC",
                    help="--cells: the policy spec standing for smg (default: AS_SIMULATED['smg'], gate=mean with its overload protection; "
                         "cache_aware is sglang-router's rule, smg's stand-in before 2026-12-04)")
-    p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches", "warmup"), default=None,
+    p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches", "warmup", "warmup-steps"),
+                   default=None,
                    help="--cells: each run on its own machine's step cost, not the profile's: the step's fixed "
                         "host cost fitted to the run's median busy step (steps, fidelity_placed --calibrate), "
                         "to its engines' batch logs (batches, loadtests.fleet_windows) or to its warm-up's alone "
-                        "(warmup: a prediction for every judged phase)")
+                        "(a prediction for every judged phase): its windows (warmup) or its step clock "
+                        "(warmup-steps, which small steps do not mislead)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="a profile field for the simulated engines (e.g. step_overhead_s=0.07, a machine's "
                         "fixed step cost read from a warm-up: fleet_windows)")

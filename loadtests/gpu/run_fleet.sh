@@ -148,14 +148,15 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # day's engine is the one it is compared with: seconds of CPU, the table beside the results.
 # The profile of this card and engine shape (the 16-layer engine on an H100, the whole 7B on an
 # H200); and every round replayed where it went, as fitted and on the fixed cost the warm-up read
-# before any judged phase (held out: the check runs 114-116 passed 20 of 25 rounds where the
-# profile as fitted passed 9).
+# before any judged phase (held out: a lone engine from its warm-up's steps, the fleet from its
+# warm-up replayed to its step clock; over the ten fleet runs with warm-ups 65 of 81 rounds, the
+# warm-up's busy windows 55, the profile as fitted 63).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
   *) PROFILE=h200-transformers-7b-dense ;;
 esac
 { python3 -m loadtests.fidelity --profile "$PROFILE" --results "$OUT"
-  for how in "" "--calibrate --calibrate-by warmup"; do
+  for how in "" "--calibrate --calibrate-by warmup-steps"; do
     echo; echo "fidelity_placed --profile $PROFILE $how"
     python3 -m loadtests.fidelity_placed --profile "$PROFILE" --results "$OUT" $how
   done; } > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"

@@ -1,0 +1,58 @@
+"""A fleet's machine read from its warm-up's step clock: the warm-up rebuilt as fleet.py drew it and
+replayed, so the machine is known before any judged round."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from loadtests import fleet_windows
+from loadtests.fidelity_replay import judge, placed_phases, simulate, warmup_phases
+from loadtests.fidelity_steps import calibrate_host
+from loadtests.gpu.fleet import TOKENIZER
+from proxy.sim import perf
+from proxy.sim.scheduler import SimRequest
+from proxy.sim.tokenizer import Encoder
+
+RESULTS = Path(__file__).resolve().parents[2] / "loadtests" / "results"
+H100 = perf.PROFILES["h100-transformers-16l-dense-fit"]
+
+
+def test_a_warm_up_is_rebuilt_request_for_request() -> None:
+    """Run 121's two 8-s warm-ups at 6/s (seed 151 and 152 for traces 150 and 151): each of the 48
+    requests the trace holds is found among the engines' requests, by its prompt's length, and the
+    replay's prompts have those lengths; the engines' other requests are the proxies' probes."""
+    encoder = Encoder(str(TOKENIZER))
+    warm = warmup_phases(RESULTS / "gpu-fleet-evict-1", encoder)
+    assert [(p.phase, p.rate, p.warmup_s, len(p.at)) for p in warm] == [(14300, 6.0, 8.0, 48), (14400, 6.0, 8.0, 48)]
+    for p in warm:
+        assert sorted(p.index) == list(range(48))
+        assert p.pool_tokens == 24_000 and len(p.batches) == 4 and all(p.steps)
+        into: list[tuple[int, SimRequest]] = []
+        simulate(p, H100, encoder, {}, into=into)
+        replayed = sorted(len(r.input_ids) for _, r in into)
+        assert replayed == sorted(row[0] for row in p.engine_rows)
+    assert warmup_phases(RESULTS / "gpu-fleet-h100-21", encoder) == []  # a run without a warm-up log
+
+
+def test_the_warm_ups_step_clock_reads_the_machine_its_windows_misread() -> None:
+    """Runs 121-122 (24k-token pools, 5 decodes a step against the usual 11-12): with small steps
+    the GPU idles even where all four engines step, so the warm-up's windows read a slow machine
+    (71 and 75 ms; the replay then 1 of 22 rounds within ±30%), while its step clock reads the
+    profile's own 60 ms, as the judged rounds' step clock does (59.5 and 61.4)."""
+    for run in ("gpu-fleet-evict-1", "gpu-fleet-evict-2"):
+        windows = fleet_windows.calibrate(RESULTS / run, H100, warmup=True)
+        clock = calibrate_host(RESULTS / run, H100, warmup=True)
+        assert windows is not None and windows > 0.068, (run, windows)
+        assert clock is not None and abs(clock / H100.step_overhead_s - 1) < 0.05, (run, clock)
+    encoder = Encoder(str(TOKENIZER))
+    rounds = placed_phases(RESULTS / "gpu-fleet-evict-2")
+    clock = calibrate_host(RESULTS / "gpu-fleet-evict-2", H100, warmup=True)
+    windows = fleet_windows.calibrate(RESULTS / "gpu-fleet-evict-2", H100, warmup=True)
+    assert clock is not None and windows is not None
+
+    def held(profile: perf.Profile) -> int:
+        return sum(judge(p, simulate(p, profile, encoder, {}), [])[0] for p in rounds)
+
+    assert held(dataclasses.replace(H100, step_overhead_s=clock)) >= 7
+    assert held(dataclasses.replace(H100, step_overhead_s=windows)) <= 1

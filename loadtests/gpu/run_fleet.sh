@@ -149,8 +149,8 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # The profile of this card and engine shape (the 16-layer engine on an H100, the whole 7B on an
 # H200); and every round replayed where it went, as fitted and on the fixed cost the warm-up read
 # before any judged phase (held out: a lone engine from its warm-up's steps, the fleet from its
-# warm-up replayed to its step clock; over the ten fleet runs with warm-ups 65 of 81 rounds, the
-# warm-up's busy windows 55, the profile as fitted 63).
+# warm-up replayed to its step clock: over fourteen fleet runs 77 of 105 rounds, the profile as
+# fitted 76; the warm-up's busy windows misread small steps, proxy/sim/README.md).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
   *) PROFILE=h200-transformers-7b-dense ;;

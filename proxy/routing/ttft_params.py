@@ -56,9 +56,9 @@ class TtftParams:
     cold_tie_prefills: float = 0.5
     # A prompt whose prefix the workers' KV events report evicted everywhere goes back to the
     # worker our index placed it on, as the approximate index would send it (its cost is the
-    # recompute, exact), rather than anew by load (TtftCost._evicted_homes). Off: the simulator
-    # is split on it (bench_routing's LRU pools 1.18x -> 1.01x the approximate index's p95; the
-    # GPU fleet's shape 0.67x -> 0.91x), the GPU fleet decides.
+    # recompute, exact), rather than anew by load (TtftCost._evicted_homes). Off: it helped in
+    # bench_routing's LRU pools (1.18x -> 1.01x the approximate index's p95), not on the GPU
+    # fleet where the engines evict (runs 121-124, 15 cells: 1.10x, the events alone 1.09x).
     evicted_home: bool = False
     token_usage_limit: float = 0.95
     # Our own in-flight requests above which a worker counts as saturated; 0 = off.

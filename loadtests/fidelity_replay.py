@@ -24,7 +24,7 @@ from typing import Any
 from loadtests.fidelity import TOLERANCE, replay
 from loadtests.gpu.fleet import Shape, phase_texts, text_key, trace
 from loadtests.gpu.fleet_report import argv_value, pct
-from loadtests.jsonl import exists, read_jsonl, read_text
+from loadtests.jsonl import exists, first_line, read_jsonl, read_text
 from proxy.sim import perf
 from proxy.sim.config import SimConfig
 from proxy.sim.protocol import chat_prompt_ids
@@ -223,7 +223,7 @@ def run_pool(results: Path) -> int:
     """A run's engines' KV pool in tokens (``pool_of`` its first logged phase)."""
     if not exists(results / "engines.jsonl"):
         return POOL_TOKENS
-    first = next(iter(read_text(results / "engines.jsonl").splitlines()), "")
+    first = first_line(results / "engines.jsonl")
     return pool_of(json.loads(first)["engines"]) if first else POOL_TOKENS
 
 

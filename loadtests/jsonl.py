@@ -32,5 +32,16 @@ def read_text(path: Path) -> str:
     return found.read_text()
 
 
+def first_line(path: Path) -> str:
+    """The file's first line (decompressing only as far as it), "" for an empty file;
+    FileNotFoundError if neither ``path`` nor ``path.gz`` is there."""
+    found = resolve(path)
+    if found is None:
+        raise FileNotFoundError(path)
+    opener = gzip.open if found.suffix == ".gz" else open
+    with opener(found, "rt") as f:
+        return f.readline().rstrip("\n")
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]

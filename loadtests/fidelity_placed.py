@@ -35,9 +35,10 @@ from loadtests.fidelity_replay import (
     placed_phases,
     simulate,
     tail_bands,
+    warmup_phases,
 )
 from loadtests.fidelity_rounds import against_rounds, groups_report, repeatability
-from loadtests.fidelity_steps import calibrate_host, regress, steps_report
+from loadtests.fidelity_steps import calibrate_host, regress, step_clock_overhead, steps_report
 from loadtests.fit_steps import lone_overhead
 from loadtests.gpu.fleet import TOKENIZER
 from loadtests.gpu.fleet_report import gpu_model, on_profile_gpu, pct, run_gpu
@@ -154,6 +155,8 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     by round)."""
     if by == "rounds":
         return round_calibrated_report(results, profile)
+    if by == "previous":
+        return previous_calibrated_report(results, profile)
     out = []
     whose = "its warm-up's" if by.startswith("warmup") else f"the {router} phases'" if router else "its"
     source = ("median step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
@@ -219,6 +222,41 @@ def round_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
     return dataclasses.replace(profile, step_overhead_s=round_overhead(p, profile))
 
 
+def previous_profiles(results: Path, profile: perf.Profile) -> dict[int, perf.Profile]:
+    """phase -> ``profile`` at the fixed cost read from the phase run just before it on the same
+    engines (``round_overhead`` of its batches; a cell's first round: the cell's warm-up): held
+    out like the warm-up, and as near in time as a reading can be, so that a machine drifting
+    within a call is followed (run 120: 67 ms a step in the first warm-up, 81 in the first judged
+    phase, 45-49 in the last cell). A phase with nothing before it is left out (the profile's)."""
+    encoder = Encoder(str(TOKENIZER))
+    ordered = sorted([*warmup_phases(results, encoder), *placed_phases(results)], key=lambda p: p.phase)
+    out: dict[int, perf.Profile] = {}
+    for before, p in itertools.pairwise(ordered):
+        if p.warmup_s is not None or p.phase != before.phase + 1 or not any(before.batches):
+            continue
+        if alone(before):
+            out[p.phase] = round_profile(before, profile)
+        elif (fixed := step_clock_overhead([before], profile, encoder)) is not None:
+            # the fleet's from its step clock: its busy windows misread small steps (runs 121-124)
+            out[p.phase] = dataclasses.replace(profile, step_overhead_s=fixed)
+    return out
+
+
+def _of_phase(of: dict[int, perf.Profile], default: perf.Profile, p: Placed) -> perf.Profile:
+    return of.get(p.phase, default)
+
+
+def previous_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
+    """``report`` with each round on the fixed cost of the phase just before it (``previous_profiles``)."""
+    out = []
+    for path in results:
+        of = previous_profiles(path, profile)
+        out.append(f"{path.name}: step_overhead_s per round from the phase before it: "
+                   + ", ".join(f"{k} {v.step_overhead_s:.4f}" for k, v in sorted(of.items())))
+        out.append(report([path], profile, profile_of=functools.partial(_of_phase, of, profile)))
+    return "\n".join(out)
+
+
 def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
     """``report`` with each round on the step's fixed cost of its own batch log (``round_overhead``):
     what the replay holds once it knows how fast the machine ran that round, from the batches the
@@ -279,12 +317,13 @@ def main() -> None:
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
                         "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
-    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "warmup-steps", "rounds"), default="steps",
+    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "warmup-steps", "previous", "rounds"), default="steps",
                    help="with --calibrate: fit the fixed cost to the step clock by replays (steps), to the "
                         "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), to "
                         "the warm-up's alone (warmup: every round held out), to the warm-up's step clock by replays "
-                        "(warmup-steps: held out too), or to each round's own batch log (rounds; ROUTER ignored "
-                        "with the warm-ups and rounds)")
+                        "(warmup-steps: held out too), to the batch log of the phase just before each round, its "
+                        "warm-up for a cell's first (previous: held out, and near in time), or to each round's "
+                        "own batch log (rounds; ROUTER ignored with the last four)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     p.add_argument("--against-rounds", action="store_true",

@@ -193,9 +193,10 @@ def warmup_phases(results: Path, encoder: Encoder) -> list[Placed]:
         p.at = [q["at"] - t0 for _, _, q in pairs]
         p.engine_rows = [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
                           None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]
-        p.steps = [[(t - t0, int(k)) for t, k in e.get("steps") or []] for e in doc["engines"]]
-        p.batches = [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
-                     for e in doc["engines"]]
+        # from the first arrival on: a fresh engine's readiness probe ran its cold first forward before
+        p.steps = [[(t - t0, int(k)) for t, k in e.get("steps") or [] if t >= t0] for e in doc["engines"]]
+        p.batches = [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []
+                      if b[0] >= t0] for e in doc["engines"]]
         p.pool_tokens = pool_of(doc["engines"])
         out.append(p)
     return out

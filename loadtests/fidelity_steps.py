@@ -235,9 +235,17 @@ def calibrate_host(results: Path, profile: perf.Profile, busy: int = 3, tol_s: f
     alone (``warmup_phases``), before any judged round ran, so every round is held out. None where
     the run logged no steps."""
     encoder = Encoder(str(TOKENIZER))
-    cache: dict[Any, list[list[int]]] = {}
     phases = [p for p in (warmup_phases(results, encoder) if warmup else placed_phases(results))
-              if any(p.steps) and not alone(p) and router in (None, p.router)]
+              if router in (None, p.router)]
+    return step_clock_overhead(phases, profile, encoder, busy, tol_s)
+
+
+def step_clock_overhead(phases: Sequence[Placed], profile: perf.Profile, encoder: Encoder, busy: int = 3,
+                        tol_s: float = 0.001) -> float | None:
+    """``calibrate_host`` on these phases (the fleet's: one engine alone has no busy neighbours);
+    None where they logged fewer than 10 steps beside ``busy`` busy neighbours."""
+    cache: dict[Any, list[list[int]]] = {}
+    phases = [p for p in phases if any(p.steps) and not alone(p)]
     real = [r for p in phases for r in _step_rows(p.steps, _real_rows(p)) if r[3] == busy]
     if len(real) < 10:
         return None

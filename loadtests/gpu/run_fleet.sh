@@ -150,13 +150,14 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # H200); and every round replayed where it went, as fitted and on the fixed cost the warm-up read
 # before any judged phase (held out: a lone engine from its warm-up's steps, the fleet from its
 # warm-up replayed to its step clock: over fourteen fleet runs 77 of 105 rounds, the profile as
-# fitted 76; the warm-up's busy windows misread small steps, proxy/sim/README.md).
+# fitted 76; the warm-up's busy windows misread small steps, proxy/sim/README.md), and each round
+# on the phase just before it (a machine drifting within the call: lone 25 of 33, fleet 77 of 105).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
   *) PROFILE=h200-transformers-7b-dense ;;
 esac
 { python3 -m loadtests.fidelity --profile "$PROFILE" --results "$OUT"
-  for how in "" "--calibrate --calibrate-by warmup-steps"; do
+  for how in "" "--calibrate --calibrate-by warmup-steps" "--calibrate --calibrate-by previous"; do
     echo; echo "fidelity_placed --profile $PROFILE $how"
     python3 -m loadtests.fidelity_placed --profile "$PROFILE" --results "$OUT" $how
   done; } > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"

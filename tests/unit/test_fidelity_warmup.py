@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from loadtests import fleet_windows
+from loadtests.fidelity_machine import previous_profiles
 from loadtests.fidelity_replay import judge, placed_phases, simulate, warmup_phases
 from loadtests.fidelity_steps import calibrate_host
 from loadtests.gpu.fleet import TOKENIZER
@@ -63,8 +64,6 @@ def test_each_round_on_the_phase_before_it_follows_a_drifting_machine() -> None:
     its first judged phase, 45-49 in the second cell. Each round read from the phase just before it
     (the warm-up for a cell's first) follows that, every reading held out: 10 of 14 rounds within
     ±30% against the pooled warm-ups' 8 (each round's own batches, a fit: 12)."""
-    from loadtests.fidelity_placed import previous_profiles
-
     run = RESULTS / "gpu-fleet-alone-4"
     before = previous_profiles(run, H100)
     rounds = placed_phases(run)

@@ -138,7 +138,7 @@ def test_each_round_on_its_own_batch_log_holds_where_the_run_s_machine_missed() 
     fixed step cost from its batch log two of its six rounds miss (engine TTFT p50 or p95 off by
     more than 30%); fitted to each round's own batches (0.045-0.062 s: the fixed cost moved from
     round to round), all six hold. The TTFTs it is judged on play no part in either."""
-    from loadtests import fidelity_placed, fidelity_replay
+    from loadtests import fidelity_machine, fidelity_replay
     from loadtests.gpu.fleet import TOKENIZER
     from proxy.sim.tokenizer import Encoder
 
@@ -149,7 +149,7 @@ def test_each_round_on_its_own_batch_log_holds_where_the_run_s_machine_missed() 
     rounds = fidelity_replay.placed_phases(run)
     on_run, on_round, speeds = 0, 0, []
     for p in rounds:
-        own = fidelity_placed.round_overhead(p, H100)
+        own = fidelity_machine.round_overhead(p, H100)
         speeds.append(own)
         for profile, count in ((dataclasses.replace(H100, step_overhead_s=machine), 0),
                                (dataclasses.replace(H100, step_overhead_s=own), 1)):

@@ -223,7 +223,7 @@ def test_the_replay_is_as_close_to_each_h100_round_as_the_gpus_own_median_is() -
     batch log the replays' median is within ±30% of the GPU's median on every trace, and within
     ±30% of about as many single rounds as the GPU's own median is; on a machine 1.5x slower a
     step it is not, so the comparison can fail."""
-    from loadtests.fidelity_placed import machine_of
+    from loadtests.fidelity_machine import machine_of
     from loadtests.fidelity_rounds import trace_rounds
 
     profile = perf.PROFILES["h100-transformers-16l-dense-fit"]
@@ -517,7 +517,7 @@ def test_one_engine_alone_holds_once_its_steps_say_how_fast_the_machine_ran() ->
     a run (up to 1.96x on run 58), and with it the replay holds 37 of 40 phases (within ±30% or
     overloaded in both), where the profile as fitted holds 23: the model is right once the
     machine's speed of that minute is known."""
-    from loadtests import fidelity_placed, fidelity_replay
+    from loadtests import fidelity_machine, fidelity_replay
     from loadtests.gpu.fleet_report import pct
 
     encoder = Encoder(str(fidelity.TOKENIZER))
@@ -527,7 +527,7 @@ def test_one_engine_alone_holds_once_its_steps_say_how_fast_the_machine_ran() ->
     for run in LONE_RUNS:
         profile = perf.PROFILES["h100-transformers-16l-dense-fit" if "h100" in run else "h200-transformers-7b-dense"]
         phases = [p for p in fidelity_replay.placed_phases(fidelity.RESULTS.parent / run) if fidelity_replay.alone(p)]
-        costs = [fidelity_placed.round_overhead(p, profile) for p in phases]
+        costs = [fidelity_machine.round_overhead(p, profile) for p in phases]
         spread.append(max(costs) / min(costs))
         for p, cost in zip(phases, costs, strict=True):
             for fixed in (profile.step_overhead_s, cost):

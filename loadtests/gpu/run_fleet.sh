@@ -151,7 +151,7 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # before any judged phase (held out: a lone engine from its warm-up's steps, the fleet from its
 # warm-up replayed to its step clock: over fourteen fleet runs 77 of 105 rounds, the profile as
 # fitted 76; the warm-up's busy windows misread small steps, proxy/sim/README.md), and each round
-# on the phase just before it (a machine drifting within the call: lone 25 of 33, fleet 77 of 105).
+# on the phase just before it (a machine drifting within the call: lone 30 of 39, fleet 77 of 105).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
   *) PROFILE=h200-transformers-7b-dense ;;
@@ -162,5 +162,8 @@ esac
     python3 -m loadtests.fidelity_placed --profile "$PROFILE" --results "$OUT" $how
   done; } > "$OUT/fidelity.md" 2>&1 || echo "fidelity replay failed (see fidelity.md)"
 kill "$SAMPLER" 2>/dev/null
-# At most 8 files come back from the device: router configs and logs, engine logs in one archive.
-(cd "$OUT" && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . 2>/dev/null && rm -f router-*.log radixgate-*.yaml)
+# At most 8 files come back from the device: router configs and logs, engine logs in one archive
+# (nullglob: a run of one engine alone has no router files, and tar's exit 2 on the missing names
+# was the call's).
+(cd "$OUT" && shopt -s nullglob && tar czf logs.tgz router-*.log radixgate-*.yaml -C "$ENGINE_LOGS" . \
+  && rm -f router-*.log radixgate-*.yaml)

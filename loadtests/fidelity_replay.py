@@ -147,17 +147,27 @@ def placed_phases(results: Path) -> list[Placed]:
         pairs = match(client, doc["engines"])
         if not pairs:
             continue
-        t0 = min(q["at"] for _, _, q in pairs)
-        out.append(Placed(
-            doc["router"], doc["rate"], doc["phase"], cell, [i for i, _, _ in pairs], [n for _, n, _ in pairs],
-            [q["at"] - t0 for _, _, q in pairs],
-            [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
-              None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs],
-            [[(t - t0, int(n)) for t, n in e.get("steps") or []] for e in doc["engines"]],
-            [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []]
-             for e in doc["engines"]],
-            [itl_of.get(i) for i, _, _ in pairs], pool_of(doc["engines"])))
+        p = Placed(doc["router"], doc["rate"], doc["phase"], cell, [], [], [], [])
+        _place(p, pairs, doc["engines"])
+        p.itl = [itl_of.get(i) for i, _, _ in pairs]
+        out.append(p)
     return out
+
+
+def _place(p: Placed, pairs: Sequence[tuple[int, int, dict[str, Any]]], engines: Sequence[dict[str, Any]],
+           since_first: bool = False) -> None:
+    """Fill ``p`` from its (trace index, engine, engine request) pairs, every time in seconds from
+    the first arrival; ``since_first``: the engines' steps and batches before it left out."""
+    t0 = min(q["at"] for _, _, q in pairs)
+    start = t0 if since_first else -math.inf
+    p.index, p.engine = [i for i, _, _ in pairs], [n for _, n, _ in pairs]
+    p.at = [q["at"] - t0 for _, _, q in pairs]
+    p.engine_rows = [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
+                      None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]
+    p.steps = [[(t - t0, int(n)) for t, n in e.get("steps") or [] if t >= start] for e in engines]
+    p.batches = [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []
+                  if b[0] >= start] for e in engines]
+    p.pool_tokens = pool_of(engines)
 
 
 def warmup_phases(results: Path, encoder: Encoder) -> list[Placed]:
@@ -188,16 +198,8 @@ def warmup_phases(results: Path, encoder: Encoder) -> list[Placed]:
         pairs = [(lengths[int(q["prompt"])].pop(0), n, q) for _, n, q in reqs if lengths.get(int(q["prompt"]))]
         if not pairs:
             continue
-        t0 = pairs[0][2]["at"]
-        p.index, p.engine = [i for i, _, _ in pairs], [n for _, n, _ in pairs]
-        p.at = [q["at"] - t0 for _, _, q in pairs]
-        p.engine_rows = [(q["prompt"], q["cached"], None if q.get("first") is None else q["first"] - t0,
-                          None if q.get("done") is None else q["done"] - t0) for _, _, q in pairs]
         # from the first arrival on: a fresh engine's readiness probe ran its cold first forward before
-        p.steps = [[(t - t0, int(k)) for t, k in e.get("steps") or [] if t >= t0] for e in doc["engines"]]
-        p.batches = [[[b[0] - t0, None if b[1] is None else b[1] - t0, *b[2:]] for b in e.get("batches") or []
-                      if b[0] >= t0] for e in doc["engines"]]
-        p.pool_tokens = pool_of(doc["engines"])
+        _place(p, pairs, doc["engines"], since_first=True)
         out.append(p)
     return out
 

@@ -35,14 +35,19 @@ def fleet_overhead(run: Path, profile: perf.Profile, by: str, router: str | None
 
 
 def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.Profile]:
-    """Each round's profile (given its run's directory) with its run's (``batches``, ``warmup``) or
-    its own (``rounds``) fixed cost from the engines' batch logs, a lone engine's from its lone
-    steps; the profile's where there is none."""
+    """Each round's profile (given its run's directory) with its run's (``batches``, ``warmup``,
+    ``warmup-steps``), its own (``rounds``) or the phase before it's (``previous``) fixed cost, a
+    lone engine's from its lone steps; the profile's where there is none."""
     memo: dict[tuple[Path, bool], float | None] = {}
+    before: dict[Path, dict[int, perf.Profile]] = {}
 
     def of(run: Path, p: Placed) -> perf.Profile:
         if by == "rounds":
             return round_profile(p, profile)
+        if by == "previous":
+            if run not in before:
+                before[run] = previous_profiles(run, profile)
+            return before[run].get(p.phase, profile)
         key = (run, alone(p))
         if key not in memo:
             memo[key] = (fleet_windows.calibrate(run, profile, warmup=by.startswith("warmup"), lone=True) if alone(p)

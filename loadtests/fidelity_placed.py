@@ -188,10 +188,6 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     return "\n".join(out)
 
 
-def _of_phase(of: dict[int, perf.Profile], default: perf.Profile, p: Placed) -> perf.Profile:
-    return of.get(p.phase, default)
-
-
 def previous_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:
     """``report`` with each round on the fixed cost of the phase just before it (``previous_profiles``)."""
     out = []
@@ -199,8 +195,12 @@ def previous_calibrated_report(results: Sequence[Path], profile: perf.Profile) -
         of = previous_profiles(path, profile)
         out.append(f"{path.name}: step_overhead_s per round from the phase before it: "
                    + ", ".join(f"{k} {v.step_overhead_s:.4f}" for k, v in sorted(of.items())))
-        out.append(report([path], profile, profile_of=functools.partial(_of_phase, of, profile)))
+        out.append(report([path], profile, functools.partial(_of_phase, of, profile)))
     return "\n".join(out)
+
+
+def _of_phase(of: dict[int, perf.Profile], default: perf.Profile, p: Placed) -> perf.Profile:
+    return of.get(p.phase, default)
 
 
 def round_calibrated_report(results: Sequence[Path], profile: perf.Profile) -> str:

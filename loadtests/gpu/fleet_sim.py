@@ -27,10 +27,9 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests import fleet_windows
 from loadtests.fidelity import TOLERANCE, _phase_of
+from loadtests.fidelity_machine import fleet_overhead
 from loadtests.fidelity_replay import POOL_TOKENS, run_pool
-from loadtests.fidelity_steps import calibrate_host
 from loadtests.gpu.fleet import (
     TOKENIZER,
     Shape,
@@ -288,9 +287,7 @@ def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ..
     "warmup" or its step clock "warmup-steps"; said on stderr), or none."""
     if not calibrate:
         return ()
-    overhead = (calibrate_host(results, perf.PROFILES[profile], warmup=calibrate == "warmup-steps")
-                if calibrate in ("steps", "warmup-steps")
-                else fleet_windows.calibrate(results, perf.PROFILES[profile], warmup=calibrate == "warmup"))
+    overhead = fleet_overhead(results, perf.PROFILES[profile], calibrate)
     print(f"{results.name}: step_overhead_s {overhead} (the profile's {perf.PROFILES[profile].step_overhead_s})",
           file=sys.stderr, flush=True)
     return () if overhead is None else (f"step_overhead_s={overhead}",)

@@ -201,6 +201,14 @@ AS_SIMULATED = {"smg": f"{SMG}/overload_waiting=8/overload_usage=0.8/scrape_s=10
                 "smg-blind": SMG, "sglang-router": "cache_aware"}
 
 
+def stand_in(spec: str, stand_ins: dict[str, str] | None = None) -> str:
+    """The policy spec simulating router ``spec``: a peer's name (``smg``) as its stand-in, options
+    after it kept (``smg/kv_tokens=24000``: smg's stand-in on 24k-token pools)."""
+    head, sep, rest = spec.partition("/")
+    base = (AS_SIMULATED if stand_ins is None else stand_ins).get(head, head)
+    return f"{base}{sep}{rest}"
+
+
 def gpu_phases(results: Path) -> Iterator[tuple[str, str, float, dict[str, Any]]]:
     """(cell label, router, rate, the router's first-round GPU summary) of every router phase of
     a GPU run's cells (its ``summary.jsonl``; ``--repeat`` rounds share a trace), the cell's record
@@ -256,7 +264,7 @@ def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE, as_sim
     pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, float]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_ins.get(r, r), pool),
+        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, stand_ins), pool),
                          profile_set=profile_set)[0]
         rows.setdefault(label, {})[r] = (got["ttft_p95"], sim)
     return list(rows.items())
@@ -274,7 +282,7 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, list[float]]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_ins.get(r, r), pool), jitters,
+        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, stand_ins), pool), jitters,
                           profile_set)
         # the GPU's first round (its proxies fresh, as the simulated ones): one draw, not a pool
         rows.setdefault(label, {})[r] = ((got.get("p95_repeats") or [got["ttft_p95"]])[0], sims)
@@ -500,7 +508,7 @@ def main() -> None:
                 for k_round in range(a.rounds):
                     if k_round and a.reset:
                         forget(carried, a.reset)
-                    outcomes, fleet = cell(AS_SIMULATED.get(router, router), rate, shape, seed, phase, a.phase_s, a.workers, encoder,
+                    outcomes, fleet = cell(stand_in(router), rate, shape, seed, phase, a.phase_s, a.workers, encoder,
                                            a.reports == "minimal", engines, start, ids=a.prompts == "ids",
                                            carried=carried if a.rounds > 1 else None,
                                            generation=0 if a.warm_index else k_round, chat=a.prompts == "chat",
@@ -516,7 +524,7 @@ def main() -> None:
                 p95s.setdefault(router, []).append(pct(ttft, 0.95))
                 if a.spread > 1 and not carry and a.rounds == 1:  # the same phase, its arrivals moved
                     draws = [pct(ttfts(cell(
-                        AS_SIMULATED.get(router, router), rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
+                        stand_in(router), rate, shape, seed, phase, a.phase_s, a.workers, encoder, a.reports == "minimal",
                         ids=a.prompts == "ids", chat=a.prompts == "chat", profile=a.profile, own_gpus=a.own_gpus,
                         dp=a.dp, jitter=(a.jitter_s, j), sglang_reports=a.reports == "sglang",
                         profile_set=tuple(a.set))[0]), 0.95)

@@ -338,3 +338,19 @@ def test_what_if_keys_leave_the_spec_the_proxies_are_built_from() -> None:
     spec, what_if = fleet_sim.sim_only("ttft/replicas=4/kv_events=auto/kv_at_schedule=1/scrape_s=0.1")
     assert spec == "ttft/replicas=4/kv_events=auto"
     assert what_if == {"kv_at_schedule": 1.0, "scrape_s": 0.1}
+
+
+def test_a_peers_name_with_options_is_simulated_as_its_stand_in_with_those_options() -> None:
+    # `--routers smg/kv_tokens=24000` had been an unknown policy: the stand-in was looked up by the
+    # whole spec. Now the name is, and the what-ifs after it stay (here: 24k-token pools).
+    smg = fleet_sim.AS_SIMULATED["smg"]
+    assert fleet_sim.stand_in("smg") == smg
+    assert fleet_sim.stand_in("smg/kv_tokens=24000") == f"{smg}/kv_tokens=24000"
+    assert fleet_sim.stand_in("ttft/kv_events=auto") == "ttft/kv_events=auto"
+    assert fleet_sim.stand_in("smg", {"smg": "cache_aware"}) == "cache_aware"
+    common = dict(rate=8.0, shape=Shape(), seed=157, phase=15400, phase_s=10.0, workers=4,
+                  encoder=Encoder(str(TOKENIZER)), minimal=False, ids=True, profile="h100-transformers-16l-dense-fit")
+    small, _ = fleet_sim.cell(fleet_sim.stand_in("smg/kv_tokens=6000"), **common)  # type: ignore[arg-type]
+    large, _ = fleet_sim.cell(fleet_sim.stand_in("smg"), **common)  # type: ignore[arg-type]
+    # pools that cannot hold the groups' prefixes give back less of them than the default pools
+    assert sum(o.cached_tokens for o in small) < sum(o.cached_tokens for o in large)

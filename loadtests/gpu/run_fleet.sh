@@ -151,7 +151,7 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # before any judged phase (held out: a lone engine from its warm-up's steps, the fleet from its
 # warm-up replayed to its step clock: over fourteen fleet runs 77 of 105 rounds, the profile as
 # fitted 76; the warm-up's busy windows misread small steps, proxy/sim/README.md), and each round
-# on the phase just before it (a machine drifting within the call: lone 30 of 39, fleet 77 of 105).
+# on the phase just before it (a machine drifting within the call: lone 42 of 51, fleet 77 of 105).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
   *) PROFILE=h200-transformers-7b-dense ;;

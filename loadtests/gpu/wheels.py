@@ -18,7 +18,10 @@ stripped wheel's RECORD names the new library's hash and size, so it installs as
 By 2026-12-07 the tree had grown to 34.9 MiB, mostly results, and tree and wheels passed 64 MiB
 again: the results' warm-up and diagnosis logs are now committed gzipped too (30.5 MiB, 59.9 with
 every wheel), and ``.wheels/lite/`` holds every wheel but smg's (hard links, 8.6 MiB) for a call
-that runs no smg (carry ``.wheels/lite``, install ``.wheels/lite/*.whl``).
+that runs no smg (carry ``.wheels/lite``, install ``.wheels/lite/*.whl``). Later that day the tree
+(33.5 MiB) and every wheel passed 64 MiB once more: a call that runs smg is two on one warm
+machine, smg's wheel alone installed to ``/tmp/site_smg`` first, then ``.wheels/lite`` with that
+directory on PYTHONPATH (docs/gpu-fleet.md, "Commands").
 """
 
 from __future__ import annotations

@@ -260,11 +260,10 @@ def replay_cells(results: Path, encoder: Encoder, profile: str = PROFILE, as_sim
     trace and prompt text: per cell and rate, a label and each router's (GPU, simulated) TTFT p95
     in seconds (smg and sglang-router as ``as_simulated``, default ``AS_SIMULATED``, has them).
     The first phase of each router only (``--repeat`` rounds share a trace)."""
-    stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
     pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, float]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, stand_ins), pool),
+        sim = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, as_simulated), pool),
                          profile_set=profile_set)[0]
         rows.setdefault(label, {})[r] = (got["ttft_p95"], sim)
     return list(rows.items())
@@ -277,12 +276,11 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     ``jitter_s`` (seeds 0..k-1, the same for every router of a cell): the simulator's spread for
     that trace. One GPU phase is one draw of the same kind, so it should fall inside the ``k``
     simulated p95s about as often as a new draw would: (k - 1) / (k + 1)."""
-    stand_ins = AS_SIMULATED if as_simulated is None else as_simulated
     jitters = [(jitter_s, seed) for seed in range(k)]
     pool = run_pool(results)
     rows: dict[str, dict[str, tuple[float, list[float]]]] = {}
     for label, r, rate, got in gpu_phases(results):
-        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, stand_ins), pool), jitters,
+        sims = phase_p95s(got["_cell"], r, rate, encoder, profile, on_pool(stand_in(r, as_simulated), pool), jitters,
                           profile_set)
         # the GPU's first round (its proxies fresh, as the simulated ones): one draw, not a pool
         rows.setdefault(label, {})[r] = ((got.get("p95_repeats") or [got["ttft_p95"]])[0], sims)

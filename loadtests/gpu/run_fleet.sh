@@ -154,6 +154,7 @@ tail -3 "$ENGINE_LOGS"/engine_31001.log
 # on the phase just before it (a machine drifting within the call: lone 42 of 51, fleet 77 of 105).
 case "$(head -2 "$OUT/gpu.txt") ${ENGINE_ARGS:-}" in
   *H100*--layers\ 16*) PROFILE=h100-transformers-16l-dense-fit ;;
+  *H100*) PROFILE=h100-transformers-7b-dense ;;
   *) PROFILE=h200-transformers-7b-dense ;;
 esac
 { python3 -m loadtests.fidelity --profile "$PROFILE" --results "$OUT"

@@ -313,6 +313,11 @@ PROFILES["h100-transformers-16l-dense-scaled"] = dataclasses.replace(
 # (the scaled profile above: 0); on runs 75-78, not seen by the fit, 21 of 25 (scaled: 1 of 22).
 PROFILES["h100-transformers-16l-dense-fit"] = dataclasses.replace(
     PROFILES["h100-transformers-16l-dense-scaled"], name="h100-transformers-16l-dense-fit", step_overhead_s=0.06)
+# The whole 32-layer engine alone on an H100 (one fits; four do not): the H200's profile with the
+# H100's memory bandwidth, every fitted cost kept. A prediction from the card's sheet, not a fit:
+# run 130 (`gpu-fleet-alone-7`) is the only run of this shape, and it came after (an H200 asked for).
+PROFILES["h100-transformers-7b-dense"] = dataclasses.replace(
+    PROFILES["h200-transformers-7b-dense"], name="h100-transformers-7b-dense", gpu=H100_SXM)
 
 
 def overridden(profile: Profile, settings: Sequence[str]) -> Profile:

@@ -506,6 +506,24 @@ def test_the_16_layer_h100_profile_predicts_one_engine_alone_it_was_never_fitted
     assert all(v in ("within ±30%", "overloaded in both") for v in verdicts), verdicts
 
 
+def test_the_h200_fit_predicts_the_whole_engine_alone_on_an_h100_it_never_saw() -> None:
+    """Run 130 (gpu-fleet-alone-7): the 32-layer engine alone on an H100, shared and unique
+    prompts, 1 to 3/s; no profile was fitted to this card and shape. The H200's fit with the H100's
+    bandwidth holds every phase, and so does the H200's unchanged: one engine alone is host-bound
+    (65 ms a step of fixed cost), so the card's bandwidth moves its TTFTs by a few percent."""
+    encoder = Encoder(str(fidelity.TOKENIZER))
+    real = fidelity.real_points(fidelity.RESULTS.parent / "gpu-fleet-alone-7")
+    on_h100, on_h200 = (fidelity.simulate(real, perf.PROFILES[name], encoder, {})
+                        for name in ("h100-transformers-7b-dense", "h200-transformers-7b-dense"))
+    assert len(on_h100) == 6 and {p.cell for p in on_h100} == {"one engine shared", "one engine unique"}
+    for points in (on_h100, on_h200):
+        verdicts = [fidelity.judge(p) for p in points]
+        assert verdicts.count("overloaded in both") == 2
+        assert all(v in ("within ±30%", "overloaded in both") for v in verdicts), verdicts
+    for slow, fast in zip(on_h100, on_h200, strict=True):
+        assert 0.95 < slow.sim["ttft_p50"] / fast.sim["ttft_p50"] < 1.1, (slow.rate, slow.sim, fast.sim)
+
+
 LONE_RUNS = ("gpu-fleet-batches-1", "gpu-fleet-batches-2", "gpu-fleet-batches-3",
              "gpu-fleet-h100-7", "gpu-fleet-h100-9", "gpu-fleet-h100-11")
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests.fidelity_machine import own_step_profile
 from loadtests.fidelity_replay import mean_of, placed_phases, simulate
 from loadtests.gpu.batch_log import FIELDS
 from loadtests.gpu.fleet import TOKENIZER
@@ -58,7 +59,7 @@ def _cell(real: float, sim: float) -> str:
     return f"{fmt.format(real)} / {fmt.format(sim)}"
 
 
-def report(results: Sequence[Path], profile: perf.Profile) -> str:
+def report(results: Sequence[Path], profile: perf.Profile, own_steps: bool = False) -> str:
     encoder = Encoder(str(TOKENIZER))
     cache: dict[Any, list[list[int]]] = {}
     lines = ["| run | router | rate /s | phase | engine | " + " | ".join(COLUMNS) + " |",
@@ -68,7 +69,7 @@ def report(results: Sequence[Path], profile: perf.Profile) -> str:
             if not any(p.batches):
                 continue
             got: list[tuple[int, list[Any]]] = []
-            simulate(p, profile, encoder, cache, batches_into=got)
+            simulate(p, own_step_profile(p, profile) if own_steps else profile, encoder, cache, batches_into=got)
             for e, real in enumerate(p.batches):
                 if not real:
                     continue
@@ -83,9 +84,11 @@ def main() -> None:
     p.add_argument("--results", type=Path, nargs="+", required=True)
     p.add_argument("--profile", default=perf.GPU_FLEET_PROFILE)
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    p.add_argument("--own-steps", action="store_true",
+                   help="each phase at the fixed cost of its own step clock (fidelity_machine.own_step_profile)")
     a = p.parse_args()
     profile = perf.overridden(perf.PROFILES[a.profile], a.set)
-    print(report(a.results, profile))
+    print(report(a.results, profile, a.own_steps))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ what the engines logged without the TTFTs the round is judged on:
 * ``fleet_overhead``: a run's fleet from its step clock (replays bisected, ``fidelity_steps``; the
   whole run's, or its warm-up's alone) or its busy windows (``fleet_windows``; misled by small steps);
 * ``round_overhead``: a round from its own batches (a fit, not a prediction);
+* ``own_step_profile``: a round from its own step clock (a fit too: the machine's speed that round);
 * ``previous_profiles``: each round from the phase run just before it (held out, and near in time);
 * ``machine_of``: a round's profile by one of those, for ``fidelity_placed``'s reports.
 """
@@ -14,6 +15,7 @@ what the engines logged without the TTFTs the round is judged on:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +38,7 @@ def fleet_overhead(run: Path, profile: perf.Profile, by: str, router: str | None
 
 def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.Profile]:
     """Each round's profile (given its run's directory) with its run's (``batches``, ``warmup``,
-    ``warmup-steps``), its own (``rounds``) or the phase before it's (``previous``) fixed cost, a
+    ``warmup-steps``), its own (``rounds``, ``own-steps``) or the phase before it's (``previous``) fixed cost, a
     lone engine's from its lone steps; the profile's where there is none."""
     memo: dict[tuple[Path, bool], float | None] = {}
     before: dict[Path, dict[int, perf.Profile]] = {}
@@ -44,6 +46,8 @@ def machine_of(profile: perf.Profile, by: str) -> Callable[[Path, Placed], perf.
     def of(run: Path, p: Placed) -> perf.Profile:
         if by == "rounds":
             return round_profile(p, profile)
+        if by == "own-steps":
+            return own_step_profile(p, profile)
         if by == "previous":
             if run not in before:
                 before[run] = previous_profiles(run, profile)
@@ -70,6 +74,24 @@ def round_overhead(p: Placed, profile: perf.Profile) -> float:
 def round_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
     """``profile`` at the round's own fixed cost (``round_overhead``)."""
     return dataclasses.replace(profile, step_overhead_s=round_overhead(p, profile))
+
+
+def own_step_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
+    """``profile`` at the fixed cost of the round's own step clock (``step_clock_overhead``: its busy
+    steps' mean, which small steps do not mislead as they do busy windows), one engine alone's from
+    its steps: how fast the machine ran that round, read from its steps and not from the TTFTs it is
+    judged on. Near a knee the replayed tail moves several times as much as this cost, and the
+    machine drifts by 20% between one 25-s phase and the next (run 128), so this asks whether the
+    model queues right once it knows the speed; ``previous_profiles`` is the held-out prediction."""
+    if alone(p):
+        return round_profile(p, profile)
+    fixed = step_clock_overhead([p], profile, _encoder())
+    return profile if fixed is None else dataclasses.replace(profile, step_overhead_s=fixed)
+
+
+@functools.cache
+def _encoder() -> Encoder:
+    return Encoder(str(TOKENIZER))
 
 
 def previous_profiles(results: Path, profile: perf.Profile) -> dict[int, perf.Profile]:

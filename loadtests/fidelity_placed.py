@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadtests import fleet_windows
+from loadtests import fidelity_steps, fleet_windows
 from loadtests.fidelity import OVERLOAD_S, TOLERANCE
 from loadtests.fidelity_machine import (
     fleet_overhead,
     machine_of,
+    own_step_profile,
     previous_profiles,
     round_overhead,
     round_profile,
@@ -163,9 +164,12 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
         return round_calibrated_report(results, profile)
     if by == "previous":
         return previous_calibrated_report(results, profile)
+    if by == "own-steps":
+        return ("step_overhead_s per round from its own step clock (its busy steps' mean)\n"
+                + report(results, profile, profile_of=lambda p: own_step_profile(p, profile)))
     out = []
     whose = "its warm-up's" if by.startswith("warmup") else f"the {router} phases'" if router else "its"
-    source = ("median step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
+    source = ("mean step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
               else f"batches filling the GPU to {fleet_windows.target(profile)} where every engine stepped")
     for path in results:
         if by in ("batches", "warmup", "warmup-steps") and any(alone(p) for p in placed_phases(path)):
@@ -261,15 +265,19 @@ def main() -> None:
                         "(runs whose shim recorded its steps)")
     p.add_argument("--calibrate", nargs="?", const="", default=None, metavar="ROUTER",
                    help="replay each run with the step's fixed host cost fitted to its own step clock "
-                        "(the median step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
+                        "(the mean step beside 3 busy neighbours), not the profile's; ROUTER: fitted on "
                         "that router's phases alone")
-    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "warmup-steps", "previous", "rounds"), default="steps",
+    p.add_argument("--calibrate-by", choices=("steps", "batches", "warmup", "warmup-steps", "previous", "rounds", "own-steps"),
+                   default="steps",
                    help="with --calibrate: fit the fixed cost to the step clock by replays (steps), to the "
                         "engines' batch logs where every engine stepped (batches, loadtests.fleet_windows), to "
                         "the warm-up's alone (warmup: every round held out), to the warm-up's step clock by replays "
                         "(warmup-steps: held out too), to the batch log of the phase just before each round, its "
                         "warm-up for a cell's first (previous: held out, and near in time), or to each round's "
-                        "own batch log (rounds; ROUTER ignored with the last four)")
+                        "own batch log (rounds) or its own step clock (own-steps; ROUTER ignored with the last five)")
+    p.add_argument("--step-statistic", choices=("mean", "median"), default=fidelity_steps.STEP_STATISTIC,
+                   help="with --calibrate by a step clock (steps, warmup-steps, previous, own-steps): match the "
+                        "replay's busy steps to the engines' by their mean (throughput) or median (before 2026-12-07)")
     p.add_argument("--repeatability", action="store_true",
                    help="the real engine against itself: rounds of one router in one cell, pair by pair")
     p.add_argument("--against-rounds", action="store_true",
@@ -281,6 +289,7 @@ def main() -> None:
     p.add_argument("--groups", action="store_true",
                    help="per shared-prefix round: groups kept on one engine, and prefixes prefilled again")
     a = p.parse_args()
+    fidelity_steps.STEP_STATISTIC = a.step_statistic
     if a.groups:
         print(groups_report(a.results))
         return

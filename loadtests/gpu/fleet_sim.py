@@ -388,7 +388,7 @@ def main() -> None:
     p.add_argument("--calibrate", nargs="?", const="steps", choices=("steps", "batches", "warmup", "warmup-steps"),
                    default=None,
                    help="--cells: each run on its own machine's step cost, not the profile's: the step's fixed "
-                        "host cost fitted to the run's median busy step (steps, fidelity_placed --calibrate), "
+                        "host cost fitted to the run's mean busy step (steps, fidelity_placed --calibrate), "
                         "to its engines' batch logs (batches, loadtests.fleet_windows) or to its warm-up's alone "
                         "(a prediction for every judged phase): its windows (warmup) or its step clock "
                         "(warmup-steps, which small steps do not mislead)")

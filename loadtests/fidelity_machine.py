@@ -78,7 +78,7 @@ def round_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
 
 def own_step_profile(p: Placed, profile: perf.Profile) -> perf.Profile:
     """``profile`` at the fixed cost of the round's own step clock (``step_clock_overhead``: its busy
-    steps' mean, which small steps do not mislead as they do busy windows), one engine alone's from
+    steps, matched by ``STEP_STATISTIC``, which small steps do not mislead as busy windows), one engine alone's from
     its steps: how fast the machine ran that round, read from its steps and not from the TTFTs it is
     judged on. Near a knee the replayed tail moves several times as much as this cost, and the
     machine drifts by 20% between one 25-s phase and the next (run 128), so this asks whether the

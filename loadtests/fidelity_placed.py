@@ -165,11 +165,11 @@ def calibrated_report(results: Sequence[Path], profile: perf.Profile, router: st
     if by == "previous":
         return previous_calibrated_report(results, profile)
     if by == "own-steps":
-        return ("step_overhead_s per round from its own step clock (its busy steps' mean)\n"
+        return (f"step_overhead_s per round from its own step clock (its busy steps' {fidelity_steps.STEP_STATISTIC})\n"
                 + report(results, profile, profile_of=lambda p: own_step_profile(p, profile)))
     out = []
     whose = "its warm-up's" if by.startswith("warmup") else f"the {router} phases'" if router else "its"
-    source = ("mean step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
+    source = (f"{fidelity_steps.STEP_STATISTIC} step beside 3 busy neighbours" if by in ("steps", "warmup-steps")
               else f"batches filling the GPU to {fleet_windows.target(profile)} where every engine stepped")
     for path in results:
         if by in ("batches", "warmup", "warmup-steps") and any(alone(p) for p in placed_phases(path)):

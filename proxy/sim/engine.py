@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from proxy.clock import Clock, MonotonicClock
+from proxy.sim.blocks import BlockCache
 from proxy.sim.config import SimConfig
 from proxy.sim.gpu_realtime import RealTimeGpu
 from proxy.sim.kv_publish import KvPublisher
@@ -54,7 +55,9 @@ class Engine:
             kv_read_budget=self.profile.kv_read_budget,
             safety_margin=self.profile.safety_margin,
         )
-        self.cache = RadixCache(self.max_total_tokens, config.page_size, self.profile.evict_most_recent)
+        self.cache: RadixCache | BlockCache = (
+            BlockCache(self.max_total_tokens, config.page_size) if self.profile.kv_blocks
+            else RadixCache(self.max_total_tokens, config.page_size, self.profile.evict_most_recent))
         # Where the cache's events go after each step (SimWorker sets it when publishing).
         self.kv_publisher: KvPublisher | None = None
         if config.kv_events_config:

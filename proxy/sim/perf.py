@@ -113,6 +113,10 @@ class Profile:
     gpu_share_exponent: float = 0.0
     # The prefix cache evicts the most recently used unreferenced blocks first (else LRU).
     evict_most_recent: bool = False
+    # The prefix cache as transformers' block manager keeps it (proxy/sim/blocks.py: hash-chained
+    # blocks released in sequence order, the most recently released evicted first, a prefix's
+    # blocks before the tails that hang from it) instead of a radix tree.
+    kv_blocks: bool = False
     # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,
     # with its per-step KV-read budget: None = the KV pool's size, as the engine sets it).
     scheduler: str = "sglang"

@@ -20,10 +20,24 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
+
+
+def page_hashes(parent: int | None, tokens: tuple[int, ...] | list[int], page_size: int) -> Iterator[int]:
+    """One hash per whole page of ``tokens``, each chained from the one before (the first from
+    ``parent``): an engine's hashes are its own; any stable chain will do."""
+    h = parent if parent is not None else 0
+    for start in range(0, len(tokens) - page_size + 1, page_size):
+        h = xxhash.xxh3_64_intdigest(array("I", tokens[start:start + page_size]).tobytes(), seed=h)
+        yield h
+
+
+def chain_hashes(parent: int | None, tokens: tuple[int, ...] | list[int], page_size: int) -> list[int]:
+    return list(page_hashes(parent, tokens, page_size))
 
 
 class Node:
@@ -42,7 +56,7 @@ class Node:
 @dataclass(frozen=True)
 class Match:
     length: int
-    node: Node
+    node: Any  # what a request locks: a Node here, a blocks.Chain in BlockCache
 
 
 class PoolExhausted(RuntimeError):
@@ -169,6 +183,13 @@ class RadixCache:
         self.private_tokens -= held_private
         return added
 
+    def release(self, node: Node | None, ids: list[int] | tuple[int, ...], held_private: int) -> None:
+        """A request ends holding ``node`` with ``ids`` (whole pages) computed: cache them, unlock."""
+        if held_private > 0:
+            self.insert(ids, held_private)
+        if node is not None:
+            self.dec_lock(node)
+
     def inc_lock(self, node: Node) -> None:
         while node is not self.root:
             if node.lock_ref == 0:
@@ -241,11 +262,7 @@ class RadixCache:
             self.events.append(["BlockRemoved", gone])
 
     def _chain(self, parent: int | None, tokens: tuple[int, ...]) -> list[int]:
-        h, ps, out = parent if parent is not None else 0, self.page_size, []
-        for start in range(0, len(tokens), ps):
-            h = xxhash.xxh3_64_intdigest(array("I", tokens[start:start + ps]).tobytes(), seed=h)
-            out.append(h)
-        return out
+        return chain_hashes(parent, tokens, self.page_size)
 
     def _leaves(self) -> list[Node]:
         leaves, stack = [], list(self.root.children.values())

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.sim import tokenizer
+from proxy.sim.blocks import BlockCache
 from proxy.sim.perf import PrefillChunk, StepWork
 from proxy.sim.radix import Node, RadixCache
 
@@ -72,7 +73,7 @@ class SimRequest:
     prefilled: int = 0  # prompt tokens whose KV exists
     covered: int = 0  # leading tokens held (locked) in the radix tree
     private: int = 0  # KV tokens held outside the tree
-    lock_node: Node | None = None
+    lock_node: Any = None  # the cache's handle on what it holds (Match.node)
     announced: list[int] = field(default_factory=list)  # blocks stored at admission (Scheduler.store_at_schedule)
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -117,7 +118,7 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, cache: RadixCache, limits: SchedulerLimits) -> None:
+    def __init__(self, cache: RadixCache | BlockCache, limits: SchedulerLimits) -> None:
         self.cache = cache
         self.limits = limits
         self.waiting: list[SimRequest] = []
@@ -351,20 +352,20 @@ class Scheduler:
     def _finish(self, req: SimRequest, reason: dict[str, Any], now: float) -> None:
         if req.state in ("running", "prefilling"):
             (self.running if req.state == "running" else self.prefilling).remove(req)
+            seq: list[int] = []
+            held = 0
             if reason["type"] != "abort":
                 seq = req.input_ids + req.output_ids
-                aligned = len(seq) - len(seq) % self.cache.page_size
-                held = aligned - req.covered
-                if held > 0:
-                    self.cache.insert(seq[:aligned], held)
-                    req.private -= held
+                seq = seq[: len(seq) - len(seq) % self.cache.page_size]
+                held = max(0, len(seq) - req.covered)
+                req.private -= held
             if req.announced and reason["type"] == "abort":
                 self.cache.withdraw(req.input_ids, req.announced)  # announced, never computed
+            # cache what it computed and let go of what it held (the order is the cache's)
+            self.cache.release(req.lock_node, seq, held)
             self.cache.free(req.private)
             req.private = 0
-            if req.lock_node is not None:
-                self.cache.dec_lock(req.lock_node)
-                req.lock_node = None
+            req.lock_node = None
         elif req.state == "waiting":
             self.waiting.remove(req)
         req.state, req.finish_reason, req.finished_at = "finished", reason, now

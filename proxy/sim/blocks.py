@@ -1,0 +1,207 @@
+"""The prefix cache as transformers' continuous batching keeps it: hash-chained blocks, not a tree.
+
+The GPU fleet's engine (``loadtests/gpu/engine_server.py``) shares prefixes through
+``BlockManager`` (``generation/continuous_batching/cache_allocators/block_manager.py``, read
+2026-12-07), whose rules differ from a radix tree's in what they evict:
+
+- A block is a page of tokens named by a hash chained from its parent's; a prompt matches block
+  by block from its first, and stops at the first hash the pool does not hold.
+- A request holds a reference on every block of its sequence. When it ends, its blocks are
+  released **in sequence order** (``free_blocks``): each whose count falls to zero joins the end of
+  one ordered set of free, still-hashed blocks (``_init_block_ids``).
+- Room is made by taking the **last** of that set (``popitem()``): the most recently freed
+  block, whether or not blocks that chain from it are still cached. A group's prefix, freed when
+  its last running request ends, can go before older requests' tails that hang from it, which
+  stay in the pool, unreachable, until their own turn (a radix tree evicts leaves only).
+- A block taken from the set by a match leaves it, and joins its end again when next released.
+
+Same interface as ``RadixCache`` (``Match.node`` is the matched chain); ``release`` ends a request
+in the engine's order. Hashes and events as ``RadixCache`` makes them (``radix.page_hashes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.sim.radix import Match, PoolExhausted, chain_hashes, page_hashes
+
+
+class Chain:
+    """The blocks (by hash) a match found, in sequence order: what a request holds."""
+
+    __slots__ = ("hashes",)
+
+    def __init__(self, hashes: list[int]) -> None:
+        self.hashes = hashes
+
+
+class BlockCache:
+    def __init__(self, capacity: int, page_size: int = 1) -> None:
+        if capacity < 1 or page_size < 1:
+            raise ValueError("capacity and page_size must be >= 1")
+        self.capacity = capacity
+        self.page_size = page_size
+        self.private_tokens = 0
+        self.events: list[list[Any]] | None = None  # as RadixCache.events
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every block (flush_cache); private allocations are kept."""
+        if self.events is not None:
+            self.events.append(["AllBlocksCleared"])
+        self._refs: dict[int, int] = {}  # hash -> requests holding the block (cached blocks only)
+        self._free: dict[int, None] = {}  # cached blocks no request holds, in the order released
+
+    # -- pool accounting (RadixCache's names) -------------------------------------------------
+    @property
+    def tree_tokens(self) -> int:
+        return len(self._refs) * self.page_size
+
+    @property
+    def protected_tokens(self) -> int:
+        return (len(self._refs) - len(self._free)) * self.page_size
+
+    @property
+    def evictable_tokens(self) -> int:
+        return len(self._free) * self.page_size
+
+    @property
+    def available_tokens(self) -> int:
+        return self.capacity - self.tree_tokens - self.private_tokens
+
+    @property
+    def used_tokens(self) -> int:
+        return self.capacity - self.available_tokens - self.evictable_tokens
+
+    def alloc(self, n: int) -> None:
+        if n > self.available_tokens:
+            self.evict(n - self.available_tokens)
+        if n > self.available_tokens:
+            raise PoolExhausted(f"need {n} tokens, {self.available_tokens} free after eviction")
+        self.private_tokens += n
+
+    def free(self, n: int) -> None:
+        if n > self.private_tokens:
+            raise ValueError("freeing more tokens than allocated")
+        self.private_tokens -= n
+
+    def evict(self, n: int) -> int:
+        """Take free blocks, the most recently released first, until ``n`` tokens are freed."""
+        freed = 0
+        while freed < n and self._free:
+            h, _ = self._free.popitem()
+            del self._refs[h]
+            if self.events is not None:
+                self.events.append(["BlockRemoved", [h]])
+            freed += self.page_size
+        return freed
+
+    # -- blocks -------------------------------------------------------------------------------
+    def _walk(self, ids: list[int] | tuple[int, ...]) -> list[int]:
+        """The cached blocks ``ids`` matches, from the first, to the first one missing."""
+        out = []
+        for h in page_hashes(None, ids, self.page_size):
+            if h not in self._refs:
+                break
+            out.append(h)
+        return out
+
+    def match_prefix(self, ids: list[int] | tuple[int, ...]) -> Match:
+        found = self._walk(ids)
+        return Match(len(found) * self.page_size, Chain(found))
+
+    def peek_prefix_len(self, ids: list[int] | tuple[int, ...]) -> int:
+        return len(self._walk(ids)) * self.page_size
+
+    def inc_lock(self, node: Any) -> None:
+        for h in node.hashes:
+            self._hold(h)
+
+    def dec_lock(self, node: Any) -> None:
+        for h in node.hashes:
+            self._release(h)
+
+    def _hold(self, h: int) -> None:
+        refs = self._refs.get(h)
+        if refs is None:
+            return  # flushed while held
+        if refs == 0:
+            del self._free[h]
+        self._refs[h] = refs + 1
+
+    def _release(self, h: int) -> None:
+        refs = self._refs.get(h)
+        if refs is None:
+            return  # flushed while held
+        if refs <= 0:
+            raise ValueError("releasing a block no request holds")
+        self._refs[h] = refs - 1
+        if refs == 1:
+            self._free[h] = None
+
+    def _store(self, ids: tuple[int, ...], held_private: int, hold: bool) -> tuple[list[int], int]:
+        """Hash ``ids`` (whole pages) into the pool: blocks already cached are the pool's (the
+        request's copies are freed, as the engine re-points a block whose hash exists), the rest
+        become cached; held by the caller if ``hold``, else free. Returns the chain and the
+        tokens added."""
+        ps = self.page_size
+        hashes = chain_hashes(None, ids, ps)
+        added = 0
+        run: list[int] = []  # new blocks since the last cached one, for one BlockStored
+        for i, h in enumerate(hashes):
+            if h in self._refs:
+                self._stored(run, hashes, ids, i - len(run))
+                run = []
+                continue
+            self._refs[h] = 0
+            self._free[h] = None
+            added += ps
+            run.append(h)
+        self._stored(run, hashes, ids, len(hashes) - len(run))
+        if added > held_private:
+            raise ValueError(f"inserting {added} uncached tokens while holding only {held_private}")
+        if hold:
+            for h in hashes:
+                self._hold(h)
+        self.private_tokens -= held_private
+        return hashes, added
+
+    def _stored(self, run: list[int], hashes: list[int], ids: tuple[int, ...], first: int) -> None:
+        if self.events is None or not run:
+            return
+        ps = self.page_size
+        parent = hashes[first - 1] if first else None
+        self.events.append(["BlockStored", run, parent, list(ids[first * ps:(first + len(run)) * ps]), ps, None])
+
+    def insert(self, ids: list[int] | tuple[int, ...], held_private: int = 0) -> int:
+        """Cache ``ids`` (cut to whole pages), unheld; returns the tokens newly added."""
+        return self._store(tuple(ids[: len(ids) - len(ids) % self.page_size]), held_private, hold=False)[1]
+
+    def release(self, node: Any, ids: list[int] | tuple[int, ...], held_private: int) -> None:
+        """A request ends holding ``node`` with ``ids`` (whole pages) computed: cache its new
+        blocks and release the whole sequence in order, as ``free_blocks`` walks the request's
+        block table: the earliest block first, so the last one is the next evicted."""
+        hashes, _ = self._store(tuple(ids), held_private, hold=True)
+        if node is not None:
+            self.dec_lock(node)
+        for h in hashes:
+            self._release(h)
+
+    # -- events (RadixCache's, for the vLLM-style announcement at schedule time) ---------------
+    def announce(self, ids: list[int] | tuple[int, ...], node: Any, matched: int) -> list[int]:
+        ps = self.page_size
+        aligned = len(ids) - len(ids) % ps
+        if self.events is None or aligned <= matched:
+            return []
+        parent = node.hashes[-1] if node.hashes else None
+        new = tuple(ids[matched:aligned])
+        hashes = chain_hashes(parent, new, ps)
+        self.events.append(["BlockStored", hashes, parent, list(new), ps, None])
+        return hashes
+
+    def withdraw(self, ids: list[int] | tuple[int, ...], hashes: list[int]) -> None:
+        if self.events is None or not hashes:
+            return
+        gone = [h for h in hashes if h not in self._refs]
+        if gone:
+            self.events.append(["BlockRemoved", gone])

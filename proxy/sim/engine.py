@@ -54,6 +54,7 @@ class Engine:
             kind=self.profile.scheduler,
             kv_read_budget=self.profile.kv_read_budget,
             safety_margin=self.profile.safety_margin,
+            cache_chunks=self.profile.cache_chunks,
         )
         self.cache: RadixCache | BlockCache = (
             BlockCache(self.max_total_tokens, config.page_size) if self.profile.kv_blocks

@@ -117,6 +117,9 @@ class Profile:
     # blocks released in sequence order, the most recently released evicted first, a prefix's
     # blocks before the tails that hang from it) instead of a radix tree.
     kv_blocks: bool = False
+    # A split prompt's computed pages cached after each chunk (scheduler.SchedulerLimits.cache_chunks),
+    # as both engines do (SGLang's cache_unfinished_req; transformers marks a split prefill's blocks).
+    cache_chunks: bool = True
     # How steps are formed (scheduler.py): "sglang", or "hf_fifo" (transformers' FIFO scheduler,
     # with its per-step KV-read budget: None = the KV pool's size, as the engine sets it).
     scheduler: str = "sglang"
@@ -238,10 +241,11 @@ PROFILES: dict[str, Profile] = {
         # 1-4 req/s (gpu-fleet-calibrate-2) and 4 engine processes sharing the H200 (SharedGpu) at
         # 3-6 req/s (it, gpu-fleet-compare-3..5). 80% of the per-sequence cost is GPU work that the
         # processes queue for, the rest host time; a fifth of a step's host time holds the GPU from
-        # the other processes (no MPS: their contexts time-slice it).
+        # the other processes (no MPS: their contexts time-slice it). Its prefix cache is the engine's
+        # block manager (kv_blocks, since 2026-12-07; before, a radix tree evicting the newest leaves).
         Profile("h200-transformers-7b", LLAMA_SHAPE_7B, H200_SXM, mfu=0.22, bw_eff=0.70,
                 step_overhead_s=0.06, seq_overhead_s=0.002, ctx_overhead_s=1e-6, seq_gpu_share=0.8,
-                gpu_exclusive_host=0.2, evict_most_recent=True, warmup_s=1.5,
+                gpu_exclusive_host=0.2, evict_most_recent=True, kv_blocks=True, warmup_s=1.5,
                 scheduler="hf_fifo", chunked_prefill_size=8192, max_running_requests=64, safety_margin=0.15),
         # The same engine driven through its Python API one request at a time (gpu-calibration.md),
         # fitted by loadtests/calibrate_sim.py. Faster than the served engine under load by 30-70%:

@@ -29,8 +29,9 @@ before each request, so the step's own admissions count). Admission keeps
 this module's output reservation (the real engine allocates as it goes and preempts the newest
 when an allocation fails; the reservation leaves that out).
 
-``finish_step`` applies the step: prefill chunks advance; a finished prompt is cached in the radix
-tree and yields the first output token; decodes yield one token each; requests end on
+``finish_step`` applies the step: prefill chunks advance (with ``cache_chunks`` a split prompt's
+computed pages are cached after each); a finished prompt is cached (the radix tree, or the block
+cache of ``blocks.py``) and yields the first output token; decodes yield one token each; requests end on
 ``max_new_tokens`` or a stop string and are cached (prompt + output) and unlocked. The matched
 prefix is limited to len(prompt) - 1 so at least one token is computed, as SGLang does.
 """
@@ -115,6 +116,9 @@ class SchedulerLimits:
     kind: str = "sglang"  # "sglang" | "hf_fifo" (see the module docstring)
     kv_read_budget: int | None = None  # hf_fifo: KV tokens a step may read (None = the pool's size)
     safety_margin: float = 0.0  # hf_fifo: below this share of KV free, decodes only (one prefill if none)
+    # A split prompt's computed pages cached after each chunk, so a request admitted meanwhile finds
+    # them (SGLang's cache_unfinished_req; transformers marks a split prefill's complete blocks).
+    cache_chunks: bool = False
 
 
 class Scheduler:
@@ -297,6 +301,8 @@ class Scheduler:
             if req.finished:
                 continue  # aborted while the step ran
             req.prefilled += n
+            if req.prefilled < len(req.input_ids) and self.limits.cache_chunks:
+                self._cache_prompt(req, req.prefilled)
             if req.prefilled >= len(req.input_ids):
                 self.prefilling.remove(req)
                 self._cache_prompt(req)
@@ -310,10 +316,13 @@ class Scheduler:
                 touched.append(req)
         return touched
 
-    def _cache_prompt(self, req: SimRequest) -> None:
-        req.announced = []  # its prefill ended: what was announced is the tree's now
+    def _cache_prompt(self, req: SimRequest, upto: int | None = None) -> None:
+        """Cache the prompt's computed whole pages (all of it by default: its prefill ended)."""
+        upto = len(req.input_ids) if upto is None else upto
+        if upto == len(req.input_ids):
+            req.announced = []  # its prefill ended: what was announced is the tree's now
         ps = self.cache.page_size
-        aligned = len(req.input_ids) - len(req.input_ids) % ps
+        aligned = upto - upto % ps
         held = aligned - req.covered
         if held <= 0:
             return

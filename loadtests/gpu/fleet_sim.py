@@ -455,7 +455,7 @@ def main() -> None:
             spread_rows = []
             for results in a.cells:
                 for label, spread in spread_cells(results, encoder, a.spread, a.jitter_s, a.profile, stand_ins,
-                                                  machine(results, a.profile, a.calibrate)):
+                                                  tuple(a.set) + machine(results, a.profile, a.calibrate)):
                     spread_rows.append((label, spread))
                     if a.save:
                         with a.save.open("a") as f:
@@ -468,7 +468,7 @@ def main() -> None:
         rows = []
         for results in a.cells:
             for label, cells in replay_cells(results, encoder, a.profile, stand_ins,
-                                             machine(results, a.profile, a.calibrate)):
+                                             tuple(a.set) + machine(results, a.profile, a.calibrate)):
                 rows.append((label, cells))
                 print(f"{label}: " + " | ".join(f"{r} {g * 1e3:,.0f} / {s * 1e3:,.0f}" for r, (g, s) in cells.items()),
                       flush=True)

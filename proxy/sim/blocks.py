@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.sim.radix import Match, PoolExhausted, chain_hashes, page_hashes
+from proxy.sim.radix import KvPool, Match, chain_hashes, page_hashes
 
 
 class Chain:
@@ -35,14 +35,9 @@ class Chain:
         self.hashes = hashes
 
 
-class BlockCache:
+class BlockCache(KvPool):
     def __init__(self, capacity: int, page_size: int = 1) -> None:
-        if capacity < 1 or page_size < 1:
-            raise ValueError("capacity and page_size must be >= 1")
-        self.capacity = capacity
-        self.page_size = page_size
-        self.private_tokens = 0
-        self.events: list[list[Any]] | None = None  # as RadixCache.events
+        super().__init__(capacity, page_size)
         self.reset()
 
     def reset(self) -> None:
@@ -51,39 +46,15 @@ class BlockCache:
             self.events.append(["AllBlocksCleared"])
         self._refs: dict[int, int] = {}  # hash -> requests holding the block (cached blocks only)
         self._free: dict[int, None] = {}  # cached blocks no request holds, in the order released
-
-    # -- pool accounting (RadixCache's names) -------------------------------------------------
-    @property
-    def tree_tokens(self) -> int:
-        return len(self._refs) * self.page_size
+        self.tree_tokens = 0
 
     @property
     def protected_tokens(self) -> int:
-        return (len(self._refs) - len(self._free)) * self.page_size
+        return self.tree_tokens - self.evictable_tokens
 
     @property
     def evictable_tokens(self) -> int:
         return len(self._free) * self.page_size
-
-    @property
-    def available_tokens(self) -> int:
-        return self.capacity - self.tree_tokens - self.private_tokens
-
-    @property
-    def used_tokens(self) -> int:
-        return self.capacity - self.available_tokens - self.evictable_tokens
-
-    def alloc(self, n: int) -> None:
-        if n > self.available_tokens:
-            self.evict(n - self.available_tokens)
-        if n > self.available_tokens:
-            raise PoolExhausted(f"need {n} tokens, {self.available_tokens} free after eviction")
-        self.private_tokens += n
-
-    def free(self, n: int) -> None:
-        if n > self.private_tokens:
-            raise ValueError("freeing more tokens than allocated")
-        self.private_tokens -= n
 
     def evict(self, n: int) -> int:
         """Take free blocks, the most recently released first, until ``n`` tokens are freed."""
@@ -91,6 +62,7 @@ class BlockCache:
         while freed < n and self._free:
             h, _ = self._free.popitem()
             del self._refs[h]
+            self.tree_tokens -= self.page_size
             if self.events is not None:
                 self.events.append(["BlockRemoved", [h]])
             freed += self.page_size
@@ -155,6 +127,7 @@ class BlockCache:
                 continue
             self._refs[h] = 0
             self._free[h] = None
+            self.tree_tokens += ps
             added += ps
             run.append(h)
         self._stored(run, hashes, ids, len(hashes) - len(run))

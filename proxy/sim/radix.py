@@ -63,17 +63,56 @@ class PoolExhausted(RuntimeError):
     """alloc asked for more tokens than free plus evictable."""
 
 
-class RadixCache:
-    def __init__(self, capacity: int, page_size: int = 1, most_recent_first: bool = False) -> None:
+class KvPool:
+    """What both prefix caches share (this tree, ``blocks.BlockCache``): a pool of ``capacity``
+    tokens, those cached (``tree_tokens``, evictable unless a request holds them) and those held
+    privately by running requests (``alloc``/``free``)."""
+
+    tree_tokens: int
+
+    def __init__(self, capacity: int, page_size: int) -> None:
         if capacity < 1 or page_size < 1:
             raise ValueError("capacity and page_size must be >= 1")
         self.capacity = capacity
-        self._sign = -1 if most_recent_first else 1
         self.page_size = page_size
         self.private_tokens = 0
         # KV cache events as SGLang publishes them (``proxy/sim/kv_publish.py``), collected here
         # until the engine sends them after its step; None = off (no cost).
         self.events: list[list[Any]] | None = None
+
+    @property
+    def evictable_tokens(self) -> int:
+        raise NotImplementedError
+
+    def evict(self, n: int) -> int:
+        raise NotImplementedError
+
+    @property
+    def available_tokens(self) -> int:
+        return self.capacity - self.tree_tokens - self.private_tokens
+
+    @property
+    def used_tokens(self) -> int:
+        """Tokens that cannot be reclaimed: private plus held (SGLang's num_used_tokens)."""
+        return self.capacity - self.available_tokens - self.evictable_tokens
+
+    def alloc(self, n: int) -> None:
+        if n > self.available_tokens:
+            self.evict(n - self.available_tokens)
+        if n > self.available_tokens:
+            raise PoolExhausted(f"need {n} tokens, {self.available_tokens} free after eviction")
+        self.private_tokens += n
+
+    def free(self, n: int) -> None:
+        if n > self.private_tokens:
+            raise ValueError("freeing more tokens than allocated")
+        self.private_tokens -= n
+
+
+class RadixCache(KvPool):
+    def __init__(self, capacity: int, page_size: int = 1, most_recent_first: bool = False) -> None:
+        super().__init__(capacity, page_size)
+        self._sign = -1 if most_recent_first else 1
         self.reset()
 
     def reset(self) -> None:
@@ -90,27 +129,6 @@ class RadixCache:
     @property
     def evictable_tokens(self) -> int:
         return self.tree_tokens - self.protected_tokens
-
-    @property
-    def available_tokens(self) -> int:
-        return self.capacity - self.tree_tokens - self.private_tokens
-
-    @property
-    def used_tokens(self) -> int:
-        """Tokens that cannot be reclaimed: private plus locked (SGLang's num_used_tokens)."""
-        return self.capacity - self.available_tokens - self.evictable_tokens
-
-    def alloc(self, n: int) -> None:
-        if n > self.available_tokens:
-            self.evict(n - self.available_tokens)
-        if n > self.available_tokens:
-            raise PoolExhausted(f"need {n} tokens, {self.available_tokens} free after eviction")
-        self.private_tokens += n
-
-    def free(self, n: int) -> None:
-        if n > self.private_tokens:
-            raise ValueError("freeing more tokens than allocated")
-        self.private_tokens -= n
 
     # -- tree ----------------------------------------------------------------------------------
     def _aligned(self, n: int) -> int:

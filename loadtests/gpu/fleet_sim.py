@@ -287,6 +287,12 @@ def spread_cells(results: Path, encoder: Encoder, k: int, jitter_s: float = JITT
     return list(rows.items())
 
 
+def cell_settings(a: argparse.Namespace, results: Path) -> tuple[str, ...]:
+    """The profile settings a GPU run's cells replay on: ``--set``'s, then its machine's step cost
+    (``--calibrate``, read on the profile as named)."""
+    return tuple(a.set) + machine(results, a.profile, a.calibrate)
+
+
 def machine(results: Path, profile: str, calibrate: str | None) -> tuple[str, ...]:
     """The ``profile_set`` that replays ``results`` on its own machine's step cost (``--calibrate``
     by the step clock, "steps", the batch log, "batches", or the warm-up's alone, its windows
@@ -455,7 +461,7 @@ def main() -> None:
             spread_rows = []
             for results in a.cells:
                 for label, spread in spread_cells(results, encoder, a.spread, a.jitter_s, a.profile, stand_ins,
-                                                  tuple(a.set) + machine(results, a.profile, a.calibrate)):
+                                                  cell_settings(a, results)):
                     spread_rows.append((label, spread))
                     if a.save:
                         with a.save.open("a") as f:
@@ -467,8 +473,7 @@ def main() -> None:
             return
         rows = []
         for results in a.cells:
-            for label, cells in replay_cells(results, encoder, a.profile, stand_ins,
-                                             tuple(a.set) + machine(results, a.profile, a.calibrate)):
+            for label, cells in replay_cells(results, encoder, a.profile, stand_ins, cell_settings(a, results)):
                 rows.append((label, cells))
                 print(f"{label}: " + " | ".join(f"{r} {g * 1e3:,.0f} / {s * 1e3:,.0f}" for r, (g, s) in cells.items()),
                       flush=True)

@@ -354,3 +354,17 @@ def test_a_peers_name_with_options_is_simulated_as_its_stand_in_with_those_optio
     large, _ = fleet_sim.cell(fleet_sim.stand_in("smg"), **common)  # type: ignore[arg-type]
     # pools that cannot hold the groups' prefixes give back less of them than the default pools
     assert sum(o.cached_tokens for o in small) < sum(o.cached_tokens for o in large)
+
+
+def test_a_gpu_cell_replays_with_the_profile_settings_asked_for() -> None:
+    """``fleet_sim --cells --set F=V`` replays the cells with F=V (before 2026-12-07 it was
+    dropped there); ``--calibrate`` adds the machine's step cost after it."""
+    import argparse
+
+    results = fidelity.RESULTS.parent / "gpu-fleet-h100-21"
+    a = argparse.Namespace(set=["kv_blocks=False", "cache_chunks=False"], profile="h100-transformers-16l-dense-fit",
+                           calibrate=None)
+    assert fleet_sim.cell_settings(a, results) == ("kv_blocks=False", "cache_chunks=False")
+    a.calibrate = "steps"
+    settings = fleet_sim.cell_settings(a, results)
+    assert settings[:2] == ("kv_blocks=False", "cache_chunks=False") and settings[2].startswith("step_overhead_s=")

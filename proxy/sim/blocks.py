@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.sim.radix import KvPool, Match, chain_hashes, page_hashes
+from proxy.sim.radix import KvPool, Match, chain_hashes
+
+MEMO_CHAINS = 256
 
 
 class Chain:
@@ -38,6 +40,7 @@ class Chain:
 class BlockCache(KvPool):
     def __init__(self, capacity: int, page_size: int = 1) -> None:
         super().__init__(capacity, page_size)
+        self._memo: dict[tuple[int, ...], list[int]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -69,10 +72,22 @@ class BlockCache(KvPool):
         return freed
 
     # -- blocks -------------------------------------------------------------------------------
+    def _hashes(self, ids: list[int] | tuple[int, ...]) -> list[int]:
+        """The chain of ``ids``' whole pages. A request's pages are hashed at its match, its
+        prompt's caching and its end, and a waiting one's at every look: the last few hundred
+        chains are kept (a tuple's lookup is C work, a chain ~100 hashes in Python)."""
+        key = tuple(ids[: len(ids) - len(ids) % self.page_size])
+        chain = self._memo.get(key)
+        if chain is None:
+            if len(self._memo) >= MEMO_CHAINS:
+                self._memo.clear()
+            chain = self._memo[key] = chain_hashes(None, key, self.page_size)
+        return chain
+
     def _walk(self, ids: list[int] | tuple[int, ...]) -> list[int]:
         """The cached blocks ``ids`` matches, from the first, to the first one missing."""
         out = []
-        for h in page_hashes(None, ids, self.page_size):
+        for h in self._hashes(ids):
             if h not in self._refs:
                 break
             out.append(h)
@@ -111,13 +126,12 @@ class BlockCache(KvPool):
         if refs == 1:
             self._free[h] = None
 
-    def _store(self, ids: tuple[int, ...], held_private: int, hold: bool) -> tuple[list[int], int]:
-        """Hash ``ids`` (whole pages) into the pool: blocks already cached are the pool's (the
-        request's copies are freed, as the engine re-points a block whose hash exists), the rest
-        become cached; held by the caller if ``hold``, else free. Returns the chain and the
-        tokens added."""
+    def _store(self, ids: tuple[int, ...], hashes: list[int], held_private: int, hold_from: int | None) -> int:
+        """Put ``ids``' pages (``hashes``, their chain) in the pool: blocks already cached are the
+        pool's (the request's copies are freed, as the engine re-points a block whose hash
+        exists), the rest become cached, free; those from ``hold_from`` on are then held by the
+        caller. Returns the tokens added."""
         ps = self.page_size
-        hashes = chain_hashes(None, ids, ps)
         added = 0
         run: list[int] = []  # new blocks since the last cached one, for one BlockStored
         for i, h in enumerate(hashes):
@@ -133,11 +147,11 @@ class BlockCache(KvPool):
         self._stored(run, hashes, ids, len(hashes) - len(run))
         if added > held_private:
             raise ValueError(f"inserting {added} uncached tokens while holding only {held_private}")
-        if hold:
-            for h in hashes:
+        if hold_from is not None:
+            for h in hashes[hold_from:]:
                 self._hold(h)
         self.private_tokens -= held_private
-        return hashes, added
+        return added
 
     def _stored(self, run: list[int], hashes: list[int], ids: tuple[int, ...], first: int) -> None:
         if self.events is None or not run:
@@ -148,15 +162,21 @@ class BlockCache(KvPool):
 
     def insert(self, ids: list[int] | tuple[int, ...], held_private: int = 0) -> int:
         """Cache ``ids`` (cut to whole pages), unheld; returns the tokens newly added."""
-        return self._store(tuple(ids[: len(ids) - len(ids) % self.page_size]), held_private, hold=False)[1]
+        pages = tuple(ids[: len(ids) - len(ids) % self.page_size])
+        return self._store(pages, self._hashes(pages), held_private, hold_from=None)
 
     def release(self, node: Any, ids: list[int] | tuple[int, ...], held_private: int) -> None:
-        """A request ends holding ``node`` with ``ids`` (whole pages) computed: cache its new
-        blocks and release the whole sequence in order, as ``free_blocks`` walks the request's
-        block table: the earliest block first, so the last one is the next evicted."""
-        hashes, _ = self._store(tuple(ids), held_private, hold=True)
-        if node is not None:
-            self.dec_lock(node)
+        """A request ends holding ``node`` (its sequence's first blocks) with ``ids`` (whole
+        pages) computed: cache its new blocks and release the whole sequence in order, as
+        ``free_blocks`` walks the request's block table: the earliest block first, so the last
+        one is the next evicted."""
+        own = list(node.hashes) if node is not None else []
+        pages = tuple(ids)
+        # the chain past what it holds, from its last held block (the head is hashed already)
+        rest = chain_hashes(own[-1] if own else None, pages[len(own) * self.page_size:], self.page_size)
+        hashes = own + rest
+        if pages:
+            self._store(pages, hashes, held_private, hold_from=len(own))
         for h in hashes:
             self._release(h)
 

@@ -76,7 +76,7 @@ class BlockCache(KvPool):
         """The chain of ``ids``' whole pages. A request's pages are hashed at its match, its
         prompt's caching and its end, and a waiting one's at every look: the last few hundred
         chains are kept (a tuple's lookup is C work, a chain ~100 hashes in Python)."""
-        key = tuple(ids[: len(ids) - len(ids) % self.page_size])
+        key = tuple(ids[: self._aligned(len(ids))])
         chain = self._memo.get(key)
         if chain is None:
             if len(self._memo) >= MEMO_CHAINS:
@@ -162,7 +162,7 @@ class BlockCache(KvPool):
 
     def insert(self, ids: list[int] | tuple[int, ...], held_private: int = 0) -> int:
         """Cache ``ids`` (cut to whole pages), unheld; returns the tokens newly added."""
-        pages = tuple(ids[: len(ids) - len(ids) % self.page_size])
+        pages = tuple(ids[: self._aligned(len(ids))])
         return self._store(pages, self._hashes(pages), held_private, hold_from=None)
 
     def release(self, node: Any, ids: list[int] | tuple[int, ...], held_private: int) -> None:
@@ -180,18 +180,7 @@ class BlockCache(KvPool):
         for h in hashes:
             self._release(h)
 
-    # -- events (RadixCache's, for the vLLM-style announcement at schedule time) ---------------
-    def announce(self, ids: list[int] | tuple[int, ...], node: Any, matched: int) -> list[int]:
-        ps = self.page_size
-        aligned = len(ids) - len(ids) % ps
-        if self.events is None or aligned <= matched:
-            return []
-        parent = node.hashes[-1] if node.hashes else None
-        new = tuple(ids[matched:aligned])
-        hashes = chain_hashes(parent, new, ps)
-        self.events.append(["BlockStored", hashes, parent, list(new), ps, None])
-        return hashes
-
+    # -- events (``announce`` is KvPool's) -------------------------------------------------------
     def withdraw(self, ids: list[int] | tuple[int, ...], hashes: list[int]) -> None:
         if self.events is None or not hashes:
             return

@@ -108,6 +108,26 @@ class KvPool:
             raise ValueError("freeing more tokens than allocated")
         self.private_tokens -= n
 
+    def _aligned(self, n: int) -> int:
+        return n - n % self.page_size
+
+    def _chain(self, parent: int | None, tokens: tuple[int, ...]) -> list[int]:
+        return chain_hashes(parent, tokens, self.page_size)
+
+    def announce(self, ids: list[int] | tuple[int, ...], node: Any, matched: int) -> list[int]:
+        """BlockStored for the whole pages of ``ids`` past the ``matched`` prefix (ending at
+        ``node``, whose ``hashes`` end with its last page's) before they are computed, as vLLM's scheduler stores a request's blocks when it
+        allocates them (``allocate_slots``); the cache takes them when the prefill ends, and says so
+        again then (the same hashes: a subscriber keeps one). Returns the hashes announced."""
+        aligned = self._aligned(len(ids))
+        if self.events is None or aligned <= matched:
+            return []
+        parent = node.hashes[-1] if node.hashes else None
+        new = tuple(ids[matched:aligned])
+        hashes = self._chain(parent, new)
+        self.events.append(["BlockStored", hashes, parent, list(new), self.page_size, None])
+        return hashes
+
 
 class RadixCache(KvPool):
     def __init__(self, capacity: int, page_size: int = 1, most_recent_first: bool = False) -> None:
@@ -131,9 +151,6 @@ class RadixCache(KvPool):
         return self.tree_tokens - self.protected_tokens
 
     # -- tree ----------------------------------------------------------------------------------
-    def _aligned(self, n: int) -> int:
-        return n - n % self.page_size
-
     def _common(self, key: tuple[int, ...], ids: list[int] | tuple[int, ...], start: int) -> int:
         if len(ids) - start >= len(key) and key == tuple(ids[start : start + len(key)]):
             return len(key)  # the whole edge matches: one C-level comparison
@@ -253,20 +270,6 @@ class RadixCache(KvPool):
         leaf.hashes.extend(self._chain(parent, leaf.key))
         self.events.append(["BlockStored", list(leaf.hashes), parent, list(leaf.key), self.page_size, None])
 
-    def announce(self, ids: list[int] | tuple[int, ...], node: Node, matched: int) -> list[int]:
-        """BlockStored for the whole pages of ``ids`` past the ``matched`` prefix (ending at
-        ``node``) before they are computed, as vLLM's scheduler stores a request's blocks when it
-        allocates them (``allocate_slots``); the tree takes them when the prefill ends, and says so
-        again then (the same hashes: a subscriber keeps one). Returns the hashes announced."""
-        aligned = self._aligned(len(ids))
-        if self.events is None or aligned <= matched:
-            return []
-        parent = node.hashes[-1] if node.hashes else None
-        new = tuple(ids[matched:aligned])
-        hashes = self._chain(parent, new)
-        self.events.append(["BlockStored", hashes, parent, list(new), self.page_size, None])
-        return hashes
-
     def withdraw(self, ids: list[int] | tuple[int, ...], hashes: list[int]) -> None:
         """BlockRemoved for announced ``hashes`` (the last pages of ``ids``) that never reached
         the tree: their request ended before its prefill did."""
@@ -278,9 +281,6 @@ class RadixCache(KvPool):
         gone = hashes[max(0, held - first):]
         if gone:
             self.events.append(["BlockRemoved", gone])
-
-    def _chain(self, parent: int | None, tokens: tuple[int, ...]) -> list[int]:
-        return chain_hashes(parent, tokens, self.page_size)
 
     def _leaves(self) -> list[Node]:
         leaves, stack = [], list(self.root.children.values())

@@ -45,7 +45,7 @@ from typing import Any
 from proxy.sim import tokenizer
 from proxy.sim.blocks import BlockCache
 from proxy.sim.perf import PrefillChunk, StepWork
-from proxy.sim.radix import Node, RadixCache
+from proxy.sim.radix import RadixCache
 
 LPM_MAX_WAITING = 128
 QUEUE_FULL_MESSAGE = "The request queue is full."
@@ -276,7 +276,7 @@ class Scheduler:
             self.last_batch_hit_rate = hit / (hit + new)
         return prefill, decode
 
-    def _admit(self, req: SimRequest, node: Node, matched: int, now: float) -> None:
+    def _admit(self, req: SimRequest, node: Any, matched: int, now: float) -> None:
         """``req`` leaves the queue holding its matched prefix (locked) and KV for the rest."""
         extend = len(req.input_ids) - matched
         self.cache.alloc(extend)

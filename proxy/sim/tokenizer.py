@@ -14,7 +14,6 @@ sends back (a multi-turn chat) reproduces the generated ids and hits the prefix 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import xxhash
@@ -51,15 +50,23 @@ def encode(text: str, add_bos: bool = True) -> list[int]:
     return [BOS_ID, *ids] if add_bos else ids
 
 
+# Seeds of prompts seen, by the hash of their ids (a bounded table of ints: a table keyed by the
+# ids themselves would keep every long prompt alive): a replay makes a request of every prompt
+# again, and the joined text of a 3,000-token prompt costs 20 times what hashing its ids does (a
+# sixth of a replay's time). Two prompts whose hashes collide share a seed: their output words.
+_SEEDS: dict[int, int] = {}
+_SEEDS_KEPT = 4096
+
+
 def output_seed(prompt_ids: list[int]) -> int:
-    return _seed_of(tuple(prompt_ids))
-
-
-@functools.lru_cache(maxsize=1024)
-def _seed_of(ids: tuple[int, ...]) -> int:
-    # Memoized: a replay makes a request of every prompt again, and the joined text of a
-    # 3,000-token prompt costs 20 times what hashing its tuple does (a sixth of a replay's time).
-    return xxhash.xxh64_intdigest(",".join(map(str, ids)).encode())
+    key = hash(tuple(prompt_ids))
+    seed = _SEEDS.get(key)
+    if seed is None:
+        seed = xxhash.xxh64_intdigest(",".join(map(str, prompt_ids)).encode())
+        if len(_SEEDS) >= _SEEDS_KEPT:
+            _SEEDS.clear()
+        _SEEDS[key] = seed
+    return seed
 
 
 def output_word(seed: int, index: int) -> str:

@@ -55,6 +55,10 @@ def on_profile_gpu(runs: list[Path], profile_gpu: str, default: str = "H200") ->
     want = gpu_model(profile_gpu)
     kept = []
     for run in runs:
+        if not any((run / name).exists() for name in ("requests.jsonl", "requests.jsonl.gz")):
+            # A run planned and predicted but not made yet: its directory holds PREDICTED.md alone.
+            print(f"{run}: left out, no requests recorded (not run yet)", file=sys.stderr)
+            continue
         got = run_gpu(run) or default
         if want is None or got == want:
             kept.append(run)

@@ -345,16 +345,22 @@ def test_a_replay_leaves_out_the_runs_whose_engines_ran_on_another_gpu(tmp_path:
     from loadtests.gpu.fleet_report import on_profile_gpu
     from proxy.sim import perf
 
-    h100, h200, unnamed = tmp_path / "h100", tmp_path / "h200", tmp_path / "old"
+    h100, h200, unnamed, planned = tmp_path / "h100", tmp_path / "h200", tmp_path / "old", tmp_path / "planned"
     for run in (h100, h200, unnamed):
         run.mkdir()
+        (run / "requests.jsonl").write_text("")
+    planned.mkdir()
+    (planned / "PREDICTED.md").write_text("# Predicted before the call\n")
     # gpu.txt as run_fleet.sh writes it: nvidia-smi's CSV header, then the card
     (h100 / "gpu.txt").write_text("name, memory.total [MiB], driver_version\nNVIDIA H100 80GB HBM3, 81559 MiB, 580\n")
     (h200 / "gpu.txt").write_text("name, memory.total [MiB], driver_version\nNVIDIA H200, 143771 MiB, 570\n")
-    runs = [h100, h200, unnamed]
+    runs = [h100, h200, unnamed, planned]
     assert on_profile_gpu(runs, perf.PROFILES[perf.GPU_FLEET_PROFILE].gpu.name) == [h200, unnamed]
     assert on_profile_gpu(runs, perf.PROFILES["h100-transformers-16l-dense-fit"].gpu.name) == [h100]
-    assert "h100: left out, its engines ran on an H100" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "h100: left out, its engines ran on an H100" in err
+    # a planned run's directory (PREDICTED.md alone) is named as not run, not as another GPU's
+    assert "planned: left out, no requests recorded (not run yet)" in err and "planned: left out, its engines" not in err
 
 
 def test_every_committed_run_names_the_gpu_its_engines_ran_on_or_ran_before_the_h100() -> None:

@@ -173,6 +173,13 @@ class TtftCost:
         score = ttft + p.work_weight * x.uncached * self.model.seconds_per_token(worker.url) + p.decode_balance_s * x.running
         return Estimate(worker.url, ttft, score, matched, x, self.saturated(worker), tokens, in_index)
 
+    def _fleet_has_room(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> bool:
+        """Whether the contexts in flight on the healthy workers, and this request's, fit their KV
+        pools taken together (``KvReads.fleet_fits``)."""
+        pools = [(self.kv_reads.held(*self.pending.prompts_in_flight(w.url)), w.max_total_tokens)
+                 for w in healthy(workers)]
+        return self.kv_reads.fleet_fits(pools, self.kv_reads.context(request.prompt_tokens))
+
     def kv_wait(self, request: RouteRequest, worker: WorkerSnapshot) -> float:
         """Seconds ``request`` would wait on ``worker`` for room in its KV pool (``ttft_kv.py``)."""
         if not self.params.kv_wait:
@@ -279,10 +286,13 @@ class TtftCost:
         if not holders:
             return chosen
         holder = min(holders, key=lambda e: e.score)
-        if holder.features.kv_wait > chosen.ttft_s and chosen.features.kv_wait == 0:
+        if holder.features.kv_wait > chosen.ttft_s and chosen.features.kv_wait == 0 and self._fleet_has_room(request, workers):
             # The holder has no room for it and this worker has: waiting there alone costs more
             # than the whole first token here, recompute included (the GPU fleet's tail,
-            # ``ttft_kv.py``). Between workers both short of room, the guard below stands.
+            # ``ttft_kv.py``). Only while the pools together hold what is in flight: past that a
+            # move recomputes a prefix to fill another pool in turn (GPU runs 40-42, past the
+            # knee: 12-19 such spills a cell, reuse 2-4 points lower, p95 even). Between workers
+            # both short of room, the guard below stands.
             return chosen
 
         def load(e: Estimate) -> float:

@@ -28,6 +28,7 @@ one the wait is 0 (no evidence, no term).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # EWMA weight of one completion in the mean output length and the mean decode time.
@@ -58,6 +59,16 @@ class KvReads:
 
     def held(self, prompt_tokens_in_flight: int, requests_in_flight: int) -> float:
         return prompt_tokens_in_flight + requests_in_flight * self.mean_output_tokens
+
+    def fleet_fits(self, pools: Iterable[tuple[float, int | None]], own: float) -> bool:
+        """Whether ``own`` tokens more fit the workers' pools taken together, each pool given as
+        (tokens held, capacity); a pool of unknown size counts as room (no evidence, no gate)."""
+        held = capacity = 0.0
+        for h, c in pools:
+            if c is None or c <= 0:
+                return True
+            held, capacity = held + h, capacity + c
+        return held + own <= capacity
 
     def wait(self, held: float, own: float, capacity: int | None) -> float:
         """Seconds a request reading ``own`` tokens waits for room where ``held`` are taken of a

@@ -130,9 +130,13 @@ class TtftParams:
     popularity: bool = True
     # Estimate how long a request would wait on each worker for room in its KV pool, from the
     # contexts in flight there (``ttft_kv.py``), as a feature of the TTFT fit (coefficient prior 1),
-    # and let a follower leave a holder with no room for a worker with room. Off: on the GPU fleet
-    # (runs 40-42, 6 req/s, token ids and text) TTFT p95 0.67x / 1.08x / 1.37x the rule without it,
-    # reuse 2-4 points lower; the simulator had said no better (fleet_sim, 6 seeds).
+    # and let a follower leave a holder with no room for a worker with room, while the pools
+    # together hold what is in flight. Off: on the GPU fleet (runs 40-42, 6 req/s past the knee,
+    # token ids and text) TTFT p95 0.67x / 1.08x / 1.37x the rule without it, reuse 2-4 points
+    # lower (the fleet-wide gate came after, for the spills seen there). In the simulator on pools
+    # that hold about eight of the workload's prefixes (24k tokens) it is 0.85x the default's p95 at
+    # the knee over twelve traces, 1.04x past it, on roomy pools 0.97-1.09x past the knee: a
+    # candidate for tight pools, not yet run on the GPU (docs/gpu-fleet.md, "Room in the KV pool").
     kv_wait: bool = False
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096

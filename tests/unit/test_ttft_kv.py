@@ -126,3 +126,40 @@ def test_between_workers_both_without_room_the_spill_guard_keeps_the_holder() ->
     assert len(set(homes)) == 4
     last = policy.select(groups[0][16], fleet())
     assert (last.worker, last.branch) == (homes[0], "affinity")
+
+
+
+def test_the_pools_together_fit_or_not() -> None:
+    kv = KvReads()
+    assert kv.fleet_fits([(40_000, POOL), (10_000, POOL)], own=3_000)
+    assert not kv.fleet_fits([(60_000, POOL), (35_000, POOL)], own=3_000)  # 98,000 > 96,000
+    assert kv.fleet_fits([(60_000, POOL), (35_000, None)], own=3_000)  # a pool of unknown size: no gate
+
+
+@pytest.mark.parametrize("others", [8, 15])
+def test_a_follower_leaves_for_room_only_while_the_pools_together_have_room(others: int) -> None:
+    # Past the knee every pool is full: a follower moved for room recomputes its prefix to fill
+    # another pool in turn (GPU runs 40-42). The three other workers run 15 requests each (the
+    # scrape) and hold ``others`` of our peers' in their pools; one more fits each of them alone
+    # either way, but at 15 the holder's overflow does not fit the fleet's pools together.
+    policy = TtftCost(TtftParams(kv_wait=True, spill_over_mean=0.0))
+    warm = prompt(500, 55)
+    url = policy.select(warm, fleet()).worker
+    policy.on_complete(Completion(url, warm, True, warm.prompt_tokens, None, 0.3, 32, 3.0))  # 32 tokens in 3 s
+    group = [prompt(1 + i, 55, shared=50, shared_tag=7) for i in range(30)]
+    home = decode(policy, group[0], policy.select(group[0], fleet()).worker)
+    policy.pending.set_peer_load("peer", {u: others for u in URLS if u != home})
+    on_home, branch = 1, "affinity"
+    for r in group[1:]:
+        scrape = [WorkerSnapshot(u, max_total_tokens=POOL, page_size=BT, queued=0,
+                                 running=on_home if u == home else 15) for u in URLS]
+        d = policy.select(r, scrape)
+        if d.worker != home:
+            branch = d.branch
+            break
+        decode(policy, r, home)
+        on_home += 1
+    if others == 8:  # room in the fleet: it leaves once waiting for room costs more than recomputing
+        assert branch == "spill" and 17 <= on_home <= 24
+    else:
+        assert on_home == len(group)

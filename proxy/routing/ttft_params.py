@@ -135,8 +135,9 @@ class TtftParams:
     # token ids and text) TTFT p95 0.67x / 1.08x / 1.37x the rule without it, reuse 2-4 points
     # lower (the fleet-wide gate came after, for the spills seen there). In the simulator on pools
     # that hold about eight of the workload's prefixes (24k tokens) it is 0.85x the default's p95 at
-    # the knee over twelve traces, 1.04x past it, on roomy pools 0.97-1.09x past the knee: a
-    # candidate for tight pools, not yet run on the GPU (docs/gpu-fleet.md, "Room in the KV pool").
+    # the knee over twelve traces, 1.04x past it, on roomy pools 0.97-1.09x past the knee, and with
+    # a GPU per engine 0.68x / 0.92x at 12 / 15 req/s: the lead candidate for the default, not yet
+    # run on the GPU in that form (docs/gpu-fleet.md, "Room in the KV pool").
     kv_wait: bool = False
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096

@@ -14,7 +14,8 @@ Model, per healthy worker w, for a request of P prompt tokens (fitted online: ``
                  (``waiting_requests``)
     kv_wait_w  = seconds it would wait there for room in the KV pool, from the contexts we (and
                  our peers) have in flight there against its ``max_total_tokens`` (``ttft_kv.py``;
-                 0 unless ``kv_wait``, off by default: even with the rule without it on the GPU)
+                 counted whole, or a shared prefix once with ``kv_wait_counts`` "blocks"; 0 unless
+                 ``kv_wait``, off by default: even with the rule without it on the GPU)
     ttft_w     = f_w x (c0 + c1 x uncached_w + c2 x unseen_w + c3 x queued_w + c4 x running_w
                         + c5 x waiting_w + c6 x kv_wait_w)
                  c0..c6 fitted fleet-wide from every observed TTFT; f_w per worker (1 unless
@@ -176,16 +177,23 @@ class TtftCost:
     def _fleet_has_room(self, request: RouteRequest, workers: Sequence[WorkerSnapshot]) -> bool:
         """Whether the contexts in flight on the healthy workers, and this request's, fit their KV
         pools taken together (``KvReads.fleet_fits``)."""
-        pools = [(self.kv_reads.held(*self.pending.prompts_in_flight(w.url)), w.max_total_tokens)
-                 for w in healthy(workers)]
+        pools = [(self._kv_held(w.url), w.max_total_tokens) for w in healthy(workers)]
         return self.kv_reads.fleet_fits(pools, self.kv_reads.context(request.prompt_tokens))
 
     def kv_wait(self, request: RouteRequest, worker: WorkerSnapshot) -> float:
         """Seconds ``request`` would wait on ``worker`` for room in its KV pool (``ttft_kv.py``)."""
         if not self.params.kv_wait:
             return 0.0
-        held = self.kv_reads.held(*self.pending.prompts_in_flight(worker.url))
-        return self.kv_reads.wait(held, self.kv_reads.context(request.prompt_tokens), worker.max_total_tokens)
+        own = request.prompt_tokens
+        if self.params.kv_wait_counts == "blocks":  # what it shares with requests there is stored once
+            own = self.pending.new_tokens(worker.url, request)
+        return self.kv_reads.wait(self._kv_held(worker.url), self.kv_reads.context(own), worker.max_total_tokens)
+
+    def _kv_held(self, url: str) -> float:
+        """The KV the requests in flight on ``url`` hold by their ends (``kv_wait_counts``)."""
+        if self.params.kv_wait_counts == "blocks":
+            return self.kv_reads.held(*self.pending.distinct_in_flight(url))
+        return self.kv_reads.held(*self.pending.prompts_in_flight(url))
 
     # -- Policy --------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import NamedTuple, TypeVar
 
 from proxy.routing.base import RouteRequest, WorkerSnapshot, summed_in_flight
+from proxy.routing.prefix_key import prefix_tokens
 from proxy.routing.ttft_model import Features
 from proxy.routing.ttft_params import TtftParams
 
@@ -107,6 +108,11 @@ class PendingWork:
         self._peer_in_flight: dict[str, int] = {}
         # url -> prompt tokens of our requests in flight there (the KV-wait term's books).
         self._prompts: dict[str, int] = {}
+        # The same counted as an engine that shares a prefix stores it (``kv_wait_counts: blocks``):
+        # url -> {block hash: [our requests in flight holding it, its tokens]}, and the distinct
+        # tokens they and the requests' tails past their last full block come to.
+        self._blocks: dict[str, dict[int, list[int]]] = {}
+        self._distinct: dict[str, int] = {}
 
     def pending_prefill(self, worker: WorkerSnapshot) -> tuple[int, int]:
         """(unseen, queued): our tokens sent since the last scrape (and our peers'), and that
@@ -285,7 +291,44 @@ class PendingWork:
             self._count(url, table.pop(next(iter(table))), -1)
 
     def _count(self, url: str, entry: InFlight, sign: int) -> None:
-        self._prompts[url] = self._prompts.get(url, 0) + sign * entry.request.prompt_tokens
+        request = entry.request
+        self._prompts[url] = self._prompts.get(url, 0) + sign * request.prompt_tokens
+        blocks = self._blocks.setdefault(url, {})
+        distinct = self._distinct.get(url, 0) + sign * _tail(request)
+        for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=False):
+            held = blocks.get(h)
+            if sign > 0:
+                if held is None:
+                    blocks[h] = [1, tokens]
+                    distinct += tokens
+                else:
+                    held[0] += 1
+            elif held is not None:
+                held[0] -= 1
+                if held[0] <= 0:
+                    del blocks[h]
+                    distinct -= held[1]
+        self._distinct[url] = distinct
+
+    def distinct_in_flight(self, url: str) -> tuple[int, int]:
+        """(tokens, requests) in flight on ``url`` as an engine that stores a shared prefix once
+        holds them: the distinct blocks of our requests there plus their tails, and our peers'
+        requests counted at our mean distinct share (``prompts_in_flight`` counts contexts whole)."""
+        mine = len(self.in_flight.get(url, ()))
+        tokens = self._distinct.get(url, 0)
+        peers = self._peer_in_flight.get(url, 0)
+        if peers:
+            count = mine or sum(len(t) for t in self.in_flight.values())
+            total = tokens if mine else sum(self._distinct.values())
+            tokens += round(peers * total / count) if count else 0
+        return tokens, mine + peers
+
+    def new_tokens(self, url: str, request: RouteRequest) -> int:
+        """``request``'s prompt tokens that no request of ours in flight on ``url`` holds already."""
+        blocks = self._blocks.get(url, {})
+        shared = sum(tokens for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=False)
+                     if h in blocks)
+        return max(request.prompt_tokens - shared, 0)
 
     def get(self, url: str, request: RouteRequest) -> InFlight | None:
         entry = self.in_flight.get(url, {}).get(id(request))
@@ -329,7 +372,7 @@ class PendingWork:
         """Drop the workers not in ``present``."""
         keep = set(present)
         for table in (self.in_flight, self.peer_work, self.peer_pending, self._prompts, self._foreign,
-                      self._scrapes):
+                      self._scrapes, self._blocks, self._distinct):
             for url in [u for u in table if u not in keep]:
                 del table[url]
         for peer, load in list(self.peer_load.items()):
@@ -341,3 +384,14 @@ def _bounded_put(table: dict[Hashable, _V], key: Hashable, value: _V, bound: int
     table[key] = value
     if len(table) > bound:
         del table[next(iter(table))]
+
+
+def _block_sizes(request: RouteRequest) -> list[int]:
+    """Tokens in each block of ``request.block_hashes`` (they double in size along the prompt)."""
+    n, bt = len(request.block_hashes), request.block_tokens
+    return [prefix_tokens(i + 1, bt) - prefix_tokens(i, bt) for i in range(n)]
+
+
+def _tail(request: RouteRequest) -> int:
+    """The prompt's tokens past its last full block (no block hash names them)."""
+    return max(request.prompt_tokens - prefix_tokens(len(request.block_hashes), request.block_tokens), 0)

@@ -139,6 +139,12 @@ class TtftParams:
     # a GPU per engine 0.68x / 0.92x at 12 / 15 req/s: the lead candidate for the default, not yet
     # run on the GPU in that form (docs/gpu-fleet.md, "Room in the KV pool").
     kv_wait: bool = False
+    # How ``kv_wait`` counts what a worker's requests hold: "contexts", each request's context
+    # whole, as transformers' scheduler budgets a step's KV reads (the GPU fleet's engine); or
+    # "blocks", a prefix shared by several requests once, as SGLang's radix cache and vLLM's
+    # blocks store it. Counted whole on SGLang-style simulated workers (bench_routing
+    # shared_prefix, 60k-token pools, 32 req/s) it split groups that had room (91% -> 71% whole).
+    kv_wait_counts: str = "contexts"
     # Bound on remembered in-flight requests per worker (protects against missed completions).
     max_tracked_per_worker: int = 4096
 
@@ -162,6 +168,7 @@ class TtftParams:
             "spill_over_mean": self.spill_over_mean == 0 or self.spill_over_mean >= 1,
             "spill_room": 0 <= self.spill_room <= 1,
             "tie_break": self.tie_break in ("hash", "recent", "rendezvous"),
+            "kv_wait_counts": self.kv_wait_counts in ("contexts", "blocks"),
             "key_blocks": self.key_blocks >= 1,
             "cold_blocks": self.cold_blocks >= 0,
             "cold_slack": self.cold_slack >= 0,

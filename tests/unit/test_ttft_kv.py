@@ -163,3 +163,56 @@ def test_a_follower_leaves_for_room_only_while_the_pools_together_have_room(othe
         assert branch == "spill" and 17 <= on_home <= 24
     else:
         assert on_home == len(group)
+
+
+def test_blocks_in_flight_count_a_shared_prefix_once_and_follow_dispatch_retry_and_completion() -> None:
+    pending = PendingWork(max_tracked_per_worker=64)
+    x = Features(0, 0, 0, 0)
+    a1, a2 = prompt(1, 55, shared=50, shared_tag=7), prompt(2, 55, shared=50, shared_tag=7)
+    other = prompt(3, 55)
+    shared, whole = prefix_tokens(50, BT), a1.prompt_tokens
+    pending.add("http://a", InFlight(a1, x, (), ()))
+    assert pending.distinct_in_flight("http://a") == (whole, 1)
+    # a second request of the group adds only its own blocks past the shared 50
+    assert pending.new_tokens("http://a", a2) == whole - shared
+    assert pending.new_tokens("http://a", other) == other.prompt_tokens
+    pending.add("http://a", InFlight(a2, x, (), ()))
+    assert pending.distinct_in_flight("http://a") == (2 * whole - shared, 2)
+    assert pending.prompts_in_flight("http://a") == (2 * whole, 2)  # contexts whole, for comparison
+    pending.add("http://b", InFlight(a2, x, (), ()))  # a2 retried on b
+    assert pending.distinct_in_flight("http://a") == (whole, 1)
+    assert pending.distinct_in_flight("http://b") == (whole, 1)
+    pending.set_peer_load("peer", {"http://a": 2})  # peers' requests at our mean distinct share
+    assert pending.distinct_in_flight("http://a") == (3 * whole, 3)
+    pending.set_peer_load("peer", {})
+    assert pending.pop("http://a", a1) is not None and pending.pop("http://b", a2) is not None
+    assert pending.distinct_in_flight("http://a") == pending.distinct_in_flight("http://b") == (0, 0)
+    assert pending.new_tokens("http://a", a1) == whole
+
+
+@pytest.mark.parametrize("counts", ["contexts", "blocks"])
+def test_a_group_sharing_its_prefix_fits_where_an_engine_stores_the_prefix_once(counts: str) -> None:
+    # SGLang's radix cache (and vLLM's blocks) hold a prefix shared by many requests once: 30
+    # 2,944-token prompts sharing the first 2,304 take ~22k tokens of a 48k pool (outputs
+    # included), not 30 whole contexts (~89k). Counted whole they look out of room: the group splits.
+    policy = TtftCost(TtftParams(kv_wait=True, kv_wait_counts=counts, spill_over_mean=0.0))
+    learn_a_decode(policy)
+    group = [prompt(1 + i, 55, shared=50, shared_tag=7) for i in range(30)]
+    home = decode(policy, group[0], policy.select(group[0], fleet()).worker)
+    stayed = 1
+    for r in group[1:]:
+        if policy.select(r, fleet()).worker != home:
+            break
+        decode(policy, r, home)
+        stayed += 1
+    if counts == "contexts":
+        assert 17 <= stayed <= 22
+    else:
+        assert stayed == len(group)
+        assert policy.estimate(group[-1], fleet()[URLS.index(home)]).features.kv_wait == 0
+
+
+def test_kv_wait_counts_is_validated() -> None:
+    from proxy.config import ConfigError
+    with pytest.raises(ConfigError, match="kv_wait_counts"):
+        TtftParams(kv_wait_counts="tokens").validate()

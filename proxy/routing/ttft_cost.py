@@ -125,7 +125,8 @@ class TtftCost:
             own_at_least_ahead=params.own_at_least_ahead,
         )
         # Prefill the scraped state cannot show yet (ours in flight, our peers'), and tie-break counts.
-        self.pending = PendingWork(params.max_tracked_per_worker, params.own_exact)
+        self.pending = PendingWork(params.max_tracked_per_worker, params.own_exact,
+                                   count_blocks=params.kv_wait and params.kv_wait_counts == "blocks")
         self.picks = PickHistory(params)
         self.popularity = Popularity()
         self.kv_reads = KvReads()

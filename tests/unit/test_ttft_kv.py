@@ -166,7 +166,7 @@ def test_a_follower_leaves_for_room_only_while_the_pools_together_have_room(othe
 
 
 def test_blocks_in_flight_count_a_shared_prefix_once_and_follow_dispatch_retry_and_completion() -> None:
-    pending = PendingWork(max_tracked_per_worker=64)
+    pending = PendingWork(max_tracked_per_worker=64, count_blocks=True)
     x = Features(0, 0, 0, 0)
     a1, a2 = prompt(1, 55, shared=50, shared_tag=7), prompt(2, 55, shared=50, shared_tag=7)
     other = prompt(3, 55)

@@ -302,7 +302,7 @@ class PendingWork:
             return
         blocks = self._blocks.setdefault(url, {})
         distinct = self._distinct.get(url, 0) + sign * _tail(request)
-        for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=False):
+        for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=True):
             held = blocks.get(h)
             if sign > 0:
                 if held is None:
@@ -333,7 +333,7 @@ class PendingWork:
     def new_tokens(self, url: str, request: RouteRequest) -> int:
         """``request``'s prompt tokens that no request of ours in flight on ``url`` holds already."""
         blocks = self._blocks.get(url, {})
-        shared = sum(tokens for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=False)
+        shared = sum(tokens for h, tokens in zip(request.block_hashes, _block_sizes(request), strict=True)
                      if h in blocks)
         return max(request.prompt_tokens - shared, 0)
 

@@ -264,15 +264,20 @@ class PendingWork:
     def prompts_in_flight(self, url: str) -> tuple[int, int]:
         """(prompt tokens, requests) in flight on ``url``: ours, and our peers' requests there
         counted at the mean size of ours (of all our workers', where we have none there)."""
+        return self._with_peers(url, self._prompts)
+
+    def _with_peers(self, url: str, tokens_by_url: Mapping[str, int]) -> tuple[int, int]:
+        """(tokens, requests) on ``url``: ours as ``tokens_by_url`` counts them, and our peers'
+        requests there at our mean per request (over all our workers, where we have none there)."""
         mine = len(self.in_flight.get(url, ()))
-        tokens = self._prompts.get(url, 0)
+        tokens = tokens_by_url.get(url, 0)
         peers = self._peer_in_flight.get(url, 0)
         if peers:
             if mine:
                 tokens += round(peers * tokens / mine)
             else:
                 count = sum(len(t) for t in self.in_flight.values())
-                tokens += round(peers * sum(self._prompts.values()) / count) if count else 0
+                tokens += round(peers * sum(tokens_by_url.values()) / count) if count else 0
         return tokens, mine + peers
 
     def set_peer_load(self, peer: str, in_flight: Mapping[str, int]) -> None:
@@ -321,14 +326,7 @@ class PendingWork:
         """(tokens, requests) in flight on ``url`` as an engine that stores a shared prefix once
         holds them: the distinct blocks of our requests there plus their tails, and our peers'
         requests counted at our mean distinct share (``prompts_in_flight`` counts contexts whole)."""
-        mine = len(self.in_flight.get(url, ()))
-        tokens = self._distinct.get(url, 0)
-        peers = self._peer_in_flight.get(url, 0)
-        if peers:
-            count = mine or sum(len(t) for t in self.in_flight.values())
-            total = tokens if mine else sum(self._distinct.values())
-            tokens += round(peers * total / count) if count else 0
-        return tokens, mine + peers
+        return self._with_peers(url, self._distinct)
 
     def new_tokens(self, url: str, request: RouteRequest) -> int:
         """``request``'s prompt tokens that no request of ours in flight on ``url`` holds already."""
